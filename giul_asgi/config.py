@@ -1,0 +1,198 @@
+"""Nodes, tiers and routes: what an operator tells us about the fleet.
+
+A :class:`Node` is one or more GPUs read together, with the idle floor the operator
+measured (we never guess it). A :class:`Tier` is a model class with a joules-per-1k-tokens
+hint used only for labelled estimates. A :class:`Route` maps requests to both. They load
+from plain dicts or a TOML file, and a bad key is named in the error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .readers.base import Reader
+
+READER_KINDS: tuple[str, ...] = ("auto", "nvml", "simulated", "none")
+
+
+@dataclass(frozen=True)
+class Node:
+    """A set of GPUs metered as one, with the operator's idle floor for all of them.
+
+    ``idle_w`` is the whole node's floor in watts. With ``None`` the figures are energy
+    above zero and say so (``idle_known: false``); we never invent a floor.
+    ``reader`` picks how to read it: ``auto`` (NVML if it answers, else nothing), ``nvml``,
+    ``simulated`` or ``none``. ``reader_factory`` builds a custom reader (tests, a simulated
+    card on a virtual clock); it is not part of the node's identity.
+    """
+
+    name: str = "local"
+    gpus: tuple[int, ...] = (0,)
+    idle_w: float | None = None
+    reader: str = "auto"
+    period_s: float | None = None
+    reader_factory: Callable[[Node], Reader] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("node.name must be a non-empty string", remedy="name the node")
+        gpus = self.gpus
+        if isinstance(gpus, int):
+            gpus = (gpus,)
+        try:
+            gpus = tuple(int(g) for g in gpus)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"node {self.name!r}: gpus must be a list of GPU indices, got {self.gpus!r}",
+                remedy="write gpus = [0, 1]",
+            ) from None
+        if any(g < 0 for g in gpus):
+            raise ConfigError(f"node {self.name!r}: gpus must be >= 0, got {gpus!r}")
+        object.__setattr__(self, "gpus", gpus)
+        if self.idle_w is not None:
+            idle = _number(self.idle_w, f"node {self.name!r}: idle_w")
+            if idle < 0:
+                raise ConfigError(
+                    f"node {self.name!r}: idle_w must be >= 0 W, got {idle}",
+                    remedy="measure the node at rest (giul-asgi probe) and give that figure",
+                )
+            object.__setattr__(self, "idle_w", idle)
+        if self.reader not in READER_KINDS:
+            raise ConfigError(
+                f"node {self.name!r}: reader must be one of {READER_KINDS}, got {self.reader!r}"
+            )
+        if self.period_s is not None:
+            period = _number(self.period_s, f"node {self.name!r}: period_s")
+            if period <= 0:
+                raise ConfigError(f"node {self.name!r}: period_s must be > 0, got {period}")
+            object.__setattr__(self, "period_s", period)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A class of model; the hint prices a token when nothing could measure it."""
+
+    name: str = "default"
+    joules_per_1k_hint: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("tier.name must be a non-empty string")
+        hint = _number(self.joules_per_1k_hint, f"tier {self.name!r}: joules_per_1k_hint")
+        if hint < 0:
+            raise ConfigError(f"tier {self.name!r}: joules_per_1k_hint must be >= 0")
+        object.__setattr__(self, "joules_per_1k_hint", hint)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Requests whose route template (or path) matches ``pattern`` go to ``node``/``tier``.
+
+    ``pattern`` is an exact template or path (``/v1/models/{id}``), a glob with ``*``
+    (``/v1/*``), or a compiled regular expression. ``node`` and ``tier`` are names or objects.
+    """
+
+    pattern: str | re.Pattern[str]
+    node: str | Node | None = None
+    tier: str | Tier | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pattern, str | re.Pattern) or self.pattern == "":
+            raise ConfigError(
+                f"route.pattern must be a path, a glob or a compiled regex, got {self.pattern!r}"
+            )
+
+
+@dataclass(frozen=True)
+class Config:
+    nodes: tuple[Node, ...] = ()
+    tiers: tuple[Tier, ...] = ()
+    routes: tuple[Route, ...] = ()
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{what} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ConfigError(f"{what} must be finite, got {value!r}")
+    return number
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    if isinstance(raw, cls):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a table of keys, got {type(raw).__name__}")
+    allowed = {f.name for f in fields(cls)} - {"reader_factory"}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r}", remedy=f"allowed keys: {sorted(allowed)}"
+        )
+    if cls is Node and "gpus" in raw and isinstance(raw["gpus"], list):
+        raw = {**raw, "gpus": tuple(raw["gpus"])}
+    try:
+        return cls(**raw)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_config(source: str | Path | Mapping[str, Any]) -> Config:
+    """Read ``[[node]]``, ``[[tier]]`` and ``[[route]]`` tables from a TOML file or a dict."""
+    if isinstance(source, str | Path):
+        path = Path(source)
+        try:
+            data: Mapping[str, Any] = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    else:
+        data = source
+    unknown = sorted(set(data) - {"node", "tier", "route"})
+    if unknown:
+        raise ConfigError(
+            f"unknown top-level key {unknown[0]!r}", remedy="use [[node]], [[tier]], [[route]]"
+        )
+
+    def tables(key: str) -> Iterable[Any]:
+        value = data.get(key, [])
+        if isinstance(value, Mapping):
+            return [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key!r} must be a list of tables")
+        return value
+
+    nodes = tuple(_build(Node, t, f"node[{i}]") for i, t in enumerate(tables("node")))
+    tiers = tuple(_build(Tier, t, f"tier[{i}]") for i, t in enumerate(tables("tier")))
+    routes = tuple(_build(Route, t, f"route[{i}]") for i, t in enumerate(tables("route")))
+    _check_unique("node", [n.name for n in nodes])
+    _check_unique("tier", [t.name for t in tiers])
+    names = {n.name for n in nodes}
+    tier_names = {t.name for t in tiers}
+    for i, route in enumerate(routes):
+        if isinstance(route.node, str) and route.node not in names:
+            raise ConfigError(f"route[{i}].node: no node named {route.node!r}")
+        if isinstance(route.tier, str) and route.tier not in tier_names:
+            raise ConfigError(f"route[{i}].tier: no tier named {route.tier!r}")
+    return Config(nodes=nodes, tiers=tiers, routes=routes)
+
+
+def _check_unique(kind: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ConfigError(f"two {kind}s are named {name!r}", remedy="names must be unique")
+        seen.add(name)

@@ -1,0 +1,168 @@
+"""The Energy record and the rules that grade a candidate figure into one.
+
+Every figure this library emits passes through :func:`grade`, so the rules live in
+exactly one place:
+
+1. Charged above idle: the ledger has already taken ``idle_w`` off; ``idle_watts`` says
+   which floor was used, or ``None`` when the operator gave none (then the figure is
+   energy above zero, and ``idle_known`` is false).
+2. No fabricated zeros: a measured share of <= 0 J is a failed measurement. It becomes an
+   estimate (tokens x the tier's hint) or ``unknown`` with ``joules=None``, never 0.0.
+3. Labelled provenance: ``method``, ``backend`` and ``source`` on every record; a simulated
+   card grades to ``method="simulated"``, never ``measured``.
+4. Conservation is the ledger's job; the record says how the card was shared
+   (``concurrency``, ``split``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Method = Literal["measured", "estimated", "simulated", "unknown"]
+METHODS: tuple[str, ...] = ("measured", "estimated", "simulated", "unknown")
+BACKENDS: tuple[str, ...] = (
+    "nvml_counter", "nvml_power", "smi", "agent", "dcgm", "rapl", "amd", "simulated", "none",
+)
+SOURCES: tuple[str, ...] = ("local", "remote", "none")
+#: Which token count a record's ``tokens`` is: the default is what the model generated.
+TOKEN_KINDS: tuple[str, ...] = ("output", "input", "total")
+
+
+@dataclass(frozen=True, slots=True)
+class Energy:
+    """What one request (or one stage of it) cost, and how we know.
+
+    ``joules`` is the energy above idle charged to this window, or ``None`` when it is not
+    known. It is never ``0.0`` standing in for "unknown".
+    """
+
+    joules: float | None
+    method: Method
+    backend: str = "none"
+    source: str = "none"
+    node: str | None = None
+    tier: str | None = None
+    route: str | None = None
+    seconds: float = 0.0
+    idle_watts: float | None = None
+    idle_known: bool = False
+    #: The node's mean draw over the window: all requests together, not this one's share.
+    mean_watts: float | None = None
+    tokens: int | None = None
+    token_kind: str = "output"
+    joules_per_token: float | None = None
+    #: Mean number of windows in flight on the node during this one (1.0 when alone).
+    concurrency: float | None = None
+    #: How the card's energy was shared: ``exclusive``, ``time`` or ``tokens``.
+    split: str | None = None
+    uncertainty_joules: float | None = None
+    settled: bool = True
+    stages: Mapping[str, Energy] = field(default_factory=dict)
+    #: A foreign process was seen on the card; ``None`` when nobody looked.
+    contended: bool | None = None
+    #: Why a measurement is missing or partial, in words an operator can act on.
+    error: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.joules is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready. Unknown stays ``None`` (null); floats are finite."""
+        return {
+            "joules": _num(self.joules),
+            "method": self.method,
+            "backend": self.backend,
+            "source": self.source,
+            "node": self.node,
+            "tier": self.tier,
+            "route": self.route,
+            "seconds": _num(self.seconds),
+            "idle_watts": _num(self.idle_watts),
+            "idle_known": self.idle_known,
+            "mean_watts": _num(self.mean_watts),
+            "tokens": self.tokens,
+            "token_kind": self.token_kind,
+            "joules_per_token": _num(self.joules_per_token, 9),
+            "concurrency": _num(self.concurrency, 4),
+            "split": self.split,
+            "uncertainty_joules": _num(self.uncertainty_joules),
+            "settled": self.settled,
+            "stages": {name: stage.as_dict() for name, stage in self.stages.items()},
+            "contended": self.contended,
+            "error": self.error,
+        }
+
+
+def _num(value: float | None, digits: int = 6) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits)
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Who measured, from where, with which idle floor: constant for a node's reader."""
+
+    method: Method  # what a successful reading is: "measured" or "simulated"
+    backend: str
+    source: str
+    idle_watts: float | None
+
+
+def grade(
+    share: float | None,
+    *,
+    provenance: Provenance,
+    seconds: float,
+    node: str | None = None,
+    tier: str | None = None,
+    route: str | None = None,
+    tokens: int | None = None,
+    token_kind: str = "output",
+    hint_per_1k: float = 0.0,
+    mean_watts: float | None = None,
+    concurrency: float | None = None,
+    split: str | None = None,
+    uncertainty: float | None = None,
+    settled: bool = True,
+    stages: Mapping[str, Energy] | None = None,
+    contended: bool | None = None,
+    error: str | None = None,
+) -> Energy:
+    """Turn the ledger's share for a window into an honestly labelled :class:`Energy`.
+
+    ``share`` is ``None`` when the window could not be measured at all (no reader, a
+    counter reset or a reader error inside it, a window that never settled).
+    """
+    common: dict[str, Any] = dict(
+        node=node, tier=tier, route=route, seconds=seconds,
+        idle_watts=provenance.idle_watts, idle_known=provenance.idle_watts is not None,
+        tokens=tokens, token_kind=token_kind, concurrency=concurrency, split=split,
+        settled=settled, stages=dict(stages or {}), contended=contended,
+    )
+    valid_tokens = tokens is not None and tokens > 0
+    if share is not None and math.isfinite(share) and share > 0:
+        return Energy(
+            joules=share, method=provenance.method, backend=provenance.backend,
+            source=provenance.source, mean_watts=mean_watts,
+            joules_per_token=share / tokens if valid_tokens and tokens else None,
+            uncertainty_joules=uncertainty, error=error, **common,
+        )
+    if share is not None and error is None:
+        error = f"measured {share:.6g} J above idle: a failed measurement, not a free request"
+    if valid_tokens and tokens and hint_per_1k > 0:
+        joules = hint_per_1k * tokens / 1000.0
+        return Energy(
+            joules=joules, method="estimated", backend="none", source="none",
+            mean_watts=None, joules_per_token=joules / tokens,
+            uncertainty_joules=None, error=error, **common,
+        )
+    return Energy(
+        joules=None, method="unknown", backend=provenance.backend, source=provenance.source,
+        mean_watts=mean_watts, joules_per_token=None, uncertainty_joules=None, error=error,
+        **common,
+    )

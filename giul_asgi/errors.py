@@ -1,0 +1,24 @@
+"""Typed errors, each carrying the remedy an operator can act on.
+
+Errors are raised at configuration time only. Nothing on a request's path raises one of
+these: a reader that fails costs a measurement, never the request.
+"""
+
+from __future__ import annotations
+
+
+class GiulError(Exception):
+    """Base for every error this library raises. ``remedy`` says what to do about it."""
+
+    def __init__(self, message: str, *, remedy: str = "") -> None:
+        self.message = message
+        self.remedy = remedy
+        super().__init__(f"{message}. {remedy}" if remedy else message)
+
+
+class ConfigError(GiulError, ValueError):
+    """A node, tier or route description is wrong; the message names the bad key."""
+
+
+class ReaderUnavailable(GiulError, RuntimeError):
+    """A reader was asked for explicitly and cannot work on this host."""

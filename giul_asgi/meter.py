@@ -1,0 +1,236 @@
+"""A request's window on its node's ledger: open, mark stages, close, read the figure.
+
+A meter never reads a card. It borrows the node's ledger (one per node, shared by every
+request), records times, and asks the ledger for its share::
+
+    async with Meter.for_node(node, tier) as m:
+        await retrieve(); m.mark("retrieve")
+        await generate(); m.mark("generate")
+    energy = m.result(tokens=412)          # provisional if the card has not reported yet
+    energy = await m.settled(timeout=0.5)  # the settled figure
+
+Stages are graded like the total, and the total is never the sum of the stages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from typing import Any
+
+from .config import Node, Tier
+from .energy import Energy, Provenance, grade
+from .errors import ConfigError
+from .ledger import Ledger, Ledgers, Window, default_ledgers
+
+_NO_READER = Provenance(method="measured", backend="none", source="none", idle_watts=None)
+#: The meter of the request being handled; set by the middleware for its handlers.
+_current: ContextVar[Meter | None] = ContextVar("giul_asgi_current_meter", default=None)
+
+
+def current_meter() -> Meter | None:
+    """The meter of the request this code is handling, or None outside a metered request."""
+    return _current.get()
+
+
+class Meter:
+    """One window on one node's ledger. Use :meth:`for_node` to build one."""
+
+    def __init__(
+        self,
+        ledger: Ledger | None,
+        tier: Tier | None = None,
+        *,
+        route: str | None = None,
+        sync: Callable[[], object] | None = None,
+        token_kind: str = "output",
+        ledgers: Ledgers | None = None,
+        catalog: Mapping[str, Node | Tier] | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.tier = tier
+        self.route = route
+        self.token_kind = token_kind
+        self._sync = sync
+        self._ledgers = ledgers
+        self._catalog = catalog or {}
+        self._window: Window | None = None
+        self._tokens: int | None = None
+        self._callbacks: list[Callable[[Meter], None]] = []
+
+    @classmethod
+    def for_node(
+        cls,
+        node: Node | None,
+        tier: Tier | None = None,
+        *,
+        ledgers: Ledgers | None = None,
+        route: str | None = None,
+        sync: Callable[[], object] | None = None,
+        token_kind: str = "output",
+    ) -> Meter:
+        """A meter on ``node``'s shared ledger (``None``: nothing to read, estimates only)."""
+        ledgers = ledgers if ledgers is not None else default_ledgers()
+        ledger = ledgers.get(node) if node is not None else None
+        return cls(ledger, tier, route=route, sync=sync, token_kind=token_kind, ledgers=ledgers)
+
+    # -- the window -------------------------------------------------------------------------
+    @property
+    def node(self) -> str | None:
+        return self.ledger.node.name if self.ledger is not None else None
+
+    @property
+    def window(self) -> Window | None:
+        return self._window
+
+    @property
+    def closed(self) -> bool:
+        return self._window is not None and self._window.t_close is not None
+
+    def open(self) -> Meter:
+        """Open the window (the async context manager calls this for you)."""
+        if self._window is not None:
+            raise RuntimeError("a Meter is one window: build a new one for the next request")
+        if self.ledger is not None:
+            self.ledger.ensure_started()
+            self._window = self.ledger.open()
+        else:
+            self._window = Window(t_open=time.monotonic(), busy_open=0.0, runner=None)
+        return self
+
+    def close(self) -> None:
+        window = self._window
+        if window is None or window.t_close is not None:
+            return
+        if self.ledger is not None:
+            self.ledger.close(window, tokens=self._tokens)
+        else:
+            window.t_close = time.monotonic()
+            window.settled = True
+            window.error = "no node: nothing to read"
+
+    async def __aenter__(self) -> Meter:
+        return self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._run_sync()
+        self.close()
+
+    def mark(self, name: str) -> None:
+        """End the current stage at now and start the next; ``name`` names the one ending."""
+        if self._window is None:
+            raise RuntimeError("mark() before the window opened: use `async with meter:`")
+        if self.ledger is not None:
+            self.ledger.mark(self._window, name)
+        elif self._window.t_close is None:
+            self._window.marks.append((name, time.monotonic()))
+            self._window.stage_shares.append(0.0)
+
+    def tokens(self, count: int | None) -> None:
+        """Set the request's token count; before close it also weights a token split."""
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            raise TypeError(f"tokens must be an int, got {type(count).__name__}")
+        self._tokens = count
+
+    @property
+    def token_count(self) -> int | None:
+        return self._tokens
+
+    def bind(self, node: Node | str | None = None, tier: Tier | str | None = None) -> Meter:
+        """Move this request to another node and/or tier once the handler knows its upstream.
+
+        The time already spent on the old node is given back to it, unattributed: a request
+        is charged only on the node that served it.
+        """
+        if tier is not None:
+            self.tier = self._lookup(tier, Tier)
+        if node is not None:
+            target = self._lookup(node, Node)
+            if self.ledger is None or target != self.ledger.node:
+                ledgers = self._ledgers if self._ledgers is not None else default_ledgers()
+                new_ledger = ledgers.get(target)
+                if self._window is not None and self._window.t_close is None:
+                    if self.ledger is not None:
+                        self.ledger.abandon(self._window)
+                    new_ledger.ensure_started()
+                    self._window = new_ledger.open()
+                self.ledger = new_ledger
+        return self
+
+    def _lookup(self, value: Any, kind: type) -> Any:
+        if isinstance(value, kind):
+            return value
+        found = self._catalog.get(f"{kind.__name__.lower()}:{value}")
+        if found is None:
+            raise ConfigError(
+                f"no {kind.__name__.lower()} named {value!r}",
+                remedy=f"declare it in the middleware's {kind.__name__.lower()}s=[...]",
+            )
+        return found
+
+    def on_settled(self, callback: Callable[[Meter], None]) -> None:
+        """Call ``callback(meter)`` once the window's figure is settled (maybe right away)."""
+        window = self._window
+        if window is None or window.settled or self.ledger is None:
+            callback(self)
+            return
+        window.callbacks.append(lambda _w: callback(self))
+
+    # -- the sync form ------------------------------------------------------------------------
+    def sync(self) -> Meter:
+        """This meter as a sync context manager, for local work outside an event loop."""
+        return self
+
+    def __enter__(self) -> Meter:
+        if self.ledger is not None and self.ledger.measures:
+            self.ledger.read_now()
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self._run_sync()
+        self.close()
+        ledger, window = self.ledger, self._window
+        if ledger is None or window is None or not ledger.measures:
+            return
+        # A stepped counter may not have counted the window's tail yet: read until it has,
+        # for at most a few of its periods.
+        for _ in range(8):
+            ledger.read_now()
+            if window.settled:
+                return
+            time.sleep(ledger.poll_s)
+
+    def _run_sync(self) -> None:
+        if self._sync is not None:
+            try:
+                self._sync()
+            except Exception:  # a failed sync must not break the work it measured
+                pass
+
+    # -- the answer ---------------------------------------------------------------------------
+    def result(self, tokens: int | None = None) -> Energy:
+        """The figure for the closed window: settled, or provisional (``settled=False``)."""
+        window = self._window
+        if window is None or window.t_close is None:
+            raise RuntimeError("result() before the window closed: leave `async with` first")
+        if tokens is not None:
+            self.tokens(tokens)
+        tier = self.tier.name if self.tier is not None else None
+        hint = self.tier.joules_per_1k_hint if self.tier is not None else 0.0
+        if self.ledger is None:
+            return grade(
+                None, provenance=_NO_READER, seconds=window.seconds, tier=tier,
+                route=self.route, tokens=self._tokens, token_kind=self.token_kind,
+                hint_per_1k=hint, error=window.error, settled=True,
+            )
+        return self.ledger.energy(
+            window, tier=tier, route=self.route, tokens=self._tokens,
+            token_kind=self.token_kind, hint_per_1k=hint,
+        )
+
+    async def settled(self, timeout: float | None = None) -> Energy:
+        """Wait (at most ``timeout`` seconds) for the next reading, then the figure."""
+        if self.ledger is not None and self._window is not None:
+            await self.ledger.wait_settled(self._window, timeout)
+        return self.result()

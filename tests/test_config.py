@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from giul_asgi import ConfigError, Node, Route, Tier, load_config
+
+
+def test_node_normalises_and_validates() -> None:
+    node = Node("a", gpus=[0, 1], idle_w=120)  # type: ignore[arg-type]
+    assert node.gpus == (0, 1) and node.idle_w == 120.0
+    assert Node("b", gpus=3).gpus == (3,)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="idle_w must be >= 0"):
+        Node("a", idle_w=-1)
+    with pytest.raises(ConfigError, match="idle_w must be a number"):
+        Node("a", idle_w="80")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="reader must be one of"):
+        Node("a", reader="magic")
+    with pytest.raises(ConfigError, match="gpus must be a list"):
+        Node("a", gpus=("x",))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        Node("")
+
+
+def test_idle_is_never_guessed() -> None:
+    assert Node("a").idle_w is None
+
+
+def test_tier_and_route() -> None:
+    assert Tier("70b", joules_per_1k_hint=4100).joules_per_1k_hint == 4100.0
+    with pytest.raises(ConfigError, match="joules_per_1k_hint"):
+        Tier("x", joules_per_1k_hint=float("nan"))
+    Route(re.compile(r"^/v1/.*$"), node="a")
+    with pytest.raises(ConfigError, match="route.pattern"):
+        Route("", node="a")
+
+
+def test_load_from_dicts() -> None:
+    cfg = load_config({
+        "node": [{"name": "h100-a", "gpus": [0, 1], "idle_w": 140.0, "reader": "simulated"}],
+        "tier": [{"name": "70b", "joules_per_1k_hint": 4100}],
+        "route": [{"pattern": "/v1/chat/completions", "node": "h100-a", "tier": "70b"}],
+    })
+    assert cfg.nodes[0].gpus == (0, 1) and cfg.tiers[0].name == "70b"
+    assert cfg.routes[0].node == "h100-a"
+
+
+def test_load_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "giul.toml"
+    path.write_text(
+        '[[node]]\nname = "a"\ngpus = [0]\nidle_w = 80\n\n'
+        '[[tier]]\nname = "8b"\njoules_per_1k_hint = 300.0\n\n'
+        '[[route]]\npattern = "/v1/*"\nnode = "a"\ntier = "8b"\n'
+    )
+    cfg = load_config(path)
+    assert cfg.nodes[0].idle_w == 80.0 and cfg.routes[0].pattern == "/v1/*"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"node": [{"name": "a", "idle": 80}]}, "node\\[0\\]: unknown key 'idle'"),
+        ({"nodes": []}, "unknown top-level key 'nodes'"),
+        ({"route": [{"pattern": "/x", "node": "ghost"}]}, "route\\[0\\].node: no node named"),
+        ({"node": [{"name": "a"}, {"name": "a"}]}, "two nodes are named 'a'"),
+        ({"tier": ["70b"]}, "tier\\[0\\] must be a table"),
+        ({"route": [{"pattern": "/x", "tier": "ghost"}]}, "route\\[0\\].tier: no tier named"),
+    ],
+)
+def test_bad_config_names_the_bad_key(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(data)
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[node]\nname=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import json
+import math
+
+from giul_asgi.energy import Energy, Provenance, grade
+
+MEASURED = Provenance(method="measured", backend="nvml_counter", source="local", idle_watts=80.0)
+SIMULATED = Provenance(method="simulated", backend="simulated", source="local", idle_watts=60.0)
+NO_IDLE = Provenance(method="measured", backend="nvml_counter", source="local", idle_watts=None)
+
+
+def test_positive_share_is_a_measurement_with_its_provenance() -> None:
+    e = grade(12.5, provenance=MEASURED, seconds=0.5, node="a", tier="t", tokens=50)
+    assert (e.joules, e.method, e.backend, e.source) == (12.5, "measured", "nvml_counter", "local")
+    assert e.joules_per_token == 12.5 / 50
+    assert e.idle_watts == 80.0 and e.idle_known
+
+
+def test_simulated_card_never_reads_as_measured() -> None:
+    e = grade(3.0, provenance=SIMULATED, seconds=1.0)
+    assert e.method == "simulated" and e.backend == "simulated"
+
+
+def test_zero_or_negative_share_is_not_a_free_request() -> None:
+    for share in (0.0, -4.2):
+        e = grade(share, provenance=MEASURED, seconds=1.0)
+        assert e.joules is None and e.method == "unknown"
+        assert "failed measurement" in (e.error or "")
+
+
+def test_failed_measurement_degrades_to_a_labelled_estimate_with_a_hint() -> None:
+    e = grade(0.0, provenance=MEASURED, seconds=1.0, tokens=200, hint_per_1k=4100.0)
+    assert e.method == "estimated" and e.backend == "none" and e.source == "none"
+    assert math.isclose(e.joules or 0, 820.0)
+    assert e.uncertainty_joules is None
+
+
+def test_unknown_share_without_tokens_stays_unknown() -> None:
+    e = grade(None, provenance=MEASURED, seconds=1.0, hint_per_1k=4100.0, tokens=0)
+    assert e.joules is None and e.method == "unknown" and e.joules_per_token is None
+
+
+def test_missing_idle_floor_is_said_not_guessed() -> None:
+    e = grade(5.0, provenance=NO_IDLE, seconds=1.0)
+    assert e.idle_watts is None and e.idle_known is False and e.method == "measured"
+
+
+def test_as_dict_keeps_unknowns_null_and_numbers_finite() -> None:
+    stage = grade(1.0, provenance=MEASURED, seconds=0.1)
+    e = Energy(
+        joules=None, method="unknown", mean_watts=float("nan"), seconds=float("inf"),
+        stages={"retrieve": stage},
+    )
+    d = e.as_dict()
+    assert d["joules"] is None and d["mean_watts"] is None and d["seconds"] is None
+    assert d["stages"]["retrieve"]["joules"] == 1.0
+    json.dumps(d, allow_nan=False)  # strict JSON: raises on NaN/inf
+    expected = {
+        "joules", "method", "backend", "source", "node", "tier", "route", "seconds",
+        "idle_watts", "idle_known", "mean_watts", "tokens", "token_kind", "joules_per_token",
+        "concurrency", "split", "uncertainty_joules", "settled", "stages", "contended", "error",
+    }
+    assert set(d) == expected
