@@ -20,6 +20,8 @@ from .energy import Energy
 from .errors import ConfigError, GiulError, ReaderUnavailable
 from .ledger import Ledger, Ledgers, TimeSplit, TokenSplit, default_ledgers
 from .meter import Meter, current_meter
+from .middleware import EnergyMiddleware
+from .stats import EnergyStats
 
 __version__ = "0.1.0"
 
@@ -27,6 +29,8 @@ __all__ = [
     "Config",
     "ConfigError",
     "Energy",
+    "EnergyMiddleware",
+    "EnergyStats",
     "GiulError",
     "Ledger",
     "Ledgers",

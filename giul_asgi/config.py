@@ -28,6 +28,7 @@ READER_KINDS: tuple[str, ...] = ("auto", "nvml", "simulated", "none")
 class Node:
     """A set of GPUs metered as one, with the operator's idle floor for all of them.
 
+    ``gpus`` are NVML indices; an empty tuple means every GPU the host shows.
     ``idle_w`` is the whole node's floor in watts. With ``None`` the figures are energy
     above zero and say so (``idle_known: false``); we never invent a floor.
     ``reader`` picks how to read it: ``auto`` (NVML if it answers, else nothing), ``nvml``,

@@ -734,14 +734,14 @@ class Ledgers:
 
     def get(self, node: Node) -> Ledger:
         ledger = self._by_name.get(node.name)
-        if ledger is not None and ledger.node == node:
+        if ledger is not None and (ledger.node is node or _same(ledger.node, node)):
             return ledger
         with self._lock:
             ledger = self._by_name.get(node.name)
             if ledger is None:
                 ledger = Ledger(node, split=self.split)
                 self._by_name[node.name] = ledger
-            elif ledger.node != node:
+            elif not _same(ledger.node, node):
                 from .errors import ConfigError
 
                 raise ConfigError(
@@ -761,6 +761,10 @@ class Ledgers:
         for ledger in list(self._by_name.values()):
             ledger.close_reader()
         self._by_name.clear()
+
+
+def _same(a: Node, b: Node) -> bool:
+    return a == b and a.reader_factory is b.reader_factory
 
 
 _default = Ledgers()

@@ -138,8 +138,6 @@ class NvmlReader:
         self._nvml = nvml = _load_nvml(nvml)
         self.clock = clock
         self.gpus = tuple(gpus)
-        if not self.gpus:
-            raise ReaderUnavailable("a node needs at least one GPU index")
         try:
             nvml.nvmlInit()
         except Exception as exc:
@@ -150,6 +148,10 @@ class NvmlReader:
         self._open = True
         try:
             count = nvml.nvmlDeviceGetCount()
+            if not self.gpus:  # an empty list means every GPU this host shows
+                self.gpus = tuple(range(count))
+            if not self.gpus:
+                raise ReaderUnavailable("NVML sees no GPU on this host")
             missing = [g for g in self.gpus if g >= count]
             if missing:
                 raise ReaderUnavailable(

@@ -1,0 +1,238 @@
+"""How a figure reaches the client: headers, the JSON ``energy`` block, the stream's end.
+
+Nothing here knows about ASGI or the ledger: it turns an :class:`Energy` into bytes, and
+reads token counts out of OpenAI-style ``usage`` objects.
+
+Formats are stable: numbers are positional decimals with six significant digits (never an
+exponent, never NaN or inf, never a rounded-away ``0`` for a figure that is not zero), and
+an unknown figure reads ``unknown``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .energy import Energy
+
+TOKEN_KEYS: dict[str, tuple[str, ...]] = {
+    # Chat Completions names first, then the Responses API's.
+    "output": ("completion_tokens", "output_tokens"),
+    "input": ("prompt_tokens", "input_tokens"),
+    "total": ("total_tokens",),
+}
+_UNSAFE = re.compile(r"[^\x21-\x7e ]")
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def number(value: float | int | None) -> str:
+    """A header-safe decimal: ``unknown`` for None/NaN/inf, no exponent, no false zero."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not math.isfinite(value):
+        return "unknown"
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    decimals = max(0, 5 - magnitude)
+    text = f"{value:.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def header_value(text: str | None) -> bytes:
+    """A name from configuration, made safe for a header: no CR/LF or control bytes."""
+    if text is None:
+        return b"unknown"
+    cleaned = _UNSAFE.sub("_", text).strip()
+    return cleaned.encode("ascii") if cleaned else b"unknown"
+
+
+def energy_headers(energy: Energy, *, stream: bool = False) -> list[tuple[bytes, bytes]]:
+    """The ``X-Energy-*`` headers for a figure (lower-case names, as ASGI wants them)."""
+    tokens = energy.tokens
+    return [
+        (b"x-energy-joules", number(energy.joules).encode()),
+        (b"x-energy-method", energy.method.encode()),
+        (b"x-energy-backend", header_value(energy.backend)),
+        (b"x-energy-source", header_value(energy.source)),
+        (b"x-energy-node", header_value(energy.node)),
+        (b"x-energy-tier", header_value(energy.tier)),
+        (b"x-energy-seconds", number(energy.seconds).encode()),
+        (b"x-energy-tokens", number(tokens if tokens is not None and tokens >= 0 else None).encode()),
+        (b"x-energy-joules-per-token", number(energy.joules_per_token).encode()),
+        (b"x-energy-uncertainty", number(energy.uncertainty_joules).encode()),
+        (b"x-energy-settled", b"true" if energy.settled else b"false"),
+    ]
+
+
+ENERGY_HEADER_NAMES: tuple[bytes, ...] = tuple(
+    name for name, _ in energy_headers(Energy(joules=None, method="unknown"))
+)
+
+
+def stream_start_headers(
+    node: str | None, tier: str | None, backend: str, source: str, trailers: bool
+) -> list[tuple[bytes, bytes]]:
+    """What is known when a stream starts: where it runs, not yet what it cost."""
+    headers = [
+        (b"x-energy-node", header_value(node)),
+        (b"x-energy-tier", header_value(tier)),
+        (b"x-energy-backend", header_value(backend)),
+        (b"x-energy-source", header_value(source)),
+    ]
+    if trailers:
+        headers.append((b"trailer", b", ".join(n for n in ENERGY_HEADER_NAMES)))
+    return headers
+
+
+def energy_json(energy: Energy) -> bytes:
+    return json.dumps(energy.as_dict(), separators=(",", ":"), allow_nan=False).encode()
+
+
+def usage_tokens(usage: Any, kind: str = "output") -> int | None:
+    """The token count of ``kind`` in an OpenAI-style ``usage`` object, or None."""
+    if not isinstance(usage, Mapping):
+        return None
+    for key in TOKEN_KEYS.get(kind, ()):
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    if kind == "total":
+        parts = [usage_tokens(usage, "input"), usage_tokens(usage, "output")]
+        if all(p is not None for p in parts):
+            return sum(p for p in parts if p is not None)
+    return None
+
+
+def find_usage(obj: Any) -> Any:
+    """``usage`` at the top of a body, or inside a Responses API ``response`` object."""
+    if not isinstance(obj, Mapping):
+        return None
+    usage = obj.get("usage")
+    if usage is None and isinstance(obj.get("response"), Mapping):
+        usage = obj["response"].get("usage")
+    return usage
+
+
+def inject_json(body: bytes, key: str, block: bytes) -> tuple[bytes, Any] | None:
+    """``body`` with ``"key": block`` added at the top of its JSON object, and the parsed
+    object; None when the body must pass through untouched (not a JSON object, not UTF-8,
+    or it already has ``key``: we never overwrite the app's data)."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(obj, dict) or key in obj:
+        return None
+    end = body.rstrip()
+    if not end.endswith(b"}"):
+        return None
+    head = end[:-1].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return head + sep + json.dumps(key).encode() + b":" + block + b"}" + body[len(end):], obj
+
+
+class SSEScanner:
+    """Watches an event stream go by, without holding it up.
+
+    It finds the last ``usage`` the stream carried and notices ``data: [DONE]``. Events
+    may be split across body messages; an unfinished event is kept (bounded) until its end.
+    """
+
+    MAX_PARTIAL = 1 << 20
+
+    def __init__(self, token_kind: str) -> None:
+        self.token_kind = token_kind
+        self.tokens: int | None = None
+        self.done = False
+        self._partial = b""
+        self.broken = False
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, Any]]:
+        """Complete events in ``chunk`` (with what came before), each with its parsed data
+        when that data was a JSON object carrying ``usage``, else None."""
+        if self.broken or not chunk:
+            return []
+        data = self._partial + chunk if self._partial else chunk
+        events: list[tuple[bytes, Any]] = []
+        pos = 0
+        for match in _EVENT_END.finditer(data):
+            raw = data[pos:match.end()]
+            pos = match.end()
+            events.append((raw, self._inspect(raw)))
+        self._partial = data[pos:]
+        if len(self._partial) > self.MAX_PARTIAL:
+            self.broken = True  # not a well-formed event stream: stop looking, keep sending
+            self._partial = b""
+        return events
+
+    @property
+    def at_boundary(self) -> bool:
+        return not self._partial
+
+    def _inspect(self, raw: bytes) -> Any:
+        if b"[DONE]" in raw and sse_data(raw) == b"[DONE]":
+            self.done = True
+            return None
+        if b'"usage"' not in raw:
+            return None
+        try:
+            obj = json.loads(sse_data(raw))
+        except ValueError:
+            return None
+        usage = find_usage(obj)
+        if usage is None:
+            return None
+        count = usage_tokens(usage, self.token_kind)
+        if count is not None:
+            self.tokens = count
+        return obj
+
+
+def sse_data(raw: bytes) -> bytes:
+    """The data of one event (its ``data:`` lines joined by newlines)."""
+    lines = []
+    for line in raw.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(lines)
+
+
+def is_usage_chunk(obj: Any) -> bool:
+    """The last chunk a chat stream sends with ``include_usage``: usage and no choices."""
+    return (
+        isinstance(obj, Mapping)
+        and isinstance(obj.get("usage"), Mapping)
+        and obj.get("choices") in ([], None)
+    )
+
+
+def splice_event(raw: bytes, key: str, block: bytes) -> bytes | None:
+    """One ``data:`` JSON-object event with ``"key": block`` added, or None if it cannot be."""
+    lines = raw.splitlines(keepends=True)
+    data_lines = [i for i, line in enumerate(lines) if line.startswith(b"data:")]
+    if len(data_lines) != 1:
+        return None
+    i = data_lines[0]
+    line = lines[i]
+    body = line.rstrip(b"\r\n")
+    ending = line[len(body):]
+    prefix = b"data: " if body.startswith(b"data: ") else b"data:"
+    injected = inject_json(body[len(prefix):], key, block)
+    if injected is None:
+        return None
+    lines[i] = prefix + injected[0] + ending
+    return b"".join(lines)
+
+
+def energy_event(energy: Energy, event: str = "energy") -> bytes:
+    """An SSE event an EventSource listens for with ``addEventListener("energy", ...)``."""
+    return b"event: " + event.encode() + b"\ndata: " + energy_json(energy) + b"\n\n"

@@ -1,0 +1,151 @@
+"""Which node and tier a request runs on, and the bounded label its statistics go under.
+
+The window must open when the request arrives, before the framework has matched a route,
+so routes are matched against the path first (a template such as ``/v1/models/{id}``
+matches ``/v1/models/llama-3``). Once the framework has matched (Starlette and FastAPI
+write ``scope["route"]``), the label becomes the real template. A raw path is never a label:
+paths that match nothing share one label, so label count stays bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .config import Node, Route, Tier
+from .errors import ConfigError
+
+UNMATCHED = "<unmatched>"
+_PARAM = re.compile(r"\{[^}/]+\}")
+_CACHE_SIZE = 1024
+
+Decider = Callable[[Mapping[str, Any]], "tuple[Node | str | None, Tier | str | None] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    node: Node | None
+    tier: Tier | None
+    label: str
+
+
+def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
+    """A template (``{id}``), a glob (``*``) or a regex, as one compiled regex."""
+    if isinstance(pattern, re.Pattern):
+        return pattern
+    out = []
+    pos = 0
+    for match in _PARAM.finditer(pattern):
+        out.append(_glob(pattern[pos:match.start()]))
+        out.append(r"[^/]+")
+        pos = match.end()
+    out.append(_glob(pattern[pos:]))
+    return re.compile("^" + "".join(out) + "$")
+
+
+def _glob(text: str) -> str:
+    return ".*".join(re.escape(part) for part in text.split("*"))
+
+
+def route_template(scope: Mapping[str, Any]) -> str | None:
+    """The framework's matched route template, once its router has run."""
+    route = scope.get("route")
+    path_format = getattr(route, "path_format", None) or getattr(route, "path", None)
+    if isinstance(path_format, str) and path_format:
+        return scope.get("root_path", "") + path_format
+    return None
+
+
+class Router:
+    """Maps requests to a :class:`Target`. Built once; matching is cached per path."""
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        tiers: Iterable[Tier],
+        routes: Iterable[Route],
+        *,
+        default_node: Node | None,
+        default_tier: Tier | None,
+        decide: Decider | None = None,
+    ) -> None:
+        self.nodes = {n.name: n for n in nodes}
+        self.tiers = {t.name: t for t in tiers}
+        self.default_node = default_node
+        self.default_tier = default_tier
+        self.decide = decide
+        self._routes: list[tuple[re.Pattern[str], Target]] = []
+        for route in routes:
+            node = self._node(route.node) if route.node is not None else default_node
+            tier = self._tier(route.tier) if route.tier is not None else default_tier
+            label = route.pattern if isinstance(route.pattern, str) else route.pattern.pattern
+            self._routes.append((compile_pattern(route.pattern), Target(node, tier, label)))
+        self._default = Target(default_node, default_tier, UNMATCHED)
+        self._cache: dict[str, Target] = {}
+
+    def _node(self, value: Node | str) -> Node:
+        if isinstance(value, Node):
+            self.nodes.setdefault(value.name, value)
+            return value
+        if value not in self.nodes:
+            raise ConfigError(f"route names node {value!r}, which is not in nodes=[...]")
+        return self.nodes[value]
+
+    def _tier(self, value: Tier | str) -> Tier:
+        if isinstance(value, Tier):
+            self.tiers.setdefault(value.name, value)
+            return value
+        if value not in self.tiers:
+            raise ConfigError(f"route names tier {value!r}, which is not in tiers=[...]")
+        return self.tiers[value]
+
+    def match(self, scope: Mapping[str, Any]) -> Target:
+        if self.decide is not None:
+            decided = self.decide(scope)
+            if decided is not None:
+                node, tier = decided
+                base = self._match_path(scope.get("path", ""))
+                return Target(
+                    self._node(node) if node is not None else base.node,
+                    self._tier(tier) if tier is not None else base.tier,
+                    base.label,
+                )
+        return self._match_path(scope.get("path", ""))
+
+    def _match_path(self, path: str) -> Target:
+        target = self._cache.get(path)
+        if target is not None:
+            return target
+        target = self._default
+        for regex, candidate in self._routes:
+            if regex.match(path):
+                target = candidate
+                break
+        if len(self._cache) < _CACHE_SIZE:
+            self._cache[path] = target
+        return target
+
+    def catalog(self) -> dict[str, Node | Tier]:
+        """Names a handler may :meth:`Meter.bind` to."""
+        out: dict[str, Node | Tier] = {f"node:{k}": v for k, v in self.nodes.items()}
+        out.update({f"tier:{k}": v for k, v in self.tiers.items()})
+        return out
+
+
+class PathSet:
+    """Paths that are never metered (the energy endpoint, metrics, health checks)."""
+
+    def __init__(self, patterns: Iterable[str | re.Pattern[str]]) -> None:
+        self._exact = {p for p in patterns if isinstance(p, str) and not _is_pattern(p)}
+        self._regexes = [compile_pattern(p) for p in patterns if not isinstance(p, str) or _is_pattern(p)]
+
+    def __contains__(self, path: object) -> bool:
+        if path in self._exact:
+            return True
+        return isinstance(path, str) and any(r.match(path) for r in self._regexes)
+
+
+def _is_pattern(text: str) -> bool:
+    return "*" in text or "{" in text
