@@ -456,7 +456,7 @@ class _Exchange:
             self.outcome = "disconnect"
         else:
             self.outcome = "error"
-            if not self.complete:
+            if self.mode == _HELD:  # nothing reached the client: the server answers 500
                 self.status = 500
         self._record()
 

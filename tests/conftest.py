@@ -49,3 +49,9 @@ def fake_nvml() -> FakeNvml:
 @pytest.fixture
 def ledgers() -> Ledgers:
     return Ledgers()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+

@@ -1,0 +1,97 @@
+"""Apps and helpers the middleware tests share: a busy simulated node, raw ASGI drivers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from giul_asgi import EnergyMiddleware, Ledgers, Node
+from giul_asgi.readers import SimulatedCard, SimulatedReader
+
+Message = dict[str, Any]
+
+
+def busy_node(name: str = "sim", load_w: float = 100.0, period: float = 0.02) -> tuple[Node, SimulatedCard]:
+    """A simulated card drawing ``load_w`` above its 60 W floor, on the real clock."""
+    card = SimulatedCard(idle_w=60.0, cap_w=700.0, counter_period=period)
+    card.start_job(load_w)
+    node = Node(
+        name, idle_w=60.0, period_s=period,
+        reader_factory=lambda _n: SimulatedReader(card, period=period),
+    )
+    return node, card
+
+
+def find_middleware(app: Any) -> EnergyMiddleware:
+    """The EnergyMiddleware instance inside a built Starlette/FastAPI stack."""
+    layer = getattr(app, "middleware_stack", None) or app
+    while not isinstance(layer, EnergyMiddleware):
+        layer = layer.app
+    return layer
+
+
+async def drive(
+    app: Callable[..., Awaitable[None]],
+    *,
+    path: str = "/",
+    method: str = "GET",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    body: bytes = b"",
+    extensions: dict[str, Any] | None = None,
+    disconnect_after: float | None = None,
+    on_send: Callable[[Message], None] | None = None,
+) -> list[Message]:
+    """Call an ASGI app with raw scope/receive/send, as a server would; return what it sent."""
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1", "method": method, "scheme": "http", "path": path,
+        "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": headers or [], "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+        "extensions": extensions or {},
+    }
+    sent: list[Message] = []
+    request_sent = False
+    gone = asyncio.Event()
+
+    async def receive() -> Message:
+        nonlocal request_sent
+        if not request_sent:
+            request_sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        if disconnect_after is not None:
+            await asyncio.sleep(disconnect_after)
+            gone.set()
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def send(message: Message) -> None:
+        if gone.is_set():
+            return  # as uvicorn does after a disconnect: silently
+        sent.append(message)
+        if on_send is not None:
+            on_send(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+def body_of(sent: list[Message]) -> bytes:
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def start_of(sent: list[Message]) -> Message:
+    return next(m for m in sent if m["type"] == "http.response.start")
+
+
+def header(message: Message, name: bytes) -> bytes | None:
+    for key, value in message.get("headers", []):
+        if key.lower() == name:
+            return value
+    return None
+
+
+def fresh(app: Any, *nodes: Node, **kwargs: Any) -> EnergyMiddleware:
+    """Wrap a raw ASGI app with its own ledgers, so tests never share a card."""
+    return EnergyMiddleware(app, nodes=list(nodes), ledgers=Ledgers(), **kwargs)

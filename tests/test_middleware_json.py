@@ -1,0 +1,418 @@
+"""Complete (non-streamed) responses: headers, the JSON energy block, and pass-through."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from typing import Any
+
+import httpx
+import pytest
+from apps import body_of, busy_node, drive, find_middleware, fresh, header, start_of
+from fastapi import FastAPI, Request
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route as StarletteRoute
+from starlette.routing import WebSocketRoute
+from starlette.testclient import TestClient
+
+from giul_asgi import EnergyMiddleware, Ledgers, Node, Route, Tier, current_meter
+
+pytestmark = pytest.mark.anyio
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 40, "total_tokens": 47}
+
+
+def raw_app(status: int, headers: list[tuple[bytes, bytes]], body: bytes, parts: int = 1) -> Any:
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        if parts == 1:
+            await send({"type": "http.response.body", "body": body})
+            return
+        step = max(1, len(body) // parts)
+        chunks = [body[i:i + step] for i in range(0, len(body), step)]
+        for i, chunk in enumerate(chunks):
+            await send({"type": "http.response.body", "body": chunk, "more_body": i < len(chunks) - 1})
+
+    return app
+
+
+def json_headers(body: bytes, ctype: bytes = b"application/json") -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+
+
+async def client_for(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+
+
+def make_fastapi(node: Node, **kwargs: Any) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        payload = await request.json()
+        meter = current_meter()
+        assert meter is not None
+        await asyncio.sleep(0.02)
+        meter.mark("retrieve")
+        await asyncio.sleep(0.03)
+        return {"id": "cmpl-1", "model": payload.get("model"), "usage": USAGE}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> dict:
+        return {"id": model_id}
+
+    app.add_middleware(EnergyMiddleware, nodes=[node], tiers=[Tier("8b", 300.0)],
+                       ledgers=Ledgers(), **kwargs)
+    return app
+
+
+async def test_fastapi_headers_and_energy_block() -> None:
+    node, _card = busy_node()
+    app = make_fastapi(node)
+    async with await client_for(app) as client:
+        await client.get("/v1/models/warm-up")  # the ledger has now seen the card's power
+        await asyncio.sleep(0.05)
+        r = await client.post("/v1/chat/completions", json={"model": "llama"})
+    assert r.status_code == 200
+    energy = r.json()["energy"]
+    assert r.headers["x-energy-method"] == "simulated" == energy["method"]
+    assert r.headers["x-energy-backend"] == "simulated" and r.headers["x-energy-source"] == "local"
+    assert r.headers["x-energy-node"] == "sim" and r.headers["x-energy-tier"] == "8b"
+    assert float(r.headers["x-energy-joules"]) == pytest.approx(energy["joules"], rel=1e-4)
+    assert energy["joules"] == pytest.approx(5.0, rel=0.5)  # 100 W above idle x ~50 ms
+    assert r.headers["x-energy-tokens"] == "40" and energy["tokens"] == 40
+    assert float(r.headers["x-energy-joules-per-token"]) == pytest.approx(energy["joules"] / 40, rel=1e-4)
+    assert r.headers["x-energy-settled"] in ("true", "false")
+    assert float(r.headers["x-energy-uncertainty"]) >= 0
+    assert energy["route"] == "/v1/chat/completions"
+    assert set(energy["stages"]) == {"retrieve"}
+    assert r.headers["content-length"] == str(len(r.content))
+    assert r.json()["usage"] == USAGE  # the app's own data untouched
+
+
+async def test_route_label_is_the_template_never_the_raw_path() -> None:
+    node, _ = busy_node()
+    app = make_fastapi(node)
+    async with await client_for(app) as client:
+        for name in ("llama-3", "mistral", "qwen"):
+            r = await client.get(f"/v1/models/{name}")
+            assert r.json()["energy"]["route"] == "/v1/models/{model_id}"
+        r = await client.get("/nope/123")
+        assert r.status_code == 404
+    await asyncio.sleep(0.1)
+    stats = find_middleware(app).stats.snapshot()
+    assert set(stats["routes"]) == {"/v1/models/{model_id}", "<unmatched>"}
+    assert stats["routes"]["/v1/models/{model_id}"]["requests"] == 3
+
+
+async def test_starlette_app_and_settled_figures() -> None:
+    node, _ = busy_node()
+
+    async def home(request: Any) -> JSONResponse:
+        await asyncio.sleep(0.05)
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[StarletteRoute("/", home)])
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(), settle_timeout=0.5)
+    async with await client_for(app) as client:
+        await client.get("/")
+        r = await client.get("/")
+    assert r.headers["x-energy-settled"] == "true" and r.json()["energy"]["settled"] is True
+    assert r.json()["ok"] is True
+
+
+async def test_raw_asgi_app_via_constructor() -> None:
+    node, _ = busy_node()
+    body = json.dumps({"id": 1, "usage": USAGE}).encode()
+    app = fresh(raw_app(200, json_headers(body), body), node)
+    sent = await drive(app, path="/v1/x")
+    out = json.loads(body_of(sent))
+    assert out["id"] == 1 and out["energy"]["node"] == "sim"
+    assert header(start_of(sent), b"content-length") == str(len(body_of(sent))).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "method"),
+    [
+        (200, json_headers(b'{"a": 1,'), b'{"a": 1,', "GET"),  # invalid JSON
+        (200, json_headers(b"[1, 2, 3]"), b"[1, 2, 3]", "GET"),  # an array
+        (200, json_headers(b'"just a string"'), b'"just a string"', "GET"),
+        (200, json_headers(b'{"x": "\xff\xfe"}'), b'{"x": "\xff\xfe"}', "GET"),  # not UTF-8
+        (200, [(b"content-type", b"text/plain")], b"hello {}", "GET"),
+        (200, json_headers(b'{"energy": "mine"}'), b'{"energy": "mine"}', "GET"),  # key taken
+        (204, [], b"", "GET"),
+        (304, [(b"content-type", b"application/json")], b"", "GET"),
+        (200, json_headers(b'{"a": 1}'), b"", "HEAD"),
+    ],
+    ids=["invalid", "array", "string", "non-utf8", "text", "key-taken", "204", "304", "head"],
+)
+async def test_pass_through_byte_for_byte(
+    status: int, headers: list[tuple[bytes, bytes]], body: bytes, method: str
+) -> None:
+    node, _ = busy_node()
+    sent = await drive(fresh(raw_app(status, headers, body), node), method=method)
+    assert body_of(sent) == body
+    start = start_of(sent)
+    assert start["status"] == status
+    for key, value in headers:
+        assert header(start, key) == value
+    assert header(start, b"x-energy-node") == b"sim"  # headers only
+    assert header(start, b"x-energy-method") is not None
+
+
+async def test_gzip_body_passes_through_untouched() -> None:
+    node, _ = busy_node()
+    raw = gzip.compress(json.dumps({"usage": USAGE}).encode())
+    headers = [*json_headers(raw), (b"content-encoding", b"gzip")]
+    sent = await drive(fresh(raw_app(200, headers, raw), node))
+    assert body_of(sent) == raw
+    assert header(start_of(sent), b"x-energy-node") == b"sim"
+
+
+async def test_oversized_body_passes_through_with_headers_only() -> None:
+    node, _ = busy_node()
+    body = json.dumps({"blob": "x" * 5000}).encode()
+    app = fresh(raw_app(200, json_headers(body), body, parts=4), node, max_body=1000)
+    sent = await drive(app)
+    assert body_of(sent) == body
+    assert header(start_of(sent), b"x-energy-node") == b"sim"
+
+
+async def test_json_in_several_parts_of_known_length_is_gathered() -> None:
+    node, _ = busy_node()
+    body = json.dumps({"id": "x" * 300, "usage": USAGE}).encode()
+    sent = await drive(fresh(raw_app(200, json_headers(body), body, parts=5), node))
+    out = json.loads(body_of(sent))
+    assert out["energy"]["tokens"] == 40 and out["id"] == "x" * 300
+
+
+async def test_app_sending_more_than_its_content_length_is_not_swallowed() -> None:
+    node, _ = busy_node()
+    body = b'{"a": "' + b"y" * 100 + b'"}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"20")]
+    sent = await drive(fresh(raw_app(200, headers, body, parts=4), node))
+    assert body_of(sent) == body
+
+
+async def test_energy_key_and_switch_off() -> None:
+    node, _ = busy_node()
+    body = b'{"a": 1}'
+    sent = await drive(fresh(raw_app(200, json_headers(body), body), node, energy_key="x_energy"))
+    assert "x_energy" in json.loads(body_of(sent))
+    sent = await drive(fresh(raw_app(200, json_headers(body), body), node, inject_json=False))
+    assert body_of(sent) == body
+
+
+async def test_empty_object_and_whitespace_are_spliced_correctly() -> None:
+    node, _ = busy_node()
+    for body in (b"{}", b'  {"a": [1, {"b": 2}]}  \n'):
+        sent = await drive(fresh(raw_app(200, json_headers(body), body), node))
+        out = json.loads(body_of(sent))
+        assert "energy" in out
+
+
+async def test_unknown_is_never_zero_without_a_gpu() -> None:
+    """No arguments: one local node over the visible GPUs; here there are none."""
+
+    async def endpoint(request: Any) -> JSONResponse:
+        return JSONResponse({"usage": USAGE})
+
+    app = Starlette(routes=[StarletteRoute("/", endpoint)])
+    app.add_middleware(EnergyMiddleware, ledgers=Ledgers())
+    async with await client_for(app) as client:
+        r = await client.get("/")
+    assert r.headers["x-energy-joules"] == "unknown"
+    assert r.headers["x-energy-method"] == "unknown" and r.headers["x-energy-backend"] == "none"
+    assert r.json()["energy"]["joules"] is None
+    assert "NVML" in (r.json()["energy"]["error"] or "")
+
+
+async def test_estimates_are_labelled() -> None:
+    node = Node("dark", reader="none")
+    body = json.dumps({"usage": USAGE}).encode()
+    app = fresh(raw_app(200, json_headers(body), body), node, tiers=[Tier("70b", 4100.0)])
+    sent = await drive(app)
+    start = start_of(sent)
+    assert header(start, b"x-energy-method") == b"estimated"
+    assert header(start, b"x-energy-joules") == b"164"  # 40 tokens x 4.1 J
+    assert header(start, b"x-energy-backend") == b"none"
+    assert header(start, b"x-energy-uncertainty") == b"unknown"
+
+
+async def test_header_values_are_sanitised() -> None:
+    node = Node("evil\r\nSet-Cookie: x=1", reader="none")
+    body = b"{}"
+    sent = await drive(fresh(raw_app(200, json_headers(body), body), node,
+                             tiers=[Tier("t\x00\x7f\n")]))
+    for key, value in start_of(sent)["headers"]:
+        assert b"\r" not in value and b"\n" not in value and b"\x00" not in value, key
+    assert header(start_of(sent), b"x-energy-node") == b"evil__Set-Cookie: x=1"
+
+
+@pytest.mark.parametrize(
+    ("kind", "usage", "expected"),
+    [
+        ("output", {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}, 9),
+        ("input", {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}, 5),
+        ("total", {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}, 14),
+        ("output", {"input_tokens": 3, "output_tokens": 11}, 11),  # Responses API
+        ("total", {"input_tokens": 3, "output_tokens": 11}, 14),
+    ],
+)
+async def test_token_counts_from_usage(kind: str, usage: dict, expected: int) -> None:
+    node = Node("n", reader="none")
+    body = json.dumps({"usage": usage}).encode()
+    sent = await drive(fresh(raw_app(200, json_headers(body), body), node, token_kind=kind))
+    energy = json.loads(body_of(sent))["energy"]
+    assert energy["tokens"] == expected and energy["token_kind"] == kind
+
+
+async def test_responses_api_usage_inside_response_object() -> None:
+    node = Node("n", reader="none")
+    body = json.dumps({"response": {"usage": {"input_tokens": 2, "output_tokens": 8}}}).encode()
+    sent = await drive(fresh(raw_app(200, json_headers(body), body), node))
+    assert json.loads(body_of(sent))["energy"]["tokens"] == 8
+
+
+async def test_handler_binds_by_model_and_sets_tokens() -> None:
+    small, _ = busy_node("a100-small", load_w=50.0)
+    big, _ = busy_node("h100-big", load_w=300.0)
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        payload = await request.json()
+        meter = current_meter()
+        assert meter is not None
+        if payload["model"] == "llama-70b":
+            meter.bind(node="h100-big", tier="70b")
+        meter.tokens(123)
+        await asyncio.sleep(0.03)
+        return {"ok": True}
+
+    app.add_middleware(
+        EnergyMiddleware, nodes=[small, big], tiers=[Tier("8b", 300.0), Tier("70b", 4100.0)],
+        routes=[Route("/v1/*", node="a100-small", tier="8b")], ledgers=Ledgers(),
+    )
+    async with await client_for(app) as client:
+        r_big = await client.post("/v1/chat/completions", json={"model": "llama-70b"})
+        r_small = await client.post("/v1/chat/completions", json={"model": "llama-8b"})
+    assert (r_big.headers["x-energy-node"], r_big.headers["x-energy-tier"]) == ("h100-big", "70b")
+    assert (r_small.headers["x-energy-node"], r_small.headers["x-energy-tier"]) == ("a100-small", "8b")
+    assert r_big.headers["x-energy-tokens"] == "123"
+
+
+async def test_decide_callable_routes_what_patterns_cannot() -> None:
+    a, _ = busy_node("a")
+    b, _ = busy_node("b")
+
+    def decide(scope: dict) -> tuple[str, None] | None:
+        return ("b", None) if dict(scope["headers"]).get(b"x-pool") == b"b" else None
+
+    body = b"{}"
+    app = EnergyMiddleware(raw_app(200, json_headers(body), body), nodes=[a, b],
+                           decide=decide, ledgers=Ledgers())
+    sent = await drive(app, headers=[(b"x-pool", b"b")])
+    assert header(start_of(sent), b"x-energy-node") == b"b"
+    sent = await drive(app)
+    assert header(start_of(sent), b"x-energy-node") == b"a"
+
+
+async def test_excluded_paths_and_other_scopes_pass_untouched() -> None:
+    node, _ = busy_node()
+    calls: list[str] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        calls.append(scope["type"])
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = fresh(app, node)
+    for path in ("/energy", "/metrics", "/healthz", "/energy/nodes"):
+        sent = await drive(mw, path=path)
+        assert start_of(sent)["headers"] == [] and body_of(sent) == b"ok"
+
+    async def ws_receive() -> dict:
+        return {"type": "websocket.connect"}
+
+    async def ws_send(message: dict) -> None:
+        return None
+
+    await mw({"type": "websocket", "path": "/ws", "headers": []}, ws_receive, ws_send)
+    assert calls.count("websocket") == 1
+
+
+async def test_app_exception_is_reraised_and_recorded() -> None:
+    node, _ = busy_node()
+
+    async def boom(request: Any) -> Response:
+        raise RuntimeError("upstream died")
+
+    app = Starlette(routes=[StarletteRoute("/boom", boom)])
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers())
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        r = await client.get("/boom")
+    assert r.status_code == 500  # Starlette's error page, not ours
+    await asyncio.sleep(0.1)
+    stats = find_middleware(app).stats
+    record = list(stats)[-1]
+    assert record.outcome == "error" and record.status == 500 and record.route == "/boom"
+
+    raw = fresh(_raising_app, node)
+    with pytest.raises(KeyError, match="exact"):
+        await drive(raw)
+    await asyncio.sleep(0.1)
+    assert list(raw.stats)[-1].outcome == "error"
+
+
+async def _raising_app(scope: dict, receive: Any, send: Any) -> None:
+    raise KeyError("exact")
+
+
+async def test_behaves_inside_a_stack_with_base_http_middleware() -> None:
+    node, _ = busy_node()
+
+    class Tagger(BaseHTTPMiddleware):
+        async def dispatch(self, request: Any, call_next: Any) -> Response:
+            response = await call_next(request)
+            response.headers["x-tag"] = "1"
+            return response
+
+    async def home(request: Any) -> JSONResponse:
+        return JSONResponse({"ok": True, "usage": USAGE})
+
+    app = Starlette(routes=[StarletteRoute("/", home)], middleware=[Middleware(Tagger)])
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers())
+    async with await client_for(app) as client:
+        r = await client.get("/")
+    assert r.headers["x-tag"] == "1" and r.json()["energy"]["tokens"] == 40
+
+
+def test_lifespan_starts_and_stops_the_readers() -> None:
+    node, _ = busy_node()
+
+    async def home(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("hi")
+
+    async def ws(websocket: Any) -> None:
+        await websocket.accept()
+        await websocket.send_text("hello")
+        await websocket.close()
+
+    app = Starlette(routes=[StarletteRoute("/", home), WebSocketRoute("/ws", ws)])
+    ledgers = Ledgers()
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=ledgers)
+    with TestClient(app) as client:
+        ledger = ledgers.get(node)
+        assert ledger._running  # started at lifespan startup, before any request
+        assert client.get("/").headers["x-energy-node"] == "sim"
+        with client.websocket_connect("/ws") as socket:
+            assert socket.receive_text() == "hello"
+    assert not ledger._running
+    assert all(record.energy.settled for record in find_middleware(app).stats)
