@@ -1,0 +1,118 @@
+"""End to end: a FastAPI gateway with ``app.add_middleware(EnergyMiddleware)`` under a real
+uvicorn on 127.0.0.1, read by the real ``openai`` client, as a new user would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from apps import find_middleware
+from fastapi import FastAPI
+from openai import OpenAI
+from server import serve
+
+from giul_asgi import EnergyMiddleware, Ledgers, Node, Route, Tier
+from giul_asgi.demo.upstream import Upstream
+from giul_asgi.readers import SimulatedCard, SimulatedReader
+from giul_asgi.report import sse_data
+
+MESSAGES = [{"role": "user", "content": "what did this cost"}]
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[tuple[str, FastAPI]]:
+    card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.02)
+    node = Node("sim-h100", idle_w=70.0, period_s=0.02,
+                reader_factory=lambda _n: SimulatedReader(card, period=0.02))
+    upstream = Upstream(card, token_seconds=0.004)
+    app = FastAPI()
+    app.add_api_route("/v1/chat/completions", upstream.chat, methods=["POST"])
+    app.add_middleware(
+        EnergyMiddleware, nodes=[node], tiers=[Tier("8b", 300.0)],
+        routes=[Route("/v1/chat/completions", node="sim-h100", tier="8b")], ledgers=Ledgers(),
+    )
+    with serve(app) as url:
+        yield url, app
+
+
+@pytest.fixture
+def client(gateway: tuple[str, FastAPI]) -> OpenAI:
+    return OpenAI(base_url=gateway[0] + "/v1", api_key="not-needed", max_retries=0)
+
+
+def test_openai_client_reads_headers_and_energy_block(client: OpenAI) -> None:
+    client.chat.completions.create(model="sim-8b", messages=MESSAGES, max_tokens=8)  # warm
+    raw = client.chat.completions.with_raw_response.create(
+        model="sim-8b", messages=MESSAGES, max_tokens=20
+    )
+    completion = raw.parse()
+    assert completion.choices[0].message.content
+    assert completion.usage is not None and completion.usage.completion_tokens == 20
+    energy = completion.model_extra["energy"]  # type: ignore[index]
+    assert raw.headers["x-energy-method"] == "simulated" == energy["method"]
+    assert raw.headers["x-energy-node"] == "sim-h100" and raw.headers["x-energy-tier"] == "8b"
+    assert raw.headers["x-energy-tokens"] == "20" and energy["tokens"] == 20
+    joules = float(raw.headers["x-energy-joules"])
+    assert joules == pytest.approx(energy["joules"], rel=1e-4)
+    assert joules == pytest.approx(120.0 * 0.08, rel=0.6)  # 120 W for ~80 ms
+    assert energy["route"] == "/v1/chat/completions"
+
+
+def test_streamed_chat_with_usage_carries_energy_in_its_last_chunk(client: OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="sim-8b", messages=MESSAGES, max_tokens=12, stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, usage, energy = "", None, None
+    for chunk in stream:  # the usual loop, unchanged
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage
+            energy = (chunk.model_extra or {}).get("energy")
+    assert len(text.split()) == 12
+    assert usage is not None and usage.completion_tokens == 12
+    assert energy is not None and energy["tokens"] == 12 and energy["method"] == "simulated"
+    assert energy["joules"] is not None and energy["seconds"] > 0.04
+
+
+def test_streamed_chat_without_usage_loops_unchanged(client: OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="sim-8b", messages=MESSAGES, max_tokens=6, stream=True
+    )
+    text = ""
+    for chunk in stream:
+        text += chunk.choices[0].delta.content or ""  # would break on an empty choices list
+    assert len(text.split()) == 6
+
+
+def test_stream_headers_through_with_raw_response(client: OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="sim-8b", messages=MESSAGES, max_tokens=4, stream=True
+    )
+    assert raw.headers["x-energy-node"] == "sim-h100"
+    assert raw.headers["x-energy-backend"] == "simulated"
+    for _ in raw.parse():
+        pass
+
+
+def test_raw_sse_client_finds_the_energy_event(gateway: tuple[str, FastAPI]) -> None:
+    url, _app = gateway
+    payload = {"model": "m", "messages": MESSAGES, "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=payload) as response:
+        raw = b"".join(response.iter_bytes())
+    events = [e for e in raw.split(b"\n\n") if e]
+    done = events.index(b"data: [DONE]")
+    assert events[done + 1].startswith(b"event: energy")
+    energy = json.loads(sse_data(events[done + 1]))
+    assert energy["node"] == "sim-h100" and energy["joules"] is not None
+
+
+def test_stats_see_every_request_settled(gateway: tuple[str, FastAPI], client: OpenAI) -> None:
+    client.chat.completions.create(model="sim-8b", messages=MESSAGES, max_tokens=3)
+    stats = find_middleware(gateway[1]).stats.snapshot()
+    route = stats["routes"]["/v1/chat/completions"]
+    assert route["requests"] >= 1 and route["outcomes"].get("ok", 0) >= 1
+    assert "<unmatched>" not in stats["routes"] or stats["routes"]["<unmatched>"]["requests"] == 0
