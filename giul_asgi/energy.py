@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 Method = Literal["measured", "estimated", "simulated", "unknown"]
@@ -60,7 +61,7 @@ class Energy:
     split: str | None = None
     uncertainty_joules: float | None = None
     settled: bool = True
-    stages: Mapping[str, Energy] = field(default_factory=dict)
+    stages: Mapping[str, Energy] = field(default_factory=lambda: _NO_STAGES)
     #: A foreign process was seen on the card; ``None`` when nobody looked.
     contended: bool | None = None
     #: Why a measurement is missing or partial, in words an operator can act on.
@@ -86,8 +87,8 @@ class Energy:
             "mean_watts": _num(self.mean_watts),
             "tokens": self.tokens,
             "token_kind": self.token_kind,
-            "joules_per_token": _num(self.joules_per_token, 9),
-            "concurrency": _num(self.concurrency, 4),
+            "joules_per_token": _num(self.joules_per_token),
+            "concurrency": _num(self.concurrency),
             "split": self.split,
             "uncertainty_joules": _num(self.uncertainty_joules),
             "settled": self.settled,
@@ -97,10 +98,12 @@ class Energy:
         }
 
 
-def _num(value: float | None, digits: int = 6) -> float | None:
+def _num(value: float | None) -> float | None:
+    # Nine significant digits, not a fixed number of decimals: a tiny figure that is not
+    # zero must never serialise as 0.
     if value is None or not math.isfinite(value):
         return None
-    return round(value, digits)
+    return float(f"{value:.9g}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,24 @@ class Provenance:
     backend: str
     source: str
     idle_watts: float | None
+
+
+def classify(
+    share: float | None, provenance: Provenance, tokens: int | None, hint_per_1k: float
+) -> tuple[float | None, Method, float | None]:
+    """Rules 2 and 3 in one place: (joules, method, joules per token) for a share.
+
+    A positive finite share is a measurement (or a simulation, as the reader says). Anything
+    else is not a free request: it becomes tokens x hint, labelled ``estimated``, or
+    ``unknown`` with no figure at all.
+    """
+    valid_tokens = tokens is not None and tokens > 0
+    if share is not None and share > 0 and math.isfinite(share):
+        return share, provenance.method, (share / tokens if valid_tokens else None)  # type: ignore[operator]
+    if valid_tokens and hint_per_1k > 0:
+        joules = hint_per_1k * tokens / 1000.0  # type: ignore[operator]
+        return joules, "estimated", joules / tokens  # type: ignore[operator]
+    return None, "unknown", None
 
 
 def grade(
@@ -138,31 +159,23 @@ def grade(
     ``share`` is ``None`` when the window could not be measured at all (no reader, a
     counter reset or a reader error inside it, a window that never settled).
     """
-    common: dict[str, Any] = dict(
+    joules, method, per_token = classify(share, provenance, tokens, hint_per_1k)
+    backend, source = provenance.backend, provenance.source
+    if method != provenance.method:  # the measurement did not stand
+        uncertainty = None
+        if share is not None and error is None:
+            error = f"measured {share:.6g} J above idle: a failed measurement, not a free request"
+        if method == "estimated":
+            backend, source, mean_watts = "none", "none", None
+    return Energy(
+        joules=joules, method=method, backend=backend, source=source,  # type: ignore[arg-type]
         node=node, tier=tier, route=route, seconds=seconds,
         idle_watts=provenance.idle_watts, idle_known=provenance.idle_watts is not None,
-        tokens=tokens, token_kind=token_kind, concurrency=concurrency, split=split,
-        settled=settled, stages=dict(stages or {}), contended=contended,
+        mean_watts=mean_watts, tokens=tokens, token_kind=token_kind,
+        joules_per_token=per_token, concurrency=concurrency, split=split,
+        uncertainty_joules=uncertainty, settled=settled,
+        stages=stages if stages is not None else _NO_STAGES, contended=contended, error=error,
     )
-    valid_tokens = tokens is not None and tokens > 0
-    if share is not None and math.isfinite(share) and share > 0:
-        return Energy(
-            joules=share, method=provenance.method, backend=provenance.backend,
-            source=provenance.source, mean_watts=mean_watts,
-            joules_per_token=share / tokens if valid_tokens and tokens else None,
-            uncertainty_joules=uncertainty, error=error, **common,
-        )
-    if share is not None and error is None:
-        error = f"measured {share:.6g} J above idle: a failed measurement, not a free request"
-    if valid_tokens and tokens and hint_per_1k > 0:
-        joules = hint_per_1k * tokens / 1000.0
-        return Energy(
-            joules=joules, method="estimated", backend="none", source="none",
-            mean_watts=None, joules_per_token=joules / tokens,
-            uncertainty_joules=None, error=error, **common,
-        )
-    return Energy(
-        joules=None, method="unknown", backend=provenance.backend, source=provenance.source,
-        mean_watts=mean_watts, joules_per_token=None, uncertainty_joules=None, error=error,
-        **common,
-    )
+
+
+_NO_STAGES: Mapping[str, Energy] = MappingProxyType({})

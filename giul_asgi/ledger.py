@@ -75,36 +75,49 @@ class TokenSplit:
         return window.tokens / max(window.t_close - window.t_open, 1e-9)
 
 
-@dataclass(eq=False, slots=True)
 class Window:
-    """One request's time on a node, and what the ledger has charged to it so far."""
+    """One request's time on a node, and what the ledger has charged to it so far.
 
-    t_open: float
-    busy_open: float
-    runner: object | None
-    t_close: float | None = None
-    busy_close: float = 0.0
-    tokens: int | None = None
-    weight: float | None = 1.0
-    marks: list[tuple[str, float]] = field(default_factory=list)
-    #: One share per named stage, then the tail after the last mark (not a named stage).
-    stage_shares: list[float] = field(default_factory=lambda: [0.0])
-    share: float = 0.0
-    edge: float = 0.0
-    power_j: float = 0.0
-    measured_s: float = 0.0
-    lost_s: float = 0.0
-    provisional: float | None = 0.0
-    provisional_stages: list[float] = field(default_factory=list)
-    pending: list[_Interval] = field(default_factory=list)
-    seen_end: bool = False
-    settled: bool = False
-    alone: bool = True
-    splits: set[str] = field(default_factory=set)
-    error: str | None = None
-    abandoned: bool = False
-    callbacks: list[Callable[[Window], None]] = field(default_factory=list)
-    event: Any = None
+    A plain slotted class, not a dataclass: one is built per request, and its lists are
+    created only when a request uses them (marks, intervals awaiting weights, callbacks).
+    """
+
+    __slots__ = (
+        "abandoned", "alone", "busy_close", "busy_open", "callbacks", "edge", "error",
+        "event", "lost_s", "marks", "measured_s", "pending", "power_j", "provisional",
+        "provisional_stages", "runner", "rules", "seen_end", "settled", "share",
+        "stage_shares", "t_close", "t_open", "tokens", "weight",
+    )
+
+    def __init__(
+        self, t_open: float, busy_open: float, runner: object | None, weight: float | None = 1.0
+    ) -> None:
+        self.t_open = t_open
+        self.busy_open = busy_open
+        self.runner = runner
+        self.weight = weight
+        self.t_close: float | None = None
+        self.busy_close = 0.0
+        self.tokens: int | None = None
+        self.marks: list[tuple[str, float]] | None = None
+        #: Per named stage, then the tail after the last mark; None until the first mark.
+        self.stage_shares: list[float] | None = None
+        self.provisional_stages: list[float] | None = None
+        self.share = 0.0
+        self.edge = 0.0
+        self.power_j = 0.0
+        self.measured_s = 0.0
+        self.lost_s = 0.0
+        self.provisional: float | None = 0.0
+        self.pending: list[_Interval] | None = None
+        self.seen_end = False
+        self.settled = False
+        self.alone = True
+        self.rules: str | None = None  # the split rules used when shared: "time", "tokens"
+        self.error: str | None = None
+        self.abandoned = False
+        self.callbacks: list[Callable[[Window], None]] | None = None
+        self.event: Any = None
 
     @property
     def seconds(self) -> float:
@@ -118,6 +131,11 @@ class Window:
         if span <= 0:
             return 1.0
         return (self.busy_close - self.busy_open) / span
+
+    def add_callback(self, callback: Callable[[Window], None]) -> None:
+        if self.callbacks is None:
+            self.callbacks = []
+        self.callbacks.append(callback)
 
 
 @dataclass(eq=False, slots=True)
@@ -259,15 +277,17 @@ class Ledger:
             self._busy = self._busy_at(now)
             self._t_evt = now
             self._n += 1
-            window = Window(
-                t_open=now, busy_open=self._busy, runner=self._runner, weight=self._open_weight
-            )
+            window = Window(now, self._busy, self._runner, self._open_weight)
             self._open[id(window)] = window
         return window
 
     def mark(self, window: Window, name: str) -> None:
         with self._lock:
             if window.t_close is None:
+                if window.marks is None or window.stage_shares is None:
+                    # Everything booked so far lies before this mark: it is the first stage.
+                    window.marks = []
+                    window.stage_shares = [window.share]
                 window.marks.append((name, self.clock()))
                 window.stage_shares.append(0.0)
 
@@ -283,13 +303,15 @@ class Ledger:
             window.t_close = now
             window.busy_close = self._busy
             window.tokens = tokens
-            window.weight = self.split.weight(window)
-            for interval in window.pending:
-                interval.waiting -= 1
+            if self._open_weight is None:
+                window.weight = self.split.weight(window)
             window.provisional = self._provisional(window)
             if self.measures:
                 self._closed.append(window)
-                settled = self._resolve_ready(window.pending)
+                if window.pending:
+                    for interval in window.pending:
+                        interval.waiting -= 1
+                    settled = self._resolve_ready(window.pending)
             else:
                 window.error = getattr(self.reader, "reason", "no reader for this node")
                 window.seen_end = True
@@ -310,14 +332,15 @@ class Ledger:
             start = max(window.t_open, self._t_last)
             busy_start = window.busy_open if start == window.t_open else self._busy_last
         span = window.t_close - start
-        window.provisional_stages = [0.0] * (len(window.marks) + 1)
         if span <= 0:
             return 0.0
         if self._above_w is None:
             return None
-        mean_n = max((window.busy_close - busy_start) / span, 1.0)
-        value = self._above_w * span / mean_n
-        self._spread(window, start, window.t_close, value, window.provisional_stages)
+        mean_n = (window.busy_close - busy_start) / span
+        value = self._above_w * span / (mean_n if mean_n > 1.0 else 1.0)
+        if window.marks is not None:
+            window.provisional_stages = [0.0] * (len(window.marks) + 1)
+            self._spread(window, start, window.t_close, value, window.provisional_stages)
         return value
 
     # -- readings ------------------------------------------------------------------------
@@ -389,7 +412,10 @@ class Ledger:
             return self._settle_ended(ended)
         interval = _Interval(self._t_last - dt, t, above, delta / dt, members)
         for window, _ in members:
-            window.pending.append(interval)
+            if window.pending is None:
+                window.pending = [interval]
+            else:
+                window.pending.append(interval)
             if window.t_close is None:
                 interval.waiting += 1
         if interval.waiting and self.split.name != "time":
@@ -469,20 +495,22 @@ class Ledger:
                 window.edge += abs(share)
             if len(members) > 1:
                 window.alone = False
-                window.splits.add(rule)
-            start = max(window.t_open, interval.t0)
-            self._spread(window, start, start + overlap, share, window.stage_shares)
-            window.pending.remove(interval)
+                if window.rules is None:
+                    window.rules = rule
+                elif rule not in window.rules:
+                    window.rules = "+".join(sorted({*window.rules.split("+"), rule}))
+            if window.stage_shares is not None:
+                start = max(window.t_open, interval.t0)
+                self._spread(window, start, start + overlap, share, window.stage_shares)
+            if window.pending is not None:
+                window.pending.remove(interval)
             settled += self._try_settle(window)
         return settled
 
     @staticmethod
     def _spread(window: Window, a: float, b: float, value: float, into: list[float]) -> None:
         """Share ``value`` over [a, b] among the window's stages and its tail, by time."""
-        if b <= a:
-            return
-        if not window.marks:
-            into[-1] += value
+        if b <= a or window.marks is None:
             return
         prev = window.t_open
         for i, (_, t_mark) in enumerate(window.marks):
@@ -508,7 +536,7 @@ class Ledger:
         for window in windows:
             if window.event is not None:
                 window.event.set()
-            for callback in window.callbacks:
+            for callback in window.callbacks or ():
                 try:
                     callback(window)
                 except Exception:  # a stats sink must never break the ledger
@@ -545,47 +573,54 @@ class Ledger:
     ) -> Energy:
         """The window's figure now: settled, or provisional with ``settled=False``."""
         with self._lock:
-            settled = window.settled
-            share: float | None = window.share
-            uncertainty = window.edge
-            error = window.error
-            stage_values = list(window.stage_shares)
-            if not self.measures:
-                share = None
-            elif window.lost_s > 0:
-                share = None
-            elif not settled:
-                if window.provisional is None or window.t_close is None:
-                    share = None
-                    error = error or "not settled: the card has not reported since the window"
-                else:
-                    share = window.share + window.provisional
-                    uncertainty += window.provisional
-                    stage_values = [
-                        s + p for s, p in zip(stage_values, window.provisional_stages, strict=False)
-                    ]
-            seconds = window.seconds
+            share, uncertainty, settled, error = self._share(window)
+            stage_values = window.stage_shares
+            if (
+                share is not None and not settled and stage_values is not None
+                and window.provisional_stages is not None
+            ):
+                stage_values = [
+                    a + b for a, b in zip(stage_values, window.provisional_stages, strict=True)
+                ]
             mean_w = window.power_j / window.measured_s if window.measured_s > 0 else None
-            if window.alone and not window.splits:
-                split = "exclusive"
-            else:
-                split = "+".join(sorted(window.splits)) or "exclusive"
-            marks = list(window.marks)
-        stages: dict[str, Energy] = {}
-        prev = window.t_open
-        for (name, t_mark), value in zip(marks, stage_values, strict=False):
-            stages[name] = grade(
-                value if share is not None else None, provenance=self.provenance,
-                seconds=t_mark - prev, node=self.node.name, tier=tier, route=route,
-                settled=settled, split=split,
-            )
-            prev = t_mark
+            split = window.rules or "exclusive"
+            marks = window.marks
+        stages: dict[str, Energy] | None = None
+        if marks is not None and stage_values is not None:
+            stages = {}
+            prev = window.t_open
+            for (name, t_mark), value in zip(marks, stage_values, strict=False):
+                stages[name] = grade(
+                    value if share is not None else None, provenance=self.provenance,
+                    seconds=t_mark - prev, node=self.node.name, tier=tier, route=route,
+                    settled=settled, split=split,
+                )
+                prev = t_mark
         return grade(
-            share, provenance=self.provenance, seconds=seconds, node=self.node.name,
+            share, provenance=self.provenance, seconds=window.seconds, node=self.node.name,
             tier=tier, route=route, tokens=tokens, token_kind=token_kind,
             hint_per_1k=hint_per_1k, mean_watts=mean_w, concurrency=window.concurrency,
             split=split, uncertainty=uncertainty if share is not None else None,
             settled=settled, stages=stages, error=error,
+        )
+
+    def share(self, window: Window) -> tuple[float | None, float, bool, str | None]:
+        """(joules above idle or None, uncertainty, settled, error) for the window now."""
+        with self._lock:
+            return self._share(window)
+
+    def _share(self, window: Window) -> tuple[float | None, float, bool, str | None]:
+        if not self.measures or window.lost_s > 0:
+            return None, window.edge, window.settled, window.error
+        if window.settled:
+            return window.share, window.edge, True, window.error
+        if window.provisional is None or window.t_close is None:
+            return None, window.edge, False, (
+                window.error or "not settled: the card has not reported since the window"
+            )
+        return (
+            window.share + window.provisional, window.edge + window.provisional, False,
+            window.error,
         )
 
     async def wait_settled(self, window: Window, timeout: float | None = None) -> bool:

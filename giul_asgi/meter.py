@@ -20,9 +20,10 @@ from contextvars import ContextVar
 from typing import Any
 
 from .config import Node, Tier
-from .energy import Energy, Provenance, grade
+from .energy import Energy, Provenance, classify, grade
 from .errors import ConfigError
 from .ledger import Ledger, Ledgers, Window, default_ledgers
+from .stats import Summary
 
 _NO_READER = Provenance(method="measured", backend="none", source="none", idle_watts=None)
 #: The meter of the request being handled; set by the middleware for its handlers.
@@ -57,7 +58,6 @@ class Meter:
         self._catalog = catalog or {}
         self._window: Window | None = None
         self._tokens: int | None = None
-        self._callbacks: list[Callable[[Meter], None]] = []
 
     @classmethod
     def for_node(
@@ -96,7 +96,7 @@ class Meter:
             self.ledger.ensure_started()
             self._window = self.ledger.open()
         else:
-            self._window = Window(t_open=time.monotonic(), busy_open=0.0, runner=None)
+            self._window = Window(time.monotonic(), 0.0, None)
         return self
 
     def close(self) -> None:
@@ -124,8 +124,11 @@ class Meter:
         if self.ledger is not None:
             self.ledger.mark(self._window, name)
         elif self._window.t_close is None:
-            self._window.marks.append((name, time.monotonic()))
-            self._window.stage_shares.append(0.0)
+            window = self._window
+            if window.marks is None:
+                window.marks, window.stage_shares = [], [0.0]
+            window.marks.append((name, time.monotonic()))
+            window.stage_shares.append(0.0)  # type: ignore[union-attr]
 
     def tokens(self, count: int | None) -> None:
         """Set the request's token count; before close it also weights a token split."""
@@ -175,7 +178,7 @@ class Meter:
         if window is None or window.settled or self.ledger is None:
             callback(self)
             return
-        window.callbacks.append(lambda _w: callback(self))
+        window.add_callback(lambda _w: callback(self))
 
     # -- the sync form ------------------------------------------------------------------------
     def sync(self) -> Meter:
@@ -227,6 +230,21 @@ class Meter:
         return self.ledger.energy(
             window, tier=tier, route=self.route, tokens=self._tokens,
             token_kind=self.token_kind, hint_per_1k=hint,
+        )
+
+    def summary(self) -> Summary:
+        """What the stats add up, by the same rules as :meth:`result`, without building it."""
+        window = self._window
+        assert window is not None and window.t_close is not None
+        hint = self.tier.joules_per_1k_hint if self.tier is not None else 0.0
+        if self.ledger is None:
+            share, provenance = None, _NO_READER
+        else:
+            share, provenance = self.ledger.share(window)[0], self.ledger.provenance
+        joules, method, _ = classify(share, provenance, self._tokens, hint)
+        return Summary(
+            self.node, self.tier.name if self.tier is not None else None, method, joules,
+            self._tokens, window.seconds,
         )
 
     async def settled(self, timeout: float | None = None) -> Energy:

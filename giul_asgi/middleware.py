@@ -16,7 +16,6 @@ Nothing here reads a card or blocks: the ledger does that, once per node.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
@@ -32,11 +31,12 @@ from .report import (
     energy_json,
     find_usage,
     is_usage_chunk,
+    parse_object,
     splice_event,
+    splice_object,
     stream_start_headers,
     usage_tokens,
 )
-from .report import inject_json as splice_json
 from .routing import Decider, PathSet, Router, route_template
 from .stats import EnergyStats
 
@@ -297,35 +297,29 @@ class _Exchange:
 
     async def _finish_single(self, body: bytes) -> None:
         """A complete body: close the window, add headers (and the JSON block), send."""
-        obj: Any = None
-        parsed = False
+        obj = None
         if self._json_eligible(len(body)) and (
             self.content_length is None or self.content_length == len(body)
         ):
-            try:
-                obj = json.loads(body)
-                parsed = True
-            except (ValueError, UnicodeDecodeError):
-                obj = None
-        if parsed and self.meter.token_count is None:
-            self.meter.tokens(usage_tokens(find_usage(obj), self.mw.token_kind))
+            obj = parse_object(body)
+            if obj is not None and self.meter.token_count is None:
+                self.meter.tokens(usage_tokens(find_usage(obj), self.mw.token_kind))
         energy = await self._close()
-        new_body = body
-        if parsed and isinstance(obj, dict):
-            spliced = splice_json(body, self.mw.energy_key, energy_json(energy))
-            if spliced is not None:
-                new_body = spliced[0]
         start = self.start
         assert start is not None
         headers = list(start.get("headers", ()))
-        if new_body is not body:
-            headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-            headers.append((b"content-length", str(len(new_body)).encode()))
+        if obj is not None:
+            spliced = splice_object(body, obj, self.mw.energy_key, energy_json(energy))
+            if spliced is not None:
+                body = spliced
+                headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
         headers += energy_headers(energy)
         self.mode = _DONE
         self.complete = True
-        await self.send_({**start, "headers": headers})
-        await self.send_({"type": "http.response.body", "body": new_body, "more_body": False})
+        start["headers"] = headers  # as Starlette's own middleware do, in the app's message
+        await self.send_(start)
+        await self.send_({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _start_stream(self) -> None:
         start = self.start
@@ -472,11 +466,12 @@ class _Exchange:
         if self.recorded:
             return
         self.recorded = True
-        self._close_window()
+        if not self.meter.closed:
+            self._close_window()
         label = self.meter.route or "<unmatched>"
         status, outcome, stats = self.status, self.outcome, self.mw.stats
 
         def record(meter: Meter) -> None:
-            stats.record(label, status, outcome, meter.result())
+            stats.record_summary(label, status, outcome, meter.summary(), meter.result)
 
         self.meter.on_settled(record)

@@ -14,6 +14,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from .energy import Energy
@@ -24,6 +25,11 @@ TOKEN_KEYS: dict[str, tuple[str, ...]] = {
     "input": ("prompt_tokens", "input_tokens"),
     "total": ("total_tokens",),
 }
+try:
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - depends on the install
+    _fast_loads = None
+
 _UNSAFE = re.compile(r"[^\x21-\x7e ]")
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
@@ -34,18 +40,17 @@ def number(value: float | int | None) -> str:
         return "unknown"
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
+    text = f"{value:.6g}"
+    if "e" not in text and "n" not in text:  # the common case: already positional
+        return text
     if not math.isfinite(value):
         return "unknown"
-    if value == 0:
-        return "0"
     magnitude = math.floor(math.log10(abs(value)))
-    decimals = max(0, 5 - magnitude)
-    text = f"{value:.{decimals}f}"
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    return text
+    text = f"{value:.{max(0, 5 - magnitude)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+@lru_cache(maxsize=1024)
 def header_value(text: str | None) -> bytes:
     """A name from configuration, made safe for a header: no CR/LF or control bytes."""
     if text is None:
@@ -54,16 +59,25 @@ def header_value(text: str | None) -> bytes:
     return cleaned.encode("ascii") if cleaned else b"unknown"
 
 
-def energy_headers(energy: Energy, *, stream: bool = False) -> list[tuple[bytes, bytes]]:
+@lru_cache(maxsize=1024)
+def _fixed_headers(
+    method: str, backend: str, source: str, node: str | None, tier: str | None
+) -> tuple[tuple[bytes, bytes], ...]:
+    return (
+        (b"x-energy-method", method.encode()),
+        (b"x-energy-backend", header_value(backend)),
+        (b"x-energy-source", header_value(source)),
+        (b"x-energy-node", header_value(node)),
+        (b"x-energy-tier", header_value(tier)),
+    )
+
+
+def energy_headers(energy: Energy) -> list[tuple[bytes, bytes]]:
     """The ``X-Energy-*`` headers for a figure (lower-case names, as ASGI wants them)."""
     tokens = energy.tokens
     return [
         (b"x-energy-joules", number(energy.joules).encode()),
-        (b"x-energy-method", energy.method.encode()),
-        (b"x-energy-backend", header_value(energy.backend)),
-        (b"x-energy-source", header_value(energy.source)),
-        (b"x-energy-node", header_value(energy.node)),
-        (b"x-energy-tier", header_value(energy.tier)),
+        *_fixed_headers(energy.method, energy.backend, energy.source, energy.node, energy.tier),
         (b"x-energy-seconds", number(energy.seconds).encode()),
         (b"x-energy-tokens", number(tokens if tokens is not None and tokens >= 0 else None).encode()),
         (b"x-energy-joules-per-token", number(energy.joules_per_token).encode()),
@@ -92,8 +106,61 @@ def stream_start_headers(
     return headers
 
 
+@lru_cache(maxsize=4096)
+def _jstr(text: str | None) -> str:
+    return "null" if text is None else json.dumps(text)
+
+
+def _jnum(value: float | None) -> str:
+    # As ``Energy.as_dict``: nine significant digits, a valid JSON number, null if unknown.
+    if value is None or not math.isfinite(value):
+        return "null"
+    return f"{value:.9g}"
+
+
+def _jbool(value: bool | None) -> str:
+    return "null" if value is None else ("true" if value else "false")
+
+
+@lru_cache(maxsize=1024)
+def _static_text(
+    method: str, backend: str, source: str, node: str | None, tier: str | None,
+    route: str | None, idle: float | None, idle_known: bool, token_kind: str,
+) -> tuple[str, str, str]:
+    """The parts of the block that are the same for every request on a route."""
+    return (
+        f'"method":{_jstr(method)},"backend":{_jstr(backend)},"source":{_jstr(source)},'
+        f'"node":{_jstr(node)},"tier":{_jstr(tier)},"route":{_jstr(route)},',
+        f'"idle_watts":{_jnum(idle)},"idle_known":{_jbool(idle_known)},',
+        f'"token_kind":{_jstr(token_kind)},',
+    )
+
+
+def _energy_text(e: Energy) -> str:
+    # The same object as ``Energy.as_dict()`` (a test holds them equal), written directly:
+    # this runs on every JSON response, and a dict plus ``json.dumps`` costs several times more.
+    head, idle, kind = _static_text(
+        e.method, e.backend, e.source, e.node, e.tier, e.route, e.idle_watts, e.idle_known,
+        e.token_kind,
+    )
+    stages = (
+        ",".join(f"{_jstr(k)}:{_energy_text(v)}" for k, v in e.stages.items())
+        if e.stages else ""
+    )
+    tokens = "null" if e.tokens is None else str(int(e.tokens))
+    return (
+        f'{{"joules":{_jnum(e.joules)},{head}"seconds":{_jnum(e.seconds)},{idle}'
+        f'"mean_watts":{_jnum(e.mean_watts)},"tokens":{tokens},{kind}'
+        f'"joules_per_token":{_jnum(e.joules_per_token)},'
+        f'"concurrency":{_jnum(e.concurrency)},"split":{_jstr(e.split)},'
+        f'"uncertainty_joules":{_jnum(e.uncertainty_joules)},"settled":{_jbool(e.settled)},'
+        f'"stages":{{{stages}}},"contended":{_jbool(e.contended)},"error":{_jstr(e.error)}}}'
+    )
+
+
 def energy_json(energy: Energy) -> bytes:
-    return json.dumps(energy.as_dict(), separators=(",", ":"), allow_nan=False).encode()
+    """``energy.as_dict()`` as compact JSON bytes."""
+    return _energy_text(energy).encode()
 
 
 def usage_tokens(usage: Any, kind: str = "output") -> int | None:
@@ -121,22 +188,42 @@ def find_usage(obj: Any) -> Any:
     return usage
 
 
-def inject_json(body: bytes, key: str, block: bytes) -> tuple[bytes, Any] | None:
-    """``body`` with ``"key": block`` added at the top of its JSON object, and the parsed
-    object; None when the body must pass through untouched (not a JSON object, not UTF-8,
-    or it already has ``key``: we never overwrite the app's data)."""
+def parse_object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None (invalid JSON, not UTF-8, not an object).
+
+    orjson, when installed (``giul-asgi[fast]``), parses several times faster; what it
+    refuses (integers past 64 bits, NaN) the standard library decides.
+    """
+    if _fast_loads is not None:
+        try:
+            obj = _fast_loads(body)
+            return obj if isinstance(obj, dict) else None
+        except ValueError:
+            pass
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
-    if not isinstance(obj, dict) or key in obj:
+    return obj if isinstance(obj, dict) else None
+
+
+def splice_object(body: bytes, obj: Mapping[str, Any], key: str, block: bytes) -> bytes | None:
+    """``body`` (already parsed as ``obj``) with ``"key": block`` added at its top level;
+    None when it must pass through untouched: we never overwrite the app's own ``key``."""
+    if key in obj:
         return None
     end = body.rstrip()
     if not end.endswith(b"}"):
         return None
     head = end[:-1].rstrip()
     sep = b"" if head.endswith(b"{") else b","
-    return head + sep + json.dumps(key).encode() + b":" + block + b"}" + body[len(end):], obj
+    return head + sep + _jstr(key).encode() + b":" + block + b"}" + body[len(end):]
+
+
+def inject_json(body: bytes, key: str, block: bytes) -> bytes | None:
+    """Parse and splice in one step; None when the body must pass through untouched."""
+    obj = parse_object(body)
+    return None if obj is None else splice_object(body, obj, key, block)
 
 
 class SSEScanner:
@@ -229,7 +316,7 @@ def splice_event(raw: bytes, key: str, block: bytes) -> bytes | None:
     injected = inject_json(body[len(prefix):], key, block)
     if injected is None:
         return None
-    lines[i] = prefix + injected[0] + ending
+    lines[i] = prefix + injected + ending
     return b"".join(lines)
 
 

@@ -138,13 +138,20 @@ class PathSet:
     """Paths that are never metered (the energy endpoint, metrics, health checks)."""
 
     def __init__(self, patterns: Iterable[str | re.Pattern[str]]) -> None:
+        patterns = list(patterns)
         self._exact = {p for p in patterns if isinstance(p, str) and not _is_pattern(p)}
-        self._regexes = [compile_pattern(p) for p in patterns if not isinstance(p, str) or _is_pattern(p)]
+        wild = [p for p in patterns if not isinstance(p, str) or _is_pattern(p)]
+        self._regex = (
+            re.compile("|".join(f"(?:{compile_pattern(p).pattern})" for p in wild))
+            if wild else None
+        )
 
     def __contains__(self, path: object) -> bool:
         if path in self._exact:
             return True
-        return isinstance(path, str) and any(r.match(path) for r in self._regexes)
+        return self._regex is not None and isinstance(path, str) and (
+            self._regex.match(path) is not None
+        )
 
 
 def _is_pattern(text: str) -> bool:

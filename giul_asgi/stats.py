@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,15 +31,28 @@ class Bucket:
     tokens: int = 0
     seconds: float = 0.0
 
-    def add(self, energy: Energy, outcome: str) -> None:
+    def add(self, summary: Summary, outcome: str) -> None:
         self.requests += 1
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        self.methods[energy.method] = self.methods.get(energy.method, 0) + 1
-        if energy.joules is not None:
-            self.joules[energy.method] = self.joules.get(energy.method, 0.0) + energy.joules
-        if energy.tokens:
-            self.tokens += energy.tokens
-        self.seconds += energy.seconds
+        method = summary.method
+        self.methods[method] = self.methods.get(method, 0) + 1
+        if summary.joules is not None:
+            self.joules[method] = self.joules.get(method, 0.0) + summary.joules
+        if summary.tokens:
+            self.tokens += summary.tokens
+        self.seconds += summary.seconds
+
+    def merge(self, other: Bucket) -> None:
+        self.requests += other.requests
+        self.tokens += other.tokens
+        self.seconds += other.seconds
+        for mine, theirs in (
+            (self.outcomes, other.outcomes), (self.methods, other.methods),
+        ):
+            for key, count in theirs.items():
+                mine[key] = mine.get(key, 0) + count
+        for key, joules in other.joules.items():
+            self.joules[key] = self.joules.get(key, 0.0) + joules
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,52 +66,93 @@ class Bucket:
 
 
 @dataclass(frozen=True, slots=True)
-class Record:
-    """One request as the statistics saw it."""
+class Summary:
+    """The figures a bucket adds up, graded by the same rules as :class:`Energy`."""
 
-    route: str
-    status: int | None
-    outcome: str  # "ok" | "error" | "disconnect" | "incomplete"
-    energy: Energy
+    node: str | None
+    tier: str | None
+    method: str
+    joules: float | None
+    tokens: int | None
+    seconds: float
+
+    @classmethod
+    def of(cls, energy: Energy) -> Summary:
+        return cls(energy.node, energy.tier, energy.method, energy.joules, energy.tokens,
+                   energy.seconds)
+
+
+class Record:
+    """One request as the statistics saw it; its full :class:`Energy` is built when read."""
+
+    __slots__ = ("_energy", "_make", "outcome", "route", "status")
+
+    def __init__(
+        self, route: str, status: int | None, outcome: str,
+        energy: Energy | Callable[[], Energy],
+    ) -> None:
+        self.route = route
+        self.status = status
+        self.outcome = outcome  # "ok" | "error" | "disconnect" | "incomplete"
+        self._energy = energy if isinstance(energy, Energy) else None
+        self._make = None if isinstance(energy, Energy) else energy
+
+    @property
+    def energy(self) -> Energy:
+        if self._energy is None:
+            assert self._make is not None
+            self._energy, self._make = self._make(), None
+        return self._energy
+
+    def __repr__(self) -> str:
+        return f"Record({self.route!r}, {self.status!r}, {self.outcome!r})"
 
 
 class EnergyStats:
-    """Per-route, per-node, per-tier buckets and a ring of recent requests."""
+    """Buckets per (route, node, tier), rolled up by route, node and tier when read, and a
+    ring of recent requests. One bucket update per request keeps recording cheap."""
 
-    def __init__(self, *, max_keys: int = 256, recent: int = 1000) -> None:
+    def __init__(self, *, max_keys: int = 1024, recent: int = 1000) -> None:
         self.max_keys = max_keys
         self._lock = threading.Lock()
-        self.by_route: dict[str, Bucket] = {}
-        self.by_node: dict[str, Bucket] = {}
-        self.by_tier: dict[str, Bucket] = {}
-        self.total = Bucket()
+        self._buckets: dict[tuple[str, str, str], Bucket] = {}
         self.recent: deque[Record] = deque(maxlen=recent)
 
-    def _bucket(self, table: dict[str, Bucket], key: str | None) -> Bucket:
-        name = key if key is not None else "<none>"
-        bucket = table.get(name)
-        if bucket is None:
-            if len(table) >= self.max_keys:
-                name = OTHER
-            bucket = table.setdefault(name, Bucket())
-        return bucket
+    def record(
+        self, route: str, status: int | None, outcome: str, energy: Energy,
+    ) -> None:
+        """Count one request whose figure is known."""
+        self.record_summary(route, status, outcome, Summary.of(energy), energy)
 
-    def record(self, route: str, status: int | None, outcome: str, energy: Energy) -> None:
+    def record_summary(
+        self, route: str, status: int | None, outcome: str, summary: Summary,
+        energy: Energy | Callable[[], Energy],
+    ) -> None:
+        """Count one request from its summary; its full record is built only if read."""
+        key = (route, summary.node or "<none>", summary.tier or "<none>")
         with self._lock:
-            self.total.add(energy, outcome)
-            self._bucket(self.by_route, route).add(energy, outcome)
-            self._bucket(self.by_node, energy.node).add(energy, outcome)
-            self._bucket(self.by_tier, energy.tier).add(energy, outcome)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) >= self.max_keys:
+                    key = (OTHER, OTHER, OTHER)
+                bucket = self._buckets.setdefault(key, Bucket())
+            bucket.add(summary, outcome)
             self.recent.append(Record(route, status, outcome, energy))
 
     def __iter__(self) -> Iterator[Record]:
         return iter(list(self.recent))
 
     def snapshot(self) -> dict[str, Any]:
+        """Totals, and the same figures by route, by node and by tier."""
         with self._lock:
-            return {
-                "total": self.total.as_dict(),
-                "routes": {k: v.as_dict() for k, v in self.by_route.items()},
-                "nodes": {k: v.as_dict() for k, v in self.by_node.items()},
-                "tiers": {k: v.as_dict() for k, v in self.by_tier.items()},
-            }
+            buckets = list(self._buckets.items())
+        total = Bucket()
+        views: dict[str, dict[str, Bucket]] = {"routes": {}, "nodes": {}, "tiers": {}}
+        for (route, node, tier), bucket in buckets:
+            total.merge(bucket)
+            for view, name in (("routes", route), ("nodes", node), ("tiers", tier)):
+                views[view].setdefault(name, Bucket()).merge(bucket)
+        out: dict[str, Any] = {"total": total.as_dict()}
+        for view, table in views.items():
+            out[view] = {name: bucket.as_dict() for name, bucket in table.items()}
+        return out

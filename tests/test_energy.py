@@ -62,3 +62,41 @@ def test_as_dict_keeps_unknowns_null_and_numbers_finite() -> None:
         "concurrency", "split", "uncertainty_joules", "settled", "stages", "contended", "error",
     }
     assert set(d) == expected
+
+
+def test_fast_json_writer_matches_as_dict() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from giul_asgi.report import energy_json
+
+    floats = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))
+    text = st.one_of(st.none(), st.text(max_size=12))
+
+    @given(
+        joules=floats, seconds=st.floats(0, 1e6), mean=floats, cc=floats, unc=floats,
+        node=text, tier=text, route=text, error=text,
+        tokens=st.one_of(st.none(), st.integers(0, 10**9)),
+        settled=st.booleans(), contended=st.one_of(st.none(), st.booleans()),
+    )
+    def check(joules, seconds, mean, cc, unc, node, tier, route, error, tokens, settled,
+              contended) -> None:  # type: ignore[no-untyped-def]
+        stage = Energy(joules=joules, method="measured", node=node, seconds=seconds)
+        e = Energy(
+            joules=joules, method="simulated", backend="simulated", source="local", node=node,
+            tier=tier, route=route, seconds=seconds, idle_watts=mean, mean_watts=mean,
+            tokens=tokens, joules_per_token=joules, concurrency=cc, split="time",
+            uncertainty_joules=unc, settled=settled, contended=contended, error=error,
+            stages={"retrieve": stage, "gen\"\n": stage},
+        )
+        assert json.loads(energy_json(e)) == e.as_dict()
+
+    check()
+
+
+def test_tiny_figures_never_serialise_as_zero() -> None:
+    from giul_asgi.report import energy_json
+
+    e = grade(3e-9, provenance=MEASURED, seconds=1e-4)
+    assert e.as_dict()["joules"] == 3e-9
+    assert json.loads(energy_json(e))["joules"] == 3e-9

@@ -1,0 +1,94 @@
+"""The apps and middleware stacks the overhead benchmark compares, built the same way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route as StarletteRoute
+
+from giul_asgi import EnergyMiddleware, Ledgers, Node, Tier
+from giul_asgi.readers import SimulatedCard, SimulatedReader
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 48, "total_tokens": 60}
+PAYLOAD = {
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "sim-8b",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "word " * 48}}],
+    "usage": USAGE,
+}
+CHUNK = b"data: " + json.dumps({
+    "id": "c", "object": "chat.completion.chunk", "model": "sim-8b",
+    "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": None}],
+}).encode() + b"\n\n"
+
+
+async def chat(request: Any) -> JSONResponse:
+    return JSONResponse(PAYLOAD)
+
+
+async def _events() -> AsyncIterator[bytes]:
+    for _ in range(8):
+        yield CHUNK
+    yield b"data: [DONE]\n\n"
+
+
+async def stream(request: Any) -> StreamingResponse:
+    return StreamingResponse(_events(), media_type="text/event-stream")
+
+
+class Passthrough:
+    """The cheapest possible pure-ASGI middleware that wraps send."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def wrapped(message: Any) -> None:
+            await send(message)
+
+        await self.app(scope, receive, wrapped)
+
+
+def sim_node() -> Node:
+    card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
+    card.start_job(150.0)  # the card is busy, so every figure is a real (simulated) share
+    return Node("sim", idle_w=70.0, reader_factory=lambda _n: SimulatedReader(card))
+
+
+def build(variant: str) -> Starlette:
+    middleware: list[Middleware] = []
+    if variant == "passthrough":
+        middleware = [Middleware(Passthrough)]
+    elif variant == "starlette-exporter":
+        from starlette_exporter import PrometheusMiddleware
+
+        middleware = [Middleware(PrometheusMiddleware, app_name=f"bench_{id(middleware)}",
+                                 group_paths=True)]
+    elif variant == "opentelemetry":
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+        from opentelemetry.sdk.trace import TracerProvider
+
+        middleware = [Middleware(OpenTelemetryMiddleware, tracer_provider=TracerProvider())]
+    elif variant == "giul-asgi":
+        middleware = [Middleware(EnergyMiddleware, nodes=[sim_node()], tiers=[Tier("8b", 300.0)],
+                                 ledgers=Ledgers())]
+    elif variant != "bare":
+        raise ValueError(variant)
+    return Starlette(
+        routes=[StarletteRoute("/v1/chat/completions", chat, methods=["GET", "POST"]),
+                StarletteRoute("/v1/stream", stream)],
+        middleware=middleware,
+    )
+
+
+VARIANTS: tuple[str, ...] = ("bare", "passthrough", "starlette-exporter", "opentelemetry", "giul-asgi")
+BUILDERS: dict[str, Callable[[], Starlette]] = {v: (lambda v=v: build(v)) for v in VARIANTS}

@@ -1,0 +1,206 @@
+"""What the middleware costs a gateway, beside its peers, measured side by side in one run.
+
+(a) In-process: microseconds per request, calling each ASGI stack directly (no server,
+    no sockets), for a JSON endpoint and a streamed (SSE) endpoint. Variants run
+    interleaved, several repeats, medians reported; "added" is over the bare app in the
+    same repeat.
+(b) Through uvicorn on 127.0.0.1: requests/s each stack keeps, as a ratio of the bare
+    app's, with wrk as the load generator (Debian package ``wrk``) when it is installed.
+
+    python benchmarks/overhead.py            # both parts
+    python benchmarks/overhead.py --quick    # fewer repeats, for a smoke run
+
+Our variant runs with its ledger live on a busy simulated card and the energy block
+injected into every JSON body, as the issue asks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _apps import BUILDERS, VARIANTS  # noqa: E402
+
+
+def scope_for(path: str) -> dict[str, Any]:
+    return {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+        "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+        "query_string": b"", "root_path": "", "headers": [(b"host", b"bench")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000), "extensions": {},
+    }
+
+
+async def run_requests(app: Any, path: str, n: int) -> float:
+    """Seconds per request, for ``n`` sequential requests through ``app``."""
+    message = {"type": "http.request", "body": b"", "more_body": False}
+    never = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        # The request once; then, as a server does, wait for a disconnect that never comes.
+        # (StreamingResponse listens on receive() for the whole stream.)
+        if receive.sent:  # type: ignore[attr-defined]
+            await never.wait()
+        receive.sent = True  # type: ignore[attr-defined]
+        return message
+
+    async def send(_m: Any) -> None:
+        return None
+
+    scope = scope_for(path)
+    start = time.perf_counter()
+    for _ in range(n):
+        receive.sent = False  # type: ignore[attr-defined]
+        await app(dict(scope), receive, send)
+        # Let background work run (our ledger's reads and settling) as a server's loop
+        # would between requests, so its cost lands inside the timed loop.
+        await asyncio.sleep(0)
+    return (time.perf_counter() - start) / n
+
+
+async def in_process(repeats: int, n: int) -> dict[str, dict[str, list[float]]]:
+    apps = {v: BUILDERS[v]() for v in VARIANTS}
+    results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
+    for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream")):
+        for v in VARIANTS:  # warm each stack (route caches, ledgers started)
+            await run_requests(apps[v], path, 200)
+        for _ in range(repeats):
+            for v in VARIANTS:
+                results[kind].setdefault(v, []).append(await run_requests(apps[v], path, n))
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SERVER = """
+import sys, uvicorn
+sys.path.insert(0, {bench!r})
+from _apps import build
+uvicorn.run(build({variant!r}), host="127.0.0.1", port={port}, log_level="error",
+            access_log=False, http="httptools", loop="uvloop")
+"""
+
+
+def wrk_rps(url: str, seconds: int, connections: int) -> float:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not match:
+        raise RuntimeError(f"wrk said: {out}")
+    return float(match.group(1))
+
+
+def through_uvicorn(repeats: int, seconds: int) -> dict[str, dict[str, list[float]]]:
+    bench = str(Path(__file__).parent)
+    results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
+    servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+    try:
+        for v in VARIANTS:
+            port = free_port()
+            proc = subprocess.Popen(
+                [sys.executable, "-c", SERVER.format(bench=bench, variant=v, port=port)],
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+            )
+            servers[v] = (proc, port)
+        for v, (_proc, port) in servers.items():
+            _wait_port(port)
+            wrk_rps(f"http://127.0.0.1:{port}/v1/chat/completions", 1, 16)  # warm
+        for _ in range(repeats):
+            for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream")):
+                for v, (_proc, port) in servers.items():
+                    rps = wrk_rps(f"http://127.0.0.1:{port}{path}", seconds, 16)
+                    results[kind].setdefault(v, []).append(rps)
+    finally:
+        for proc, _port in servers.values():
+            proc.send_signal(signal.SIGINT)
+        for proc, _port in servers.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return results
+
+
+def _wait_port(port: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"server on {port} did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-server", action="store_true", help="skip part (b)")
+    args = parser.parse_args()
+    repeats, n = (3, 500) if args.quick else (9, 2000)
+
+    print(f"# overhead: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}")
+    print(f"\n## (a) in-process, us per request (median of {repeats} interleaved repeats of {n})\n")
+    results = asyncio.run(in_process(repeats, n))
+    print("| variant | JSON us | JSON added us | stream us | stream added us |")
+    print("|---|---:|---:|---:|---:|")
+    med: dict[str, dict[str, float]] = {}
+    for kind in ("json", "stream"):
+        bare = results[kind]["bare"]
+        med[kind] = {}
+        for v in VARIANTS:
+            added = [x - b for x, b in zip(results[kind][v], bare, strict=True)]
+            med[kind][v] = statistics.median(added) * 1e6
+    for v in VARIANTS:
+        j = statistics.median(results["json"][v]) * 1e6
+        s = statistics.median(results["stream"][v]) * 1e6
+        print(f"| {v} | {j:.1f} | {med['json'][v]:.1f} | {s:.1f} | {med['stream'][v]:.1f} |")
+    peers = [med["json"][p] for p in ("starlette-exporter", "opentelemetry")]
+    ours = med["json"]["giul-asgi"]
+    print(f"\nJSON: ours adds {ours:.1f} us; cheapest peer adds {min(peers):.1f} us; "
+          f"ratio {ours / min(peers):.2f} (target: < 10 us and < 0.5)")
+
+    if args.no_server:
+        return
+    if shutil.which("wrk") is None:
+        print("\n(b) skipped: wrk is not installed (apt-get install wrk)")
+        return
+    seconds = 2 if args.quick else 4
+    server_repeats = 2 if args.quick else 3
+    print(f"\n## (b) through uvicorn (httptools, uvloop) on 127.0.0.1, wrk -t1 -c16 "
+          f"{seconds}s, median of {server_repeats} interleaved repeats\n")
+    rps = through_uvicorn(server_repeats, seconds)
+    print("| variant | JSON req/s | JSON vs bare | stream req/s | stream vs bare |")
+    print("|---|---:|---:|---:|---:|")
+    for v in VARIANTS:
+        j = statistics.median(rps["json"][v])
+        s = statistics.median(rps["stream"][v])
+        jb = statistics.median(rps["json"]["bare"])
+        sb = statistics.median(rps["stream"]["bare"])
+        print(f"| {v} | {j:.0f} | {j / jb:.2f} | {s:.0f} | {s / sb:.2f} |")
+    print("\nTarget: giul-asgi keeps >= 0.90 of the bare app's JSON requests/s.")
+
+
+if __name__ == "__main__":
+    main()
