@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import BUILDERS, VARIANTS  # noqa: E402
+from _apps import BUILDERS, VARIANTS
 
 
 def scope_for(path: str) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def through_uvicorn(repeats: int, seconds: int) -> dict[str, dict[str, list[floa
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
             )
             servers[v] = (proc, port)
-        for v, (_proc, port) in servers.items():
+        for _proc, port in servers.values():
             _wait_port(port)
             wrk_rps(f"http://127.0.0.1:{port}/v1/chat/completions", 1, 16)  # warm
         for _ in range(repeats):

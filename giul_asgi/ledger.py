@@ -20,12 +20,13 @@ settles it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
@@ -83,10 +84,31 @@ class Window:
     """
 
     __slots__ = (
-        "abandoned", "alone", "busy_close", "busy_open", "callbacks", "edge", "error",
-        "event", "lost_s", "marks", "measured_s", "pending", "power_j", "provisional",
-        "provisional_stages", "runner", "rules", "seen_end", "settled", "share",
-        "stage_shares", "t_close", "t_open", "tokens", "weight",
+        "abandoned",
+        "alone",
+        "busy_close",
+        "busy_open",
+        "callbacks",
+        "edge",
+        "error",
+        "event",
+        "lost_s",
+        "marks",
+        "measured_s",
+        "pending",
+        "power_j",
+        "provisional",
+        "provisional_stages",
+        "rules",
+        "runner",
+        "seen_end",
+        "settled",
+        "share",
+        "stage_shares",
+        "t_close",
+        "t_open",
+        "tokens",
+        "weight",
     )
 
     def __init__(
@@ -723,10 +745,8 @@ class Ledger:
         if self._cancel is not None:
             self._cancel.cancel()
         if self._task is not None and not self._task.done():
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         self._task = None
         self._running = False
         if self.measures:

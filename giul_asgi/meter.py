@@ -14,6 +14,7 @@ Stages are graded like the total, and the total is never the sum of the stages.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -206,10 +207,9 @@ class Meter:
 
     def _run_sync(self) -> None:
         if self._sync is not None:
-            try:
+            # A failed sync must not break the work it measured.
+            with contextlib.suppress(Exception):
                 self._sync()
-            except Exception:  # a failed sync must not break the work it measured
-                pass
 
     # -- the answer ---------------------------------------------------------------------------
     def result(self, tokens: int | None = None) -> Energy:

@@ -16,6 +16,7 @@ Nothing here reads a card or blocks: the ledger does that, once per node.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
@@ -186,10 +187,30 @@ class _Exchange:
     """One request's response as it passes through: headers, body, stream, trailers."""
 
     __slots__ = (
-        "app_trailers", "body_parts", "buffered", "chunked_json", "complete",
-        "content_length", "ctype_json", "disconnected", "encoded", "energy", "held", "meter",
-        "mw", "mode", "our_trailers", "outcome", "recorded", "scanner", "scope", "send_",
-        "spliced", "sse", "start", "status",
+        "app_trailers",
+        "body_parts",
+        "buffered",
+        "chunked_json",
+        "complete",
+        "content_length",
+        "ctype_json",
+        "disconnected",
+        "encoded",
+        "energy",
+        "held",
+        "meter",
+        "mode",
+        "mw",
+        "our_trailers",
+        "outcome",
+        "recorded",
+        "scanner",
+        "scope",
+        "send_",
+        "spliced",
+        "sse",
+        "start",
+        "status",
     )
 
     def __init__(self, mw: EnergyMiddleware, scope: Scope, meter: Meter, send: Send) -> None:
@@ -394,7 +415,7 @@ class _Exchange:
             return out
         if scanner.done and not was_done:
             # Usage and [DONE] in one message: splice the usage event in place.
-            for (raw, obj), (nxt, _) in zip(events, events[1:], strict=False):
+            for (raw, obj), (nxt, _) in itertools.pairwise(events):
                 if is_usage_chunk(obj) and b"[DONE]" in nxt:
                     at = out.rfind(raw)
                     if at >= 0:

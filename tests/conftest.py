@@ -8,10 +8,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_nvml import FakeGpu, FakeNvml  # noqa: E402
+from fake_nvml import FakeGpu, FakeNvml
 
-from giul_asgi import Ledger, Ledgers, Node  # noqa: E402
-from giul_asgi.readers import SimulatedCard, SimulatedReader, VirtualClock  # noqa: E402
+from giul_asgi import Ledger, Ledgers, Node
+from giul_asgi.readers import SimulatedCard, SimulatedReader, VirtualClock
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ class NVMLError(Exception):
         }.get(self.value, f"Unknown Error ({self.value})")
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's own name)
+class NVMLError_NotSupported(NVMLError):
     def __init__(self, value: int = NVML_ERROR_NOT_SUPPORTED) -> None:
         super().__init__(value)
 
@@ -65,26 +65,26 @@ class FakeNvml:
         self.shutdowns = 0
 
     # -- lifecycle
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         if self.init_error is not None:
             raise NVMLError(self.init_error)
         self.inits += 1
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.shutdowns += 1
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         if index >= len(self.gpus):
             raise NVMLError(2)
         return self.gpus[index]
 
-    def nvmlDeviceGetName(self, gpu: FakeGpu) -> bytes:  # noqa: N802
+    def nvmlDeviceGetName(self, gpu: FakeGpu) -> bytes:
         return gpu.name.encode()
 
-    def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> tuple[int, int]:  # noqa: N802
+    def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> tuple[int, int]:
         return (int(gpu.mig), int(gpu.mig))
 
     # -- readings
@@ -95,15 +95,15 @@ class FakeNvml:
         if not supported:
             raise NVMLError_NotSupported()
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
         self._check(gpu, gpu.counter, "counter")
         return gpu.energy_mj
 
-    def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
         self._check(gpu, gpu.average, "average")
         return gpu.power_mw
 
-    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]) -> list:  # noqa: N802
+    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]) -> list:
         gpu.calls.append("fields")
         if gpu.fail is not None:
             raise NVMLError(gpu.fail)

@@ -33,7 +33,7 @@ def test_tier_and_route() -> None:
     with pytest.raises(ConfigError, match="joules_per_1k_hint"):
         Tier("x", joules_per_1k_hint=float("nan"))
     Route(re.compile(r"^/v1/.*$"), node="a")
-    with pytest.raises(ConfigError, match="route.pattern"):
+    with pytest.raises(ConfigError, match=r"route\.pattern"):
         Route("", node="a")
 
 

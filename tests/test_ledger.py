@@ -5,15 +5,13 @@ from __future__ import annotations
 import random
 
 import pytest
+from conftest import warm_up
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from conftest import warm_up
 
 from giul_asgi import Ledger, Node, TokenSplit
 from giul_asgi.readers import Reading, SimulatedCard, SimulatedReader, VirtualClock
 from giul_asgi.readers.base import NullReader
-
 
 _JITTER = random.Random(7)
 

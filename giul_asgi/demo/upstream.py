@@ -42,7 +42,10 @@ class Upstream:
             return JSONResponse({"error": {"message": "body must be an object"}}, status_code=400)
         model = str(payload.get("model", "sim-8b"))
         tokens = int(payload.get("max_tokens") or self.default_tokens)
-        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in payload.get("messages", []) if isinstance(m, dict))
+        messages = payload.get("messages") or []
+        prompt_tokens = sum(
+            len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict)
+        )
         if payload.get("stream"):
             include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(

@@ -13,6 +13,7 @@ GPU is in MIG mode says so in ``notes`` rather than dividing the board silently.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -114,10 +115,8 @@ def probe_nvml(nvml: ModuleType | None = None) -> list[GpuProbe]:
                 probes.append(GpuProbe(index, None, False, False, False, None, _describe(exc)))
         return probes
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 class NvmlReader:
@@ -208,7 +207,5 @@ class NvmlReader:
     def close(self) -> None:
         if self._open:
             self._open = False
-            try:
+            with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
-            except Exception:
-                pass
