@@ -81,6 +81,9 @@ def build(variant: str) -> Starlette:
     elif variant == "giul-asgi":
         middleware = [Middleware(EnergyMiddleware, nodes=[sim_node()], tiers=[Tier("8b", 300.0)],
                                  ledgers=Ledgers())]
+    elif variant == "giul-asgi-headers":  # the same, without the JSON energy block
+        middleware = [Middleware(EnergyMiddleware, nodes=[sim_node()], tiers=[Tier("8b", 300.0)],
+                                 ledgers=Ledgers(), inject_json=False)]
     elif variant != "bare":
         raise ValueError(variant)
     return Starlette(
@@ -90,5 +93,7 @@ def build(variant: str) -> Starlette:
     )
 
 
-VARIANTS: tuple[str, ...] = ("bare", "passthrough", "starlette-exporter", "opentelemetry", "giul-asgi")
+VARIANTS: tuple[str, ...] = (
+    "bare", "passthrough", "starlette-exporter", "opentelemetry", "giul-asgi", "giul-asgi-headers",
+)
 BUILDERS: dict[str, Callable[[], Starlette]] = {v: (lambda v=v: build(v)) for v in VARIANTS}

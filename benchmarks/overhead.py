@@ -11,7 +11,9 @@
     python benchmarks/overhead.py --quick    # fewer repeats, for a smoke run
 
 Our variant runs with its ledger live on a busy simulated card and the energy block
-injected into every JSON body, as the issue asks.
+injected into every JSON body, as the issue asks; ``giul-asgi-headers`` is the same with
+``inject_json=False``, to show what the block costs. The JSON parser is orjson when it is
+installed (``giul-asgi[fast]``), else the standard library's; the header says which.
 """
 
 from __future__ import annotations
@@ -158,9 +160,12 @@ def main() -> None:
     args = parser.parse_args()
     repeats, n = (3, 500) if args.quick else (9, 2000)
 
+    from giul_asgi import report
+
+    parser_name = "orjson" if report._fast_loads is not None else "json (stdlib)"
     print(f"# overhead: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}")
+          f"Python {platform.python_version()}, body parser {parser_name}")
     print(f"\n## (a) in-process, us per request (median of {repeats} interleaved repeats of {n})\n")
     results = asyncio.run(in_process(repeats, n))
     print("| variant | JSON us | JSON added us | stream us | stream added us |")

@@ -11,7 +11,7 @@ import asyncio
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from . import __version__
 from .config import Node
@@ -50,29 +50,28 @@ def probe(seconds: float, simulate: bool) -> int:
 def _probe_simulated(seconds: float) -> int:
     card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
     node = Node("simulated", idle_w=70.0, reader_factory=lambda _n: SimulatedReader(card))
-    print("simulated card: 70 W idle, 700 W cap, counter steps every 100 ms")
-    job = card.start_job(180.0)
-    try:
-        return _measure(node, seconds, truth=lambda: job.true_joules)
-    finally:
-        card.stop_job(job)
+    print("simulated card: 70 W idle, 700 W cap, counter steps every 100 ms;")
+    print("the request puts 180 W of load on it while it runs")
+    return _measure(node, seconds, card)
 
 
-def _measure(node: Node, seconds: float, truth: Callable[[], float] | None = None) -> int:
+def _measure(node: Node, seconds: float, card: SimulatedCard | None = None) -> int:
     print(f"\nmetering one {seconds:.1f} s window on node {node.name!r} (idle floor "
           f"{'unknown' if node.idle_w is None else f'{node.idle_w} W'}):")
 
     async def window() -> None:
+        truth = None
         async with Meter.for_node(node) as m:
-            before = truth() if truth is not None else 0.0
+            job = card.start_job(180.0) if card is not None else None
             await asyncio.sleep(seconds)
-            after = truth() if truth is not None else 0.0
+            if card is not None and job is not None:
+                truth = card.stop_job(job).true_joules
         energy = await m.settled(timeout=2.0)
         print(f"  joules={energy.joules} method={energy.method} backend={energy.backend} "
               f"source={energy.source} settled={energy.settled}")
         print(f"  uncertainty_joules={energy.uncertainty_joules} mean_watts={energy.mean_watts}")
         if truth is not None:
-            print(f"  the simulated truth over the window: {after - before:.3f} J above idle")
+            print(f"  the simulated truth: {truth:.3f} J above idle")
         if energy.error:
             print(f"  note: {energy.error}")
 

@@ -16,5 +16,7 @@ def test_probe_simulated_meters_a_window(capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert "method=simulated" in out and "settled=True" in out
     joules = float(out.split("joules=")[1].split()[0])
-    truth = float(out.split("truth over the window: ")[1].split()[0])
+    uncertainty = float(out.split("uncertainty_joules=")[1].split()[0])
+    truth = float(out.split("simulated truth: ")[1].split()[0])
+    assert abs(joules - truth) <= uncertainty
     assert joules == pytest.approx(truth, rel=0.25)
