@@ -42,6 +42,7 @@ log = logging.getLogger("giul_asgi.ledger")
 MAX_STALE_PERIODS = 5
 #: Readings may fail this long (in periods, at least one second) before the gap is lost.
 MAX_GAP_PERIODS = 10
+_NOT_YET = "not settled: the card has not reported this window's energy yet"
 #: How many recent readings each ledger keeps for inspection.
 RING_SIZE = 512
 
@@ -637,13 +638,12 @@ class Ledger:
         if window.settled:
             return window.share, window.edge, True, window.error
         if window.provisional is None or window.t_close is None:
-            return None, window.edge, False, (
-                window.error or "not settled: the card has not reported since the window"
-            )
-        return (
-            window.share + window.provisional, window.edge + window.provisional, False,
-            window.error,
-        )
+            return None, window.edge, False, window.error or _NOT_YET
+        share = window.share + window.provisional
+        if share <= 0:
+            # The card has not reported the window's load yet: unknown for now, not "failed".
+            return None, window.edge, False, window.error or _NOT_YET
+        return share, window.edge + window.provisional, False, window.error
 
     async def wait_settled(self, window: Window, timeout: float | None = None) -> bool:
         """Wait until the next reading settles the window; False if ``timeout`` ran out."""

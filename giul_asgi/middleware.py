@@ -377,7 +377,7 @@ class _Exchange:
         more = message.get("more_body", False)
         out = body
         if self.scanner is not None:
-            out = self._watch_events(body, more)
+            out = await self._watch_events(body, more)
         if more:
             if out:
                 await self.send_({"type": "http.response.body", "body": out, "more_body": True})
@@ -396,7 +396,7 @@ class _Exchange:
                 "more_trailers": False,
             })
 
-    def _watch_events(self, body: bytes, more: bool) -> bytes:
+    async def _watch_events(self, body: bytes, more: bool) -> bytes:
         """Pass the stream on, holding back only a final usage chunk until the stream says
         it is done, so the energy can ride in it (``chunk.energy`` for OpenAI clients)."""
         scanner = self.scanner
@@ -408,7 +408,7 @@ class _Exchange:
             held, self.held = self.held, None
             done_now = scanner.done and not was_done
             if done_now or (not more and not body.strip()):
-                out = self._splice_usage(held) + body
+                out = await self._splice_usage(held) + body
             else:
                 out = held + body
         if not self.mw.usage_energy or self.spliced or not events:
@@ -419,7 +419,7 @@ class _Exchange:
                 if is_usage_chunk(obj) and b"[DONE]" in nxt:
                     at = out.rfind(raw)
                     if at >= 0:
-                        out = out[:at] + self._splice_usage(raw) + out[at + len(raw):]
+                        out = out[:at] + await self._splice_usage(raw) + out[at + len(raw):]
                     break
         elif more and scanner.at_boundary and is_usage_chunk(events[-1][1]):
             raw = events[-1][0]
@@ -428,11 +428,11 @@ class _Exchange:
                 out = out[: len(out) - len(raw)]
         return out
 
-    def _splice_usage(self, raw: bytes) -> bytes:
+    async def _splice_usage(self, raw: bytes) -> bytes:
         assert self.scanner is not None
         if self.scanner.tokens is not None:
             self._set_tokens(self.scanner.tokens)
-        energy = self._close_now()
+        energy = await self._close()
         spliced = splice_event(raw, self.mw.energy_key, energy_json(energy))
         if spliced is None:
             return raw

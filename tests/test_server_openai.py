@@ -32,6 +32,7 @@ def gateway() -> Iterator[tuple[str, FastAPI]]:
     app.add_middleware(
         EnergyMiddleware, nodes=[node], tiers=[Tier("8b", 300.0)],
         routes=[Route("/v1/chat/completions", node="sim-h100", tier="8b")], ledgers=Ledgers(),
+        settle_timeout=0.5,  # settled figures in the answers: these tests check their values
     )
     with serve(app) as url:
         yield url, app
@@ -56,6 +57,7 @@ def test_openai_client_reads_headers_and_energy_block(client: OpenAI) -> None:
     assert raw.headers["x-energy-tokens"] == "20" and energy["tokens"] == 20
     joules = float(raw.headers["x-energy-joules"])
     assert joules == pytest.approx(energy["joules"], rel=1e-4)
+    assert raw.headers["x-energy-settled"] == "true" and energy["settled"] is True
     assert joules == pytest.approx(120.0 * 0.08, rel=0.6)  # 120 W for ~80 ms
     assert energy["route"] == "/v1/chat/completions"
 
@@ -75,7 +77,7 @@ def test_streamed_chat_with_usage_carries_energy_in_its_last_chunk(client: OpenA
     assert len(text.split()) == 12
     assert usage is not None and usage.completion_tokens == 12
     assert energy is not None and energy["tokens"] == 12 and energy["method"] == "simulated"
-    assert energy["joules"] is not None and energy["seconds"] > 0.04
+    assert energy["joules"] is not None and energy["seconds"] > 0.04 and energy["settled"]
 
 
 def test_streamed_chat_without_usage_loops_unchanged(client: OpenAI) -> None:
@@ -107,7 +109,7 @@ def test_raw_sse_client_finds_the_energy_event(gateway: tuple[str, FastAPI]) -> 
     done = events.index(b"data: [DONE]")
     assert events[done + 1].startswith(b"event: energy")
     energy = json.loads(sse_data(events[done + 1]))
-    assert energy["node"] == "sim-h100" and energy["joules"] is not None
+    assert energy["node"] == "sim-h100" and energy["joules"] is not None and energy["settled"]
 
 
 def test_stats_see_every_request_settled(gateway: tuple[str, FastAPI], client: OpenAI) -> None:
