@@ -419,3 +419,45 @@ def test_lifespan_starts_and_stops_the_readers() -> None:
             assert socket.receive_text() == "hello"
     assert not ledger._running
     assert all(record.energy.settled for record in find_middleware(app).stats)
+
+
+async def test_a_hung_reader_never_delays_a_response() -> None:
+    """The driver wedges after the baseline read: answers keep their pace, figures say so."""
+    import threading
+    import time
+
+    from giul_asgi.readers import Reading
+
+    release = threading.Event()
+
+    class Wedged:
+        backend, source, method, kind, period, blocking = (
+            "nvml_counter", "local", "measured", "counter", 0.02, True
+        )
+        clock = staticmethod(time.monotonic)
+        calls = 0
+
+        def read(self) -> Reading:
+            self.calls += 1
+            if self.calls > 1:
+                release.wait(3.0)
+            return Reading(t=time.monotonic(), joules=float(self.calls))
+
+        def close(self) -> None: ...
+
+    node = Node("wedged", idle_w=0.0, reader_factory=lambda _n: Wedged())  # type: ignore[arg-type,return-value]
+    ledgers = Ledgers()
+    ledgers.get(node).read_timeout = 0.05
+    body = b'{"ok": true}'
+    app = EnergyMiddleware(raw_app(200, json_headers(body), body), nodes=[node], ledgers=ledgers)
+    try:
+        for _ in range(5):
+            started = time.perf_counter()
+            sent = await drive(app)
+            assert time.perf_counter() - started < 0.05
+            assert header(start_of(sent), b"x-energy-settled") == b"false"
+            await asyncio.sleep(0.03)
+        assert ledgers.get(node).totals().read_errors >= 1
+    finally:
+        release.set()
+        await ledgers.aclose()

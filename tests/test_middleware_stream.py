@@ -244,3 +244,34 @@ async def test_stream_tokens_reach_the_stats_settled() -> None:
     await asyncio.sleep(0.15)
     record = list(mw.stats)[-1]
     assert record.outcome == "ok" and record.energy.tokens == 3 and record.energy.settled
+
+
+def test_trailers_through_starlettes_test_client() -> None:
+    """A client that asks for trailers, through Starlette's own TestClient (which offers
+    the ``http.response.trailers`` extension and collects them)."""
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route as StarletteRoute
+    from starlette.testclient import TestClient
+
+    from giul_asgi import EnergyMiddleware, Ledgers
+
+    node, _ = busy_node()
+
+    async def events() -> Any:
+        for piece in (chunk("a"), chunk("b"), DONE):
+            yield piece
+
+    async def endpoint(request: Any) -> StreamingResponse:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[StarletteRoute("/s", endpoint)])
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers())
+    with TestClient(app) as client:
+        asked = client.get("/s", headers={"TE": "trailers"})
+        plain = client.get("/s")
+    trailers = dict(asked.extensions["http.response.trailers"])
+    assert trailers[b"x-energy-node"] == b"sim"
+    assert trailers[b"x-energy-method"] in (b"simulated", b"unknown")
+    assert b"event: energy" in asked.content
+    assert "http.response.trailers" not in plain.extensions
