@@ -58,6 +58,25 @@ class Passthrough:
         await self.app(scope, receive, wrapped)
 
 
+class StaticHeaders(Passthrough):
+    """A pass-through that adds eleven fixed headers: what any middleware that answers
+    with our eleven X-Energy-* headers pays the server, before computing anything."""
+
+    HEADERS = tuple((f"x-energy-{i}".encode(), b"0.123456") for i in range(11))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def wrapped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, wrapped)
+
+
 def sim_node() -> Node:
     card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
     card.start_job(150.0)  # the card is busy, so every figure is a real (simulated) share
@@ -68,6 +87,8 @@ def build(variant: str) -> Starlette:
     middleware: list[Middleware] = []
     if variant == "passthrough":
         middleware = [Middleware(Passthrough)]
+    elif variant == "static-headers":
+        middleware = [Middleware(StaticHeaders)]
     elif variant == "starlette-exporter":
         from starlette_exporter import PrometheusMiddleware
 
@@ -94,6 +115,7 @@ def build(variant: str) -> Starlette:
 
 
 VARIANTS: tuple[str, ...] = (
-    "bare", "passthrough", "starlette-exporter", "opentelemetry", "giul-asgi", "giul-asgi-headers",
+    "bare", "passthrough", "static-headers", "starlette-exporter", "opentelemetry", "giul-asgi",
+    "giul-asgi-headers",
 )
 BUILDERS: dict[str, Callable[[], Starlette]] = {v: (lambda v=v: build(v)) for v in VARIANTS}

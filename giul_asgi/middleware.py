@@ -190,7 +190,6 @@ class _Exchange:
         "app_trailers",
         "body_parts",
         "buffered",
-        "chunked_json",
         "complete",
         "content_length",
         "ctype_json",
@@ -233,7 +232,7 @@ class _Exchange:
         self.spliced = False
         self.our_trailers = False
         self.app_trailers = False
-        self.sse = self.ctype_json = self.encoded = self.chunked_json = False
+        self.sse = self.ctype_json = self.encoded = False
         self.content_length: int | None = None
 
     # -- what the app sends ----------------------------------------------------------------
@@ -379,7 +378,9 @@ class _Exchange:
         if self.scanner is not None:
             out = await self._watch_events(body, more)
         if more:
-            if out:
+            if out is body:
+                await self.send_(message)
+            elif out:
                 await self.send_({"type": "http.response.body", "body": out, "more_body": True})
             return
         self.complete = True
@@ -467,8 +468,11 @@ class _Exchange:
         return self.energy
 
     def failed(self, exc: BaseException) -> None:
-        if self.disconnected or isinstance(exc, OSError) or type(exc).__name__ == "ClientDisconnect":
+        name = type(exc).__name__
+        if self.disconnected or isinstance(exc, OSError) or name == "ClientDisconnect":
             self.outcome = "disconnect"
+        elif name in ("CancelledError", "Cancelled"):
+            self.outcome = "cancelled"  # the server stopped the request (shutdown, timeout)
         else:
             self.outcome = "error"
             if self.mode == _HELD:  # nothing reached the client: the server answers 500

@@ -247,6 +247,11 @@ class SSEScanner:
         when that data was a JSON object carrying ``usage``, else None."""
         if self.broken or not chunk:
             return []
+        if (
+            not self._partial and chunk.endswith(b"\n\n")
+            and b'"usage"' not in chunk and b"[DONE]" not in chunk
+        ):
+            return []  # whole events, none that we act on: the common chunk, at no cost
         data = self._partial + chunk if self._partial else chunk
         events: list[tuple[bytes, Any]] = []
         pos = 0

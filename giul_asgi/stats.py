@@ -93,7 +93,7 @@ class Record:
     ) -> None:
         self.route = route
         self.status = status
-        self.outcome = outcome  # "ok" | "error" | "disconnect" | "incomplete"
+        self.outcome = outcome  # "ok" | "error" | "disconnect" | "cancelled" | "incomplete"
         self._energy = energy if isinstance(energy, Energy) else None
         self._make = None if isinstance(energy, Energy) else energy
 
