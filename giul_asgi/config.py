@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .readers.base import Reader
 
 READER_KINDS: tuple[str, ...] = ("auto", "nvml", "simulated", "none")
+SPLITS: tuple[str, ...] = ("time", "tokens")
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,10 @@ class Node:
     ``idle_w`` is the whole node's floor in watts. With ``None`` the figures are energy
     above zero and say so (``idle_known: false``); we never invent a floor.
     ``reader`` picks how to read it: ``auto`` (NVML if it answers, else nothing), ``nvml``,
-    ``simulated`` or ``none``. ``reader_factory`` builds a custom reader (tests, a simulated
-    card on a virtual clock); it is not part of the node's identity.
+    ``simulated`` or ``none``. ``split`` is how overlapping requests share the node's
+    energy: by their ``time`` in each interval, or by time x ``tokens`` per second.
+    ``reader_factory`` builds a custom reader (tests, a simulated card on a virtual
+    clock); it is not part of the node's identity.
     """
 
     name: str = "local"
@@ -41,6 +44,7 @@ class Node:
     idle_w: float | None = None
     reader: str = "auto"
     period_s: float | None = None
+    split: str = "time"
     reader_factory: Callable[[Node], Reader] | None = field(
         default=None, compare=False, repr=False
     )
@@ -72,6 +76,10 @@ class Node:
         if self.reader not in READER_KINDS:
             raise ConfigError(
                 f"node {self.name!r}: reader must be one of {READER_KINDS}, got {self.reader!r}"
+            )
+        if self.split not in SPLITS:
+            raise ConfigError(
+                f"node {self.name!r}: split must be one of {SPLITS}, got {self.split!r}"
             )
         if self.period_s is not None:
             period = _number(self.period_s, f"node {self.name!r}: period_s")

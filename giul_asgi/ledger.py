@@ -242,7 +242,7 @@ class Ledger:
     ) -> None:
         self.node = node
         self.reader: Reader = reader if reader is not None else make_reader(node)
-        self.split: Split = split or TimeSplit()
+        self.split: Split = split or (TokenSplit() if node.split == "tokens" else TimeSplit())
         self.clock = self.reader.clock
         self.idle_w = node.idle_w
         self.provenance = Provenance(
@@ -782,8 +782,7 @@ class Ledgers:
     and each charging the whole of its energy.
     """
 
-    def __init__(self, split: Split | None = None) -> None:
-        self.split = split
+    def __init__(self) -> None:
         self._by_name: dict[str, Ledger] = {}
         self._lock = threading.Lock()
 
@@ -794,7 +793,7 @@ class Ledgers:
         with self._lock:
             ledger = self._by_name.get(node.name)
             if ledger is None:
-                ledger = Ledger(node, split=self.split)
+                ledger = Ledger(node)
                 self._by_name[node.name] = ledger
             elif not _same(ledger.node, node):
                 from .errors import ConfigError

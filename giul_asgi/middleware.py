@@ -23,7 +23,7 @@ from typing import Any
 
 from .config import Node, Route, Tier
 from .energy import Energy
-from .ledger import Ledgers, Split, default_ledgers
+from .ledger import Ledgers, default_ledgers
 from .meter import Meter, _current
 from .report import (
     SSEScanner,
@@ -83,7 +83,6 @@ class EnergyMiddleware:
         usage_energy: bool = True,
         trailers: bool = True,
         token_kind: str = "output",
-        split: Split | None = None,
         ledgers: Ledgers | None = None,
         stats: EnergyStats | None = None,
         settle_timeout: float = 0.0,
@@ -107,8 +106,6 @@ class EnergyMiddleware:
             default_tier=default_tier, decide=decide,
         )
         self.ledgers = ledgers if ledgers is not None else default_ledgers()
-        if split is not None:
-            self.ledgers.split = split
         self.stats = stats if stats is not None else EnergyStats()
         self.exclude = PathSet(exclude)
         self.energy_key = energy_key

@@ -86,20 +86,10 @@ class Router:
         self._cache: dict[str, Target] = {}
 
     def _node(self, value: Node | str) -> Node:
-        if isinstance(value, Node):
-            self.nodes.setdefault(value.name, value)
-            return value
-        if value not in self.nodes:
-            raise ConfigError(f"route names node {value!r}, which is not in nodes=[...]")
-        return self.nodes[value]
+        return _lookup(self.nodes, Node, value, "node")
 
     def _tier(self, value: Tier | str) -> Tier:
-        if isinstance(value, Tier):
-            self.tiers.setdefault(value.name, value)
-            return value
-        if value not in self.tiers:
-            raise ConfigError(f"route names tier {value!r}, which is not in tiers=[...]")
-        return self.tiers[value]
+        return _lookup(self.tiers, Tier, value, "tier")
 
     def match(self, scope: Mapping[str, Any]) -> Target:
         if self.decide is not None:
@@ -132,6 +122,16 @@ class Router:
         out: dict[str, Node | Tier] = {f"node:{k}": v for k, v in self.nodes.items()}
         out.update({f"tier:{k}": v for k, v in self.tiers.items()})
         return out
+
+
+def _lookup(table: dict[str, Any], kind: type, value: Any, what: str) -> Any:
+    """An object by name from ``table``; an object given directly joins the table."""
+    if isinstance(value, kind):
+        table.setdefault(value.name, value)  # type: ignore[attr-defined]
+        return value
+    if value not in table:
+        raise ConfigError(f"route names {what} {value!r}, which is not in {what}s=[...]")
+    return table[value]
 
 
 class PathSet:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from giul_asgi import EnergyMiddleware, Ledgers, Node
-from giul_asgi.readers import SimulatedCard, SimulatedReader
+from giul_asgi.readers import Reading, SimulatedCard, SimulatedReader
 
 Message = dict[str, Any]
 
@@ -21,6 +23,28 @@ def busy_node(name: str = "sim", load_w: float = 100.0, period: float = 0.02) ->
         reader_factory=lambda _n: SimulatedReader(card, period=period),
     )
     return node, card
+
+
+class WedgedReader:
+    """A counter whose driver answers the baseline read, then hangs until ``release``."""
+
+    backend, source, method, kind, period, blocking = (
+        "nvml_counter", "local", "measured", "counter", 0.02, True
+    )
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+        self.calls = 0
+
+    def read(self) -> Reading:
+        self.calls += 1
+        if self.calls > 1:
+            self.release.wait(5.0)
+        return Reading(t=time.monotonic(), joules=float(self.calls))
+
+    def close(self) -> None:
+        return None
 
 
 def find_middleware(app: Any) -> EnergyMiddleware:

@@ -18,6 +18,8 @@ def test_node_normalises_and_validates() -> None:
         Node("a", idle_w="80")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="reader must be one of"):
         Node("a", reader="magic")
+    with pytest.raises(ConfigError, match="split must be one of"):
+        Node("a", split="by-vibes")
     with pytest.raises(ConfigError, match="gpus must be a list"):
         Node("a", gpus=("x",))  # type: ignore[arg-type]
     with pytest.raises(ConfigError):

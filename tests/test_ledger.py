@@ -209,6 +209,11 @@ def test_token_split_weights_by_tokens_per_second(card: SimulatedCard, clock: Vi
     assert ea.joules == pytest.approx(ja.true_joules, rel=0.05)
 
 
+def test_a_node_chooses_its_split(card: SimulatedCard) -> None:
+    assert Ledger(Node("t", split="tokens"), SimulatedReader(card)).split.name == "tokens"
+    assert Ledger(Node("t"), SimulatedReader(card)).split.name == "time"
+
+
 def test_token_split_without_tokens_falls_back_to_time(card: SimulatedCard, clock: VirtualClock) -> None:
     ledger = Ledger(Node("tok2", idle_w=60.0), SimulatedReader(card), split=TokenSplit())
     ledger.read_now()

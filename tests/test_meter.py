@@ -9,9 +9,10 @@ import time
 import anyio
 import pytest
 import trio
+from apps import WedgedReader
 
 from giul_asgi import Ledgers, Meter, Node, Tier, current_meter
-from giul_asgi.readers import Reading, SimulatedCard, SimulatedReader
+from giul_asgi.readers import SimulatedCard, SimulatedReader
 
 
 def sim_node(name: str, card: SimulatedCard, period: float = 0.02) -> Node:
@@ -170,25 +171,7 @@ def test_current_meter_is_none_outside_a_request() -> None:
 
 def test_a_hanging_reader_never_delays_the_request() -> None:
     release = threading.Event()
-
-    class Hanging:
-        backend, source, method, kind, period, blocking = (
-            "nvml_counter", "local", "measured", "counter", 0.02, True
-        )
-        clock = staticmethod(time.monotonic)
-
-        def __init__(self) -> None:
-            self.calls = 0
-
-        def read(self) -> Reading:
-            self.calls += 1
-            if self.calls > 1:  # the baseline answers, then the driver wedges
-                release.wait(5.0)
-            return Reading(t=time.monotonic(), joules=float(self.calls))
-
-        def close(self) -> None: ...
-
-    node = Node("hang", idle_w=0.0, reader_factory=lambda _n: Hanging())  # type: ignore[arg-type,return-value]
+    node = Node("hang", idle_w=0.0, reader_factory=lambda _n: WedgedReader(release))  # type: ignore[arg-type,return-value]
     ledgers = Ledgers()
     ledgers.get(node).read_timeout = 0.05
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from apps import body_of, busy_node, drive, find_middleware, fresh, header, start_of
+from apps import WedgedReader, body_of, busy_node, drive, find_middleware, fresh, header, start_of
 from fastapi import FastAPI, Request
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -426,26 +426,8 @@ async def test_a_hung_reader_never_delays_a_response() -> None:
     import threading
     import time
 
-    from giul_asgi.readers import Reading
-
     release = threading.Event()
-
-    class Wedged:
-        backend, source, method, kind, period, blocking = (
-            "nvml_counter", "local", "measured", "counter", 0.02, True
-        )
-        clock = staticmethod(time.monotonic)
-        calls = 0
-
-        def read(self) -> Reading:
-            self.calls += 1
-            if self.calls > 1:
-                release.wait(3.0)
-            return Reading(t=time.monotonic(), joules=float(self.calls))
-
-        def close(self) -> None: ...
-
-    node = Node("wedged", idle_w=0.0, reader_factory=lambda _n: Wedged())  # type: ignore[arg-type,return-value]
+    node = Node("wedged", idle_w=0.0, reader_factory=lambda _n: WedgedReader(release))  # type: ignore[arg-type,return-value]
     ledgers = Ledgers()
     ledgers.get(node).read_timeout = 0.05
     body = b'{"ok": true}'
