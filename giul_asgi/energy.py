@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Method = Literal["measured", "estimated", "simulated", "unknown"]
 METHODS: tuple[str, ...] = ("measured", "estimated", "simulated", "unknown")
@@ -71,6 +71,17 @@ class Energy:
     def known(self) -> bool:
         return self.joules is not None
 
+    @classmethod
+    def from_figure(cls, figure: Figure) -> Energy:
+        """The record for a :class:`Figure` (the same fields, in the same order)."""
+        if not figure.stages:
+            return cls(*figure[:18], _NO_STAGES, figure.contended, figure.error)
+        stages = {
+            name: cls.from_figure(stage) if isinstance(stage, Figure) else stage
+            for name, stage in figure.stages.items()
+        }
+        return cls(*figure[:18], stages, figure.contended, figure.error)
+
     def as_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready. Unknown stays ``None`` (null); floats are finite."""
         return {
@@ -104,6 +115,37 @@ def _num(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(f"{value:.9g}")
+
+
+class Figure(NamedTuple):
+    """An :class:`Energy`'s fields as a plain tuple: what the request path renders.
+
+    Building the frozen dataclass costs several times more than a tuple, and a gateway does
+    it on every response; headers and the JSON block are written from this instead, and
+    ``Energy.from_figure`` gives the record to whoever asks for it.
+    """
+
+    joules: float | None
+    method: str
+    backend: str
+    source: str
+    node: str | None
+    tier: str | None
+    route: str | None
+    seconds: float
+    idle_watts: float | None
+    idle_known: bool
+    mean_watts: float | None
+    tokens: int | None
+    token_kind: str
+    joules_per_token: float | None
+    concurrency: float | None
+    split: str | None
+    uncertainty_joules: float | None
+    settled: bool
+    stages: Mapping[str, Any]
+    contended: bool | None
+    error: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +192,7 @@ def grade(
     split: str | None = None,
     uncertainty: float | None = None,
     settled: bool = True,
-    stages: Mapping[str, Energy] | None = None,
+    stages: Mapping[str, Any] | None = None,
     contended: bool | None = None,
     error: str | None = None,
 ) -> Energy:
@@ -159,6 +201,35 @@ def grade(
     ``share`` is ``None`` when the window could not be measured at all (no reader, a
     counter reset or a reader error inside it, a window that never settled).
     """
+    return Energy.from_figure(grade_figure(
+        share, provenance=provenance, seconds=seconds, node=node, tier=tier, route=route,
+        tokens=tokens, token_kind=token_kind, hint_per_1k=hint_per_1k, mean_watts=mean_watts,
+        concurrency=concurrency, split=split, uncertainty=uncertainty, settled=settled,
+        stages=stages, contended=contended, error=error,
+    ))
+
+
+def grade_figure(
+    share: float | None,
+    *,
+    provenance: Provenance,
+    seconds: float,
+    node: str | None = None,
+    tier: str | None = None,
+    route: str | None = None,
+    tokens: int | None = None,
+    token_kind: str = "output",
+    hint_per_1k: float = 0.0,
+    mean_watts: float | None = None,
+    concurrency: float | None = None,
+    split: str | None = None,
+    uncertainty: float | None = None,
+    settled: bool = True,
+    stages: Mapping[str, Any] | None = None,
+    contended: bool | None = None,
+    error: str | None = None,
+) -> Figure:
+    """:func:`grade`, as a :class:`Figure`: the one place the rules are applied."""
     joules, method, per_token = classify(share, provenance, tokens, hint_per_1k)
     backend, source = provenance.backend, provenance.source
     if method != provenance.method:  # the measurement did not stand
@@ -167,14 +238,11 @@ def grade(
             error = f"measured {share:.6g} J above idle: a failed measurement, not a free request"
         if method == "estimated":
             backend, source, mean_watts = "none", "none", None
-    return Energy(
-        joules=joules, method=method, backend=backend, source=source,  # type: ignore[arg-type]
-        node=node, tier=tier, route=route, seconds=seconds,
-        idle_watts=provenance.idle_watts, idle_known=provenance.idle_watts is not None,
-        mean_watts=mean_watts, tokens=tokens, token_kind=token_kind,
-        joules_per_token=per_token, concurrency=concurrency, split=split,
-        uncertainty_joules=uncertainty, settled=settled,
-        stages=stages if stages is not None else _NO_STAGES, contended=contended, error=error,
+    return Figure(
+        joules, method, backend, source, node, tier, route, seconds,
+        provenance.idle_watts, provenance.idle_watts is not None, mean_watts, tokens,
+        token_kind, per_token, concurrency, split, uncertainty, settled,
+        stages if stages is not None else _NO_STAGES, contended, error,
     )
 
 

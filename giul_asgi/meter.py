@@ -21,10 +21,9 @@ from contextvars import ContextVar
 from typing import Any
 
 from .config import Node, Tier
-from .energy import Energy, Provenance, classify, grade
+from .energy import Energy, Figure, Provenance, grade_figure
 from .errors import ConfigError
 from .ledger import Ledger, Ledgers, Window, default_ledgers
-from .stats import Summary
 
 _NO_READER = Provenance(method="measured", backend="none", source="none", idle_watts=None)
 #: The meter of the request being handled; set by the middleware for its handlers.
@@ -214,37 +213,27 @@ class Meter:
     # -- the answer ---------------------------------------------------------------------------
     def result(self, tokens: int | None = None) -> Energy:
         """The figure for the closed window: settled, or provisional (``settled=False``)."""
+        return Energy.from_figure(self.figure(tokens))
+
+    def figure(self, tokens: int | None = None) -> Figure:
+        """:meth:`result` as a :class:`Figure`: the same fields, cheaper to build."""
         window = self._window
         if window is None or window.t_close is None:
             raise RuntimeError("result() before the window closed: leave `async with` first")
         if tokens is not None:
             self.tokens(tokens)
-        tier = self.tier.name if self.tier is not None else None
-        hint = self.tier.joules_per_1k_hint if self.tier is not None else 0.0
+        tier = self.tier
+        name = tier.name if tier is not None else None
+        hint = tier.joules_per_1k_hint if tier is not None else 0.0
         if self.ledger is None:
-            return grade(
-                None, provenance=_NO_READER, seconds=window.seconds, tier=tier,
+            return grade_figure(
+                None, provenance=_NO_READER, seconds=window.seconds, tier=name,
                 route=self.route, tokens=self._tokens, token_kind=self.token_kind,
                 hint_per_1k=hint, error=window.error, settled=True,
             )
-        return self.ledger.energy(
-            window, tier=tier, route=self.route, tokens=self._tokens,
+        return self.ledger.figure(
+            window, tier=name, route=self.route, tokens=self._tokens,
             token_kind=self.token_kind, hint_per_1k=hint,
-        )
-
-    def summary(self) -> Summary:
-        """What the stats add up, by the same rules as :meth:`result`, without building it."""
-        window = self._window
-        assert window is not None and window.t_close is not None
-        hint = self.tier.joules_per_1k_hint if self.tier is not None else 0.0
-        if self.ledger is None:
-            share, provenance = None, _NO_READER
-        else:
-            share, provenance = self.ledger.share(window)[0], self.ledger.provenance
-        joules, method, _ = classify(share, provenance, self._tokens, hint)
-        return Summary(
-            self.node, self.tier.name if self.tier is not None else None, method, joules,
-            self._tokens, window.seconds,
         )
 
     async def settled(self, timeout: float | None = None) -> Energy:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from .config import Node, Route, Tier
-from .energy import Energy
+from .energy import Figure
 from .ledger import Ledgers, default_ledgers
 from .meter import Meter, _current
 from .report import (
@@ -221,7 +221,7 @@ class _Exchange:
         self.complete = False
         self.recorded = False
         self.outcome = "ok"
-        self.energy: Energy | None = None
+        self.energy: Figure | None = None
         self.body_parts: list[bytes] = []
         self.buffered = 0
         self.scanner: SSEScanner | None = None
@@ -446,9 +446,9 @@ class _Exchange:
         return energy_headers(energy)
 
     # -- closing and recording -------------------------------------------------------------
-    def _close_now(self) -> Energy:
+    def _close_now(self) -> Figure:
         self._close_window()
-        self.energy = self.meter.result()
+        self.energy = self.meter.figure()
         return self.energy
 
     def _close_window(self) -> None:
@@ -456,12 +456,11 @@ class _Exchange:
         self.meter.route = route_template(self.scope) or self.meter.route
         self.meter.close()
 
-    async def _close(self) -> Energy:
+    async def _close(self) -> Figure:
         self._close_window()
-        if self.mw.settle_timeout > 0:
-            self.energy = await self.meter.settled(self.mw.settle_timeout)
-        else:
-            self.energy = self.meter.result()
+        if self.mw.settle_timeout > 0 and self.meter.window is not None and self.meter.ledger:
+            await self.meter.ledger.wait_settled(self.meter.window, self.mw.settle_timeout)
+        self.energy = self.meter.figure()
         return self.energy
 
     def failed(self, exc: BaseException) -> None:
@@ -494,6 +493,6 @@ class _Exchange:
         status, outcome, stats = self.status, self.outcome, self.mw.stats
 
         def record(meter: Meter) -> None:
-            stats.record_summary(label, status, outcome, meter.summary(), meter.result)
+            stats.record(label, status, outcome, meter.figure())
 
         self.meter.on_settled(record)

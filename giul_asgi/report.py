@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from .energy import Energy
+from .energy import Energy, Figure
 
 TOKEN_KEYS: dict[str, tuple[str, ...]] = {
     # Chat Completions names first, then the Responses API's.
@@ -72,7 +72,7 @@ def _fixed_headers(
     )
 
 
-def energy_headers(energy: Energy) -> list[tuple[bytes, bytes]]:
+def energy_headers(energy: Energy | Figure) -> list[tuple[bytes, bytes]]:
     """The ``X-Energy-*`` headers for a figure (lower-case names, as ASGI wants them)."""
     tokens = energy.tokens
     return [
@@ -136,7 +136,7 @@ def _static_text(
     )
 
 
-def _energy_text(e: Energy) -> str:
+def _energy_text(e: Energy | Figure) -> str:
     # The same object as ``Energy.as_dict()`` (a test holds them equal), written directly:
     # this runs on every JSON response, and a dict plus ``json.dumps`` costs several times more.
     head, idle, kind = _static_text(
@@ -158,7 +158,7 @@ def _energy_text(e: Energy) -> str:
     )
 
 
-def energy_json(energy: Energy) -> bytes:
+def energy_json(energy: Energy | Figure) -> bytes:
     """``energy.as_dict()`` as compact JSON bytes."""
     return _energy_text(energy).encode()
 
@@ -325,6 +325,6 @@ def splice_event(raw: bytes, key: str, block: bytes) -> bytes | None:
     return b"".join(lines)
 
 
-def energy_event(energy: Energy, event: str = "energy") -> bytes:
+def energy_event(energy: Energy | Figure, event: str = "energy") -> bytes:
     """An SSE event an EventSource listens for with ``addEventListener("energy", ...)``."""
     return b"event: " + event.encode() + b"\ndata: " + energy_json(energy) + b"\n\n"

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .energy import Energy
+from .energy import Energy, Figure
 
 OTHER = "<other>"
 
@@ -31,16 +31,16 @@ class Bucket:
     tokens: int = 0
     seconds: float = 0.0
 
-    def add(self, summary: Summary, outcome: str) -> None:
+    def add(self, figure: Figure | Energy, outcome: str) -> None:
         self.requests += 1
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        method = summary.method
+        method = figure.method
         self.methods[method] = self.methods.get(method, 0) + 1
-        if summary.joules is not None:
-            self.joules[method] = self.joules.get(method, 0.0) + summary.joules
-        if summary.tokens:
-            self.tokens += summary.tokens
-        self.seconds += summary.seconds
+        if figure.joules is not None:
+            self.joules[method] = self.joules.get(method, 0.0) + figure.joules
+        if figure.tokens:
+            self.tokens += figure.tokens
+        self.seconds += figure.seconds
 
     def merge(self, other: Bucket) -> None:
         self.requests += other.requests
@@ -65,44 +65,23 @@ class Bucket:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Summary:
-    """The figures a bucket adds up, graded by the same rules as :class:`Energy`."""
-
-    node: str | None
-    tier: str | None
-    method: str
-    joules: float | None
-    tokens: int | None
-    seconds: float
-
-    @classmethod
-    def of(cls, energy: Energy) -> Summary:
-        return cls(energy.node, energy.tier, energy.method, energy.joules, energy.tokens,
-                   energy.seconds)
-
-
 class Record:
-    """One request as the statistics saw it; its full :class:`Energy` is built when read."""
+    """One request as the statistics saw it; its :class:`Energy` is built when read."""
 
-    __slots__ = ("_energy", "_make", "outcome", "route", "status")
+    __slots__ = ("_figure", "outcome", "route", "status")
 
-    def __init__(
-        self, route: str, status: int | None, outcome: str,
-        energy: Energy | Callable[[], Energy],
-    ) -> None:
+    def __init__(self, route: str, status: int | None, outcome: str, figure: Figure | Energy) -> None:
         self.route = route
         self.status = status
         self.outcome = outcome  # "ok" | "error" | "disconnect" | "cancelled" | "incomplete"
-        self._energy = energy if isinstance(energy, Energy) else None
-        self._make = None if isinstance(energy, Energy) else energy
+        self._figure = figure
 
     @property
     def energy(self) -> Energy:
-        if self._energy is None:
-            assert self._make is not None
-            self._energy, self._make = self._make(), None
-        return self._energy
+        figure = self._figure
+        if isinstance(figure, Figure):
+            figure = self._figure = Energy.from_figure(figure)
+        return figure
 
     def __repr__(self) -> str:
         return f"Record({self.route!r}, {self.status!r}, {self.outcome!r})"
@@ -119,25 +98,18 @@ class EnergyStats:
         self.recent: deque[Record] = deque(maxlen=recent)
 
     def record(
-        self, route: str, status: int | None, outcome: str, energy: Energy,
+        self, route: str, status: int | None, outcome: str, figure: Figure | Energy,
     ) -> None:
-        """Count one request whose figure is known."""
-        self.record_summary(route, status, outcome, Summary.of(energy), energy)
-
-    def record_summary(
-        self, route: str, status: int | None, outcome: str, summary: Summary,
-        energy: Energy | Callable[[], Energy],
-    ) -> None:
-        """Count one request from its summary; its full record is built only if read."""
-        key = (route, summary.node or "<none>", summary.tier or "<none>")
+        """Count one request, from its settled figure."""
+        key = (route, figure.node or "<none>", figure.tier or "<none>")
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
                 if len(self._buckets) >= self.max_keys:
                     key = (OTHER, OTHER, OTHER)
                 bucket = self._buckets.setdefault(key, Bucket())
-            bucket.add(summary, outcome)
-            self.recent.append(Record(route, status, outcome, energy))
+            bucket.add(figure, outcome)
+            self.recent.append(Record(route, status, outcome, figure))
 
     def __iter__(self) -> Iterator[Record]:
         return iter(list(self.recent))

@@ -100,3 +100,21 @@ def test_tiny_figures_never_serialise_as_zero() -> None:
     e = grade(3e-9, provenance=MEASURED, seconds=1e-4)
     assert e.as_dict()["joules"] == 3e-9
     assert json.loads(energy_json(e))["joules"] == 3e-9
+
+
+def test_figure_is_the_record_as_a_tuple() -> None:
+    from dataclasses import fields
+
+    from giul_asgi.energy import Figure, grade_figure
+
+    assert Figure._fields == tuple(f.name for f in fields(Energy))
+    stage = grade_figure(1.0, provenance=MEASURED, seconds=0.1)
+    figure = grade_figure(
+        2.0, provenance=MEASURED, seconds=0.5, node="n", tokens=4, stages={"s": stage}
+    )
+    energy = Energy.from_figure(figure)
+    assert isinstance(energy.stages["s"], Energy)
+    assert energy == grade(
+        2.0, provenance=MEASURED, seconds=0.5, node="n", tokens=4,
+        stages={"s": Energy.from_figure(stage)},
+    )
