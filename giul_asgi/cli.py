@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .config import Node
+from .ledger import Ledgers
 from .meter import Meter
 from .readers import SimulatedCard, SimulatedReader, probe_nvml
 
@@ -61,7 +62,7 @@ def _measure(node: Node, seconds: float, card: SimulatedCard | None = None) -> i
 
     async def window() -> None:
         truth = None
-        async with Meter.for_node(node) as m:
+        async with Meter.for_node(node, ledgers=Ledgers()) as m:
             job = card.start_job(180.0) if card is not None else None
             await asyncio.sleep(seconds)
             if card is not None and job is not None:
