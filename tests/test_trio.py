@@ -1,0 +1,63 @@
+"""The middleware and its ledger under trio, as hypercorn's trio worker would run them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import trio
+from apps import busy_node
+
+from giul_asgi import EnergyMiddleware, Ledgers
+
+
+def test_json_and_stream_under_trio() -> None:
+    node, _ = busy_node()
+    body = json.dumps({"usage": {"completion_tokens": 3}}).encode()
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["path"] == "/json":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for _ in range(3):
+            await trio.sleep(0.02)
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    ledgers = Ledgers()
+    mw = EnergyMiddleware(app, nodes=[node], ledgers=ledgers, settle_timeout=0.5)
+
+    async def call(path: str) -> bytes:
+        sent: list[dict] = []
+        first = True
+
+        async def receive() -> dict:
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": b""}
+            await trio.sleep_forever()
+            raise AssertionError
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "path": path, "method": "GET", "headers": []}
+        await mw(scope, receive, send)
+        return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+    async def main() -> tuple[bytes, bytes]:
+        out = (await call("/json"), await call("/stream"))
+        await ledgers.aclose()
+        return out
+
+    json_body, stream_body = anyio.run(main, backend="trio")
+    energy = json.loads(json_body)["energy"]
+    assert energy["method"] == "simulated" and energy["settled"] and energy["tokens"] == 3
+    event = stream_body.split(b"event: energy\ndata: ")[1]
+    assert json.loads(event)["node"] == "sim"
