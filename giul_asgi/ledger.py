@@ -223,10 +223,6 @@ class StepPhase:
         self._lo, self._hi = lo, hi
         return (lo + hi) / 2.0 + shift
 
-    @property
-    def width(self) -> float:
-        return self._hi - self._lo if self._ref is not None else self.period
-
 
 class Ledger:
     """The single owner of a node's reader; windows borrow it and never read the card."""

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from .config import Node, Route, Tier
-from .energy import Figure
+from .energy import TOKEN_KINDS, Figure
 from .ledger import Ledgers, default_ledgers
 from .meter import Meter, _current
 from .report import (
@@ -87,8 +87,8 @@ class EnergyMiddleware:
         stats: EnergyStats | None = None,
         settle_timeout: float = 0.0,
     ) -> None:
-        if token_kind not in ("output", "input", "total"):
-            raise ValueError("token_kind must be 'output', 'input' or 'total'")
+        if token_kind not in TOKEN_KINDS:
+            raise ValueError(f"token_kind must be one of {TOKEN_KINDS}, got {token_kind!r}")
         self.app = app
         node_list = list(nodes or ())
         if not node_list:

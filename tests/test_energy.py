@@ -118,3 +118,18 @@ def test_figure_is_the_record_as_a_tuple() -> None:
         2.0, provenance=MEASURED, seconds=0.5, node="n", tokens=4,
         stages={"s": Energy.from_figure(stage)},
     )
+
+
+def test_every_reader_names_a_known_backend_and_source() -> None:
+    from fake_nvml import FakeGpu, FakeNvml
+
+    from giul_asgi.energy import BACKENDS, METHODS, SOURCES
+    from giul_asgi.readers import NullReader, NvmlReader, SimulatedCard, SimulatedReader
+
+    readers = [
+        NullReader(), SimulatedReader(SimulatedCard()), NvmlReader(nvml=FakeNvml([FakeGpu()])),
+        NvmlReader(nvml=FakeNvml([FakeGpu(counter=False)])),
+    ]
+    for reader in readers:
+        assert reader.backend in BACKENDS and reader.source in SOURCES
+        assert reader.method in METHODS
