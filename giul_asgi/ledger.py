@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import threading
 from collections import deque
@@ -208,20 +209,39 @@ class StepPhase:
         self._hi = 0.0
 
     def step_time(self, a: float, b: float) -> float:
-        """The best estimate of the step seen between reads at ``a`` and ``b``."""
+        """The latest step in (a, b]: where a read at ``b`` saw the counter had moved since
+        the read at ``a``. A bracket narrower than a period pins one step and teaches the
+        phase; a wider one (reads delayed under load) is placed by the phase learnt."""
         if b <= a:
             return b
+        if b - a <= self.period:
+            self._learn(a, b)
+        if self._ref is None:
+            return (a + b) / 2.0
+        mid = (self._lo + self._hi) / 2.0
+        step = mid + math.floor((b - mid) / self.period) * self.period
+        return step if a < step <= b else (a + b) / 2.0
+
+    def last_step(self, t: float, after: float) -> float:
+        """The latest step at or before ``t`` (and after ``after``), if the phase is known;
+        else ``t``. A baseline read reflects the counter as of its last step, not its read."""
+        if self._ref is None:
+            return t
+        mid = (self._lo + self._hi) / 2.0
+        step = mid + math.floor((t - mid) / self.period) * self.period
+        return step if after < step <= t else t
+
+    def _learn(self, a: float, b: float) -> None:
         if self._ref is None:
             self._ref, self._lo, self._hi = a, a, b
-            return (a + b) / 2.0
+            return
         k = round(((a + b) / 2.0 - (self._lo + self._hi) / 2.0) / self.period)
         shift = k * self.period
         lo, hi = max(self._lo, a - shift), min(self._hi, b - shift)
-        if lo >= hi or b - a > 2 * self.period:
-            self._lo, self._hi = a, b  # disagreement or a long gap: start again here
-            return (a + b) / 2.0
-        self._lo, self._hi = lo, hi
-        return (lo + hi) / 2.0 + shift
+        if lo >= hi:
+            self._lo, self._hi = a, b  # the brackets disagree (the period drifts): start again
+        else:
+            self._lo, self._hi = lo, hi
 
 
 class Ledger:
@@ -393,8 +413,10 @@ class Ledger:
             # First good reading, or the first after a lost gap: a baseline, no energy yet.
             out = self._book_lost(t, "no baseline reading yet") if self._t_last is not None else []
             self._base = reading
-            self._t_last, self._busy_last = t, self._busy_at(t)
             self._t_prev_read = t
+            if reading.joules is not None and self._t_last is not None:
+                t = self._phase.last_step(t, self._t_last)
+            self._t_last, self._busy_last = t, self._busy_at(t)
             return out
         t_prev, self._t_prev_read = self._t_prev_read, t
         if reading.joules is not None and base.joules is not None:
@@ -406,10 +428,10 @@ class Ledger:
                 return out
             if delta == 0 and t - self._t_last < self.max_stale_s:
                 return []  # the counter has not stepped: no new information yet
-            if delta > 0 and t_prev > self._t_last:
-                # The step happened after the previous (unchanged) read: stamp it where the
-                # learnt phase puts it, not at read time.
-                t = max(self._phase.step_time(t_prev, t), self._t_last + 1e-9)
+            if delta > 0:
+                # The counter stepped after the previous read: stamp the interval's end
+                # where the learnt phase puts that step, not at read time.
+                t = max(self._phase.step_time(max(t_prev, self._t_last), t), self._t_last + 1e-9)
             dt = t - self._t_last
         elif reading.watts is not None and base.watts is not None:
             dt = t - self._t_last

@@ -107,7 +107,10 @@ def test_ledger_on_scripted_counter_with_a_reset() -> None:
     ledger.read_now()
     e = ledger.energy(window)
     assert e.method == "measured" and e.settled
-    assert e.joules == pytest.approx(80.0, rel=0.05)
+    # 200 W above idle for 0.4 s. These reads come every 100 ms exactly, so the ledger cannot
+    # learn where inside each 100 ms the counter stepped, and the first interval after a
+    # baseline is off by up to a step: within 10% here.
+    assert e.joules == pytest.approx(80.0, rel=0.1)
 
     # A driver reload: the counter restarts from zero. That interval is unknown, never negative.
     second = ledger.open()
