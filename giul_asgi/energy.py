@@ -176,37 +176,14 @@ def classify(
     return None, "unknown", None
 
 
-def grade(
-    share: float | None,
-    *,
-    provenance: Provenance,
-    seconds: float,
-    node: str | None = None,
-    tier: str | None = None,
-    route: str | None = None,
-    tokens: int | None = None,
-    token_kind: str = "output",
-    hint_per_1k: float = 0.0,
-    mean_watts: float | None = None,
-    concurrency: float | None = None,
-    split: str | None = None,
-    uncertainty: float | None = None,
-    settled: bool = True,
-    stages: Mapping[str, Any] | None = None,
-    contended: bool | None = None,
-    error: str | None = None,
-) -> Energy:
+def grade(share: float | None, **options: Any) -> Energy:
     """Turn the ledger's share for a window into an honestly labelled :class:`Energy`.
 
     ``share`` is ``None`` when the window could not be measured at all (no reader, a
-    counter reset or a reader error inside it, a window that never settled).
+    counter reset or a reader error inside it, a window that never settled). ``options``
+    are :func:`grade_figure`'s keywords; it applies the rules, this builds the record.
     """
-    return Energy.from_figure(grade_figure(
-        share, provenance=provenance, seconds=seconds, node=node, tier=tier, route=route,
-        tokens=tokens, token_kind=token_kind, hint_per_1k=hint_per_1k, mean_watts=mean_watts,
-        concurrency=concurrency, split=split, uncertainty=uncertainty, settled=settled,
-        stages=stages, contended=contended, error=error,
-    ))
+    return Energy.from_figure(grade_figure(share, **options))
 
 
 def grade_figure(

@@ -602,21 +602,10 @@ class Ledger:
         self._fire(settled)
 
     # -- results --------------------------------------------------------------------------
-    def energy(
-        self,
-        window: Window,
-        *,
-        tier: str | None = None,
-        route: str | None = None,
-        tokens: int | None = None,
-        token_kind: str = "output",
-        hint_per_1k: float = 0.0,
-    ) -> Energy:
-        """The window's record now: settled, or provisional with ``settled=False``."""
-        return Energy.from_figure(self.figure(
-            window, tier=tier, route=route, tokens=tokens, token_kind=token_kind,
-            hint_per_1k=hint_per_1k,
-        ))
+    def energy(self, window: Window, **options: Any) -> Energy:
+        """The window's record now: settled, or provisional with ``settled=False``.
+        ``options`` are :meth:`figure`'s keywords (tier, route, tokens, token_kind, hint)."""
+        return Energy.from_figure(self.figure(window, **options))
 
     def figure(
         self,
