@@ -650,12 +650,8 @@ class Ledger:
             settled=settled, stages=stages, error=error,
         )
 
-    def share(self, window: Window) -> tuple[float | None, float, bool, str | None]:
-        """(joules above idle or None, uncertainty, settled, error) for the window now."""
-        with self._lock:
-            return self._share(window)
-
     def _share(self, window: Window) -> tuple[float | None, float, bool, str | None]:
+        """(joules above idle or None, uncertainty, settled, error) for the window now."""
         if not self.measures or window.lost_s > 0:
             return None, window.edge, window.settled, window.error
         if window.settled:

@@ -144,3 +144,15 @@ def test_ledger_power_reader_integrates_trapezoids() -> None:
     ledger.read_now()
     e = ledger.energy(window)
     assert e.backend == "nvml_power" and e.joules == pytest.approx(100.0, rel=1e-3)
+
+
+def test_ledgers_close_releases_nvml() -> None:
+    from giul_asgi import Ledgers
+
+    nvml = FakeNvml([FakeGpu()])
+    node = Node("release", reader_factory=lambda n: NvmlReader(n.gpus, nvml=nvml))
+    ledgers = Ledgers()
+    ledgers.get(node)
+    assert nvml.inits == 1 and nvml.shutdowns == 0
+    ledgers.close()
+    assert nvml.shutdowns == 1 and list(ledgers) == []
