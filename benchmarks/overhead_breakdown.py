@@ -27,6 +27,7 @@ from overhead import run_requests
 
 import giul_asgi.meter as meter_module
 import giul_asgi.middleware as middleware_module
+import giul_asgi.stats as stats_module
 from giul_asgi import EnergyMiddleware, Ledgers, Tier
 
 BODY = json.dumps(PAYLOAD).encode()
@@ -62,8 +63,8 @@ def main() -> None:
 
     steps: list[tuple[str, Callable[[], None]]] = [
         ("everything on", lambda: None),
-        ("- stats at settle", lambda: setattr(meter_module.Meter, "on_settled",
-                                              lambda self, cb: None)),
+        ("- statistics", lambda: setattr(stats_module.EnergyStats, "defer",
+                                         lambda self, *args: None)),
         ("- X-Energy-* headers", lambda: setattr(middleware_module, "energy_headers",
                                                  lambda e: [])),
         ("- energy block text", lambda: setattr(middleware_module, "energy_json",

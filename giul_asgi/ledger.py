@@ -81,37 +81,33 @@ class TokenSplit:
 class Window:
     """One request's time on a node, and what the ledger has charged to it so far.
 
-    A plain slotted class, not a dataclass: one is built per request, and its lists are
+    A plain class whose defaults live on the class, not a dataclass: one is built per
+    request, and its constructor sets only the four fields every window has. Lists are
     created only when a request uses them (marks, intervals awaiting weights, callbacks).
     """
 
-    __slots__ = (
-        "abandoned",
-        "alone",
-        "busy_close",
-        "busy_open",
-        "callbacks",
-        "edge",
-        "error",
-        "event",
-        "lost_s",
-        "marks",
-        "measured_s",
-        "pending",
-        "power_j",
-        "provisional",
-        "provisional_stages",
-        "rules",
-        "runner",
-        "seen_end",
-        "settled",
-        "share",
-        "stage_shares",
-        "t_close",
-        "t_open",
-        "tokens",
-        "weight",
-    )
+    t_close: float | None = None
+    busy_close = 0.0
+    tokens: int | None = None
+    marks: list[tuple[str, float]] | None = None
+    #: Per named stage, then the tail after the last mark; None until the first mark.
+    stage_shares: list[float] | None = None
+    provisional_stages: list[float] | None = None
+    share = 0.0
+    edge = 0.0
+    power_j = 0.0
+    measured_s = 0.0
+    lost_s = 0.0
+    provisional: float | None = 0.0
+    pending: list[_Interval] | None = None
+    seen_end = False
+    settled = False
+    alone = True
+    rules: str | None = None  # the split rules used when shared: "time", "tokens"
+    error: str | None = None
+    abandoned = False
+    callbacks: list[Callable[[Window], None]] | None = None
+    event: Any = None
 
     def __init__(
         self, t_open: float, busy_open: float, runner: object | None, weight: float | None = 1.0
@@ -120,28 +116,6 @@ class Window:
         self.busy_open = busy_open
         self.runner = runner
         self.weight = weight
-        self.t_close: float | None = None
-        self.busy_close = 0.0
-        self.tokens: int | None = None
-        self.marks: list[tuple[str, float]] | None = None
-        #: Per named stage, then the tail after the last mark; None until the first mark.
-        self.stage_shares: list[float] | None = None
-        self.provisional_stages: list[float] | None = None
-        self.share = 0.0
-        self.edge = 0.0
-        self.power_j = 0.0
-        self.measured_s = 0.0
-        self.lost_s = 0.0
-        self.provisional: float | None = 0.0
-        self.pending: list[_Interval] | None = None
-        self.seen_end = False
-        self.settled = False
-        self.alone = True
-        self.rules: str | None = None  # the split rules used when shared: "time", "tokens"
-        self.error: str | None = None
-        self.abandoned = False
-        self.callbacks: list[Callable[[Window], None]] | None = None
-        self.event: Any = None
 
     @property
     def seconds(self) -> float:
@@ -304,6 +278,8 @@ class Ledger:
         self._runner: object | None = None
         self._task: asyncio.Task[None] | None = None
         self._running = False
+        self._thread: int | None = None
+        self._alive: Callable[[], bool] = _always
         self._cancel: anyio.CancelScope | None = None
 
     # -- windows: O(1), no I/O ----------------------------------------------------------
@@ -650,6 +626,11 @@ class Ledger:
             settled=settled, stages=stages, error=error,
         )
 
+    def share_now(self, window: Window) -> float | None:
+        """The window's joules above idle as :meth:`figure` would grade them; None if unknown."""
+        with self._lock:
+            return self._share(window)[0]
+
     def _share(self, window: Window) -> tuple[float | None, float, bool, str | None]:
         """(joules above idle or None, uncertainty, settled, error) for the window now."""
         if not self.measures or window.lost_s > 0:
@@ -702,6 +683,10 @@ class Ledger:
         """Start the reader task on the running event loop if it is not running there."""
         if not self.measures:
             return
+        if self._running and self._thread == threading.get_ident() and self._alive():
+            # Every request asks: this answers without asking for the running loop, which
+            # costs a getpid() system call on CPython 3.11.
+            return
         key = _loop_key()
         if key is None or (key is self._runner and self._running):
             return
@@ -720,6 +705,10 @@ class Ledger:
                 self._base = None
         self._runner = key
         self._running = True
+        self._thread = threading.get_ident()
+        # The loop of this thread still running the reader; a trio run cancels its system
+        # tasks when it ends, which clears _running, so trio needs no check of its own.
+        self._alive = key.is_running if isinstance(key, asyncio.AbstractEventLoop) else _always
         for window in self._open.values():
             window.runner = key
         self.ingest(self.reader.read())
@@ -778,6 +767,10 @@ class Ledger:
 
     def close_reader(self) -> None:
         self.reader.close()
+
+
+def _always() -> bool:
+    return True
 
 
 def _loop_key() -> object | None:

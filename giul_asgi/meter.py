@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from .config import Node, Tier
-from .energy import Energy, Figure, Provenance, grade_figure
+from .energy import Energy, Figure, Provenance, classify, grade_figure
 from .errors import ConfigError
 from .ledger import Ledger, Ledgers, Window, default_ledgers
 
@@ -234,6 +234,31 @@ class Meter:
         return self.ledger.figure(
             window, tier=name, route=self.route, tokens=self._tokens,
             token_kind=self.token_kind, hint_per_1k=hint,
+        )
+
+    @property
+    def settled_now(self) -> bool:
+        """Whether the closed window's figure is final (no reading will change it)."""
+        window = self._window
+        return window is not None and window.settled
+
+    def tally(self) -> tuple[str | None, str | None, str, float | None, int | None, float]:
+        """``(node, tier, method, joules, tokens, seconds)`` of :meth:`figure`, without
+        building it: what the statistics add up, by the same rules (``classify``)."""
+        window = self._window
+        if window is None or window.t_close is None:
+            raise RuntimeError("tally() before the window closed")
+        tier = self.tier
+        hint = tier.joules_per_1k_hint if tier is not None else 0.0
+        ledger = self.ledger
+        if ledger is None:
+            share, provenance = None, _NO_READER
+        else:
+            share, provenance = ledger.share_now(window), ledger.provenance
+        joules, method, _ = classify(share, provenance, self._tokens, hint)
+        return (
+            self.node, tier.name if tier is not None else None, method, joules, self._tokens,
+            window.seconds,
         )
 
     async def settled(self, timeout: float | None = None) -> Energy:

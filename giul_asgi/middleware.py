@@ -38,7 +38,7 @@ from .report import (
     stream_start_headers,
     usage_tokens,
 )
-from .routing import Decider, PathSet, Router, route_template
+from .routing import Decider, PathSet, Router, Target, route_template
 from .stats import EnergyStats
 
 Scope = MutableMapping[str, Any]
@@ -55,6 +55,8 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _NO_BODY_STATUS = frozenset({204, 205, 304})
 _HELD, _STREAM, _DONE = 0, 1, 2
+_PATH_CACHE = 4096
+_UNSEEN: Any = object()
 
 
 class EnergyMiddleware:
@@ -117,23 +119,29 @@ class EnergyMiddleware:
         self.token_kind = token_kind
         self.settle_timeout = settle_timeout
         self._catalog = self.router.catalog()
+        self._paths: dict[str, Target | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind != "http":
-            if kind == "lifespan":
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
                 await self._lifespan(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
             return
-        if scope["path"] in self.exclude:
+        path = scope["path"]
+        target = self._paths.get(path, _UNSEEN)
+        if target is _UNSEEN:
+            target = self._resolve_path(path)
+        if target is None:  # excluded: the energy endpoint, metrics, health checks
             await self.app(scope, receive, send)
             return
-        target = self.router.match(scope)
-        ledger = self.ledgers.get(target.node) if target.node is not None else None
+        if self.router.decide is not None:
+            target = self.router.match(scope)
+        node = target.node
         meter = Meter(
-            ledger, target.tier, route=target.label, token_kind=self.token_kind,
-            ledgers=self.ledgers, catalog=self._catalog,
+            self.ledgers.get(node) if node is not None else None, target.tier,
+            route=target.label, token_kind=self.token_kind, ledgers=self.ledgers,
+            catalog=self._catalog,
         )
         meter.open()
         exchange = _Exchange(self, scope, meter, send)
@@ -152,7 +160,17 @@ class EnergyMiddleware:
             raise
         finally:
             _current.reset(token)
-        await exchange.returned()
+        if exchange.mode == _HELD and exchange.start is not None:
+            # The app started a response and returned without a body: finish it empty.
+            await exchange._finish_single(b"")
+        exchange.returned()
+
+    def _resolve_path(self, path: str) -> Target | None:
+        """Whether ``path`` is metered and where it goes, decided once per path (bounded)."""
+        target = None if path in self.exclude else self.router.match_path(path)
+        if len(self._paths) < _PATH_CACHE:
+            self._paths[path] = target
+        return target
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -178,71 +196,56 @@ class EnergyMiddleware:
         """Stop the readers and settle every figure (lifespan shutdown does this)."""
         for node in self.router.nodes.values():
             await self.ledgers.get(node).aclose()
+        self.stats.fold(everything=True)
 
 
 class _Exchange:
-    """One request's response as it passes through: headers, body, stream, trailers."""
+    """One request's response as it passes through: headers, body, stream, trailers.
 
-    __slots__ = (
-        "app_trailers",
-        "body_parts",
-        "buffered",
-        "complete",
-        "content_length",
-        "ctype_json",
-        "disconnected",
-        "encoded",
-        "energy",
-        "held",
-        "meter",
-        "mode",
-        "mw",
-        "our_trailers",
-        "outcome",
-        "recorded",
-        "scanner",
-        "scope",
-        "send_",
-        "spliced",
-        "sse",
-        "start",
-        "status",
-    )
+    Defaults live on the class: one exchange is built per request, and most requests
+    touch only a few of these fields.
+    """
+
+    mode = _HELD
+    start: Message | None = None
+    status: int | None = None
+    disconnected = False
+    complete = False
+    recorded = False
+    outcome = "ok"
+    energy: Figure | None = None
+    body_parts: list[bytes] | None = None
+    buffered = 0
+    scanner: SSEScanner | None = None
+    held: bytes | None = None
+    spliced = False
+    our_trailers = False
+    app_trailers = False
+    sse = False
+    ctype_json = False
+    encoded = False
+    content_length: int | None = None
 
     def __init__(self, mw: EnergyMiddleware, scope: Scope, meter: Meter, send: Send) -> None:
         self.mw = mw
         self.scope = scope
         self.meter = meter
         self.send_ = send
-        self.mode = _HELD
-        self.start: Message | None = None
-        self.status: int | None = None
-        self.disconnected = False
-        self.complete = False
-        self.recorded = False
-        self.outcome = "ok"
-        self.energy: Figure | None = None
-        self.body_parts: list[bytes] = []
-        self.buffered = 0
-        self.scanner: SSEScanner | None = None
-        self.held: bytes | None = None
-        self.spliced = False
-        self.our_trailers = False
-        self.app_trailers = False
-        self.sse = self.ctype_json = self.encoded = False
-        self.content_length: int | None = None
 
     # -- what the app sends ----------------------------------------------------------------
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.body":
-            if self.mode == _STREAM:
+            mode = self.mode
+            if mode == _HELD:
+                if not message.get("more_body", False) and self.body_parts is None:
+                    await self._finish_single(message.get("body", b""))  # the common case
+                else:
+                    await self._held_body(message)
+            elif mode == _STREAM:
                 await self._stream_body(message)
-                return
-            if self.mode == _HELD:
-                await self._held_body(message)
-                return
-            await self.send_(message)
+            else:
+                await self.send_(message)
         elif kind == "http.response.start":
             self._read_start(message)
             if self.sse:
@@ -292,6 +295,8 @@ class _Exchange:
             return
         # A JSON body of announced length may come in parts: gather it, within the limit.
         if self.content_length is not None and self._json_eligible(self.content_length):
+            if self.body_parts is None:
+                self.body_parts = []
             self.body_parts.append(body)
             self.buffered += len(body)
             if self.buffered > self.content_length:
@@ -304,7 +309,7 @@ class _Exchange:
 
     async def _release_as_stream(self, message: Message) -> None:
         """The app sent more than it announced: stop gathering, pass everything through."""
-        parts, self.body_parts = self.body_parts, []
+        parts, self.body_parts = self.body_parts or [], None
         await self._start_stream()
         joined = b"".join(parts)
         await self._stream_body({
@@ -321,7 +326,7 @@ class _Exchange:
             obj = parse_object(body)
             if obj is not None and self.meter.token_count is None:
                 self.meter.tokens(usage_tokens(find_usage(obj), self.mw.token_kind))
-        energy = await self._close()
+        energy = self._close_now() if self.mw.settle_timeout <= 0 else await self._close()
         start = self.start
         assert start is not None
         headers = list(start.get("headers", ()))
@@ -475,10 +480,8 @@ class _Exchange:
                 self.status = 500
         self._record()
 
-    async def returned(self) -> None:
-        if self.mode == _HELD and self.start is not None:
-            # The app started a response and returned without a body: finish it empty.
-            await self._finish_single(b"")
+    def returned(self) -> None:
+        """The app returned (its response finished, if it sent one in full)."""
         if not self.complete:
             self.outcome = "disconnect" if self.disconnected else "incomplete"
         self._record()
@@ -489,10 +492,4 @@ class _Exchange:
         self.recorded = True
         if not self.meter.closed:
             self._close_window()
-        label = self.meter.route or "<unmatched>"
-        status, outcome, stats = self.status, self.outcome, self.mw.stats
-
-        def record(meter: Meter) -> None:
-            stats.record(label, status, outcome, meter.figure())
-
-        self.meter.on_settled(record)
+        self.mw.stats.defer(self.meter.route or "<unmatched>", self.status, self.outcome, self.meter)

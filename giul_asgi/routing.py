@@ -96,15 +96,15 @@ class Router:
             decided = self.decide(scope)
             if decided is not None:
                 node, tier = decided
-                base = self._match_path(scope.get("path", ""))
+                base = self.match_path(scope.get("path", ""))
                 return Target(
                     self._node(node) if node is not None else base.node,
                     self._tier(tier) if tier is not None else base.tier,
                     base.label,
                 )
-        return self._match_path(scope.get("path", ""))
+        return self.match_path(scope.get("path", ""))
 
-    def _match_path(self, path: str) -> Target:
+    def match_path(self, path: str) -> Target:
         target = self._cache.get(path)
         if target is not None:
             return target

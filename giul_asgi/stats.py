@@ -1,10 +1,15 @@
 """Rolling statistics per route, node and tier, in memory that does not grow with traffic.
 
-Every metered request is recorded once, when its figure settles, whatever became of the
+Every metered request is recorded once, with its settled figure, whatever became of the
 response: finished, failed in the app, or abandoned by a client that disconnected. Sums
 count only known figures, and say how many were known, so an average never hides unknowns
 as zeros. Label sets are bounded (routes are templates, and past ``max_keys`` new keys
 fold into ``<other>``); the recent-request ring has a fixed length.
+
+The middleware hands over a request's meter when the response is done (:meth:`EnergyStats.
+defer`), and the meter is counted once its window has settled: in batches, and whenever
+the statistics are read. That keeps the request path to one append, and no callback per
+request; the books are the same.
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .energy import Energy, Figure
+
+if TYPE_CHECKING:
+    from .meter import Meter
 
 OTHER = "<other>"
 
@@ -31,16 +39,17 @@ class Bucket:
     tokens: int = 0
     seconds: float = 0.0
 
-    def add(self, figure: Figure | Energy, outcome: str) -> None:
+    def add(
+        self, method: str, joules: float | None, tokens: int | None, seconds: float, outcome: str,
+    ) -> None:
         self.requests += 1
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        method = figure.method
         self.methods[method] = self.methods.get(method, 0) + 1
-        if figure.joules is not None:
-            self.joules[method] = self.joules.get(method, 0.0) + figure.joules
-        if figure.tokens:
-            self.tokens += figure.tokens
-        self.seconds += figure.seconds
+        if joules is not None:
+            self.joules[method] = self.joules.get(method, 0.0) + joules
+        if tokens:
+            self.tokens += tokens
+        self.seconds += seconds
 
     def merge(self, other: Bucket) -> None:
         self.requests += other.requests
@@ -68,20 +77,24 @@ class Bucket:
 class Record:
     """One request as the statistics saw it; its :class:`Energy` is built when read."""
 
-    __slots__ = ("_figure", "outcome", "route", "status")
+    __slots__ = ("_source", "outcome", "route", "status")
 
-    def __init__(self, route: str, status: int | None, outcome: str, figure: Figure | Energy) -> None:
+    def __init__(
+        self, route: str, status: int | None, outcome: str, source: Figure | Energy | Meter,
+    ) -> None:
         self.route = route
         self.status = status
         self.outcome = outcome  # "ok" | "error" | "disconnect" | "cancelled" | "incomplete"
-        self._figure = figure
+        self._source = source
 
     @property
     def energy(self) -> Energy:
-        figure = self._figure
-        if isinstance(figure, Figure):
-            figure = self._figure = Energy.from_figure(figure)
-        return figure
+        source = self._source
+        if isinstance(source, Energy):
+            return source
+        energy = Energy.from_figure(source if isinstance(source, Figure) else source.figure())
+        self._source = energy
+        return energy
 
     def __repr__(self) -> str:
         return f"Record({self.route!r}, {self.status!r}, {self.outcome!r})"
@@ -91,31 +104,78 @@ class EnergyStats:
     """Buckets per (route, node, tier), rolled up by route, node and tier when read, and a
     ring of recent requests. One bucket update per request keeps recording cheap."""
 
-    def __init__(self, *, max_keys: int = 1024, recent: int = 1000) -> None:
+    def __init__(
+        self, *, max_keys: int = 1024, recent: int = 1000, batch: int = 256,
+        max_waiting: int = 16_384,
+    ) -> None:
         self.max_keys = max_keys
+        self.batch = batch
+        self.max_waiting = max_waiting
         self._lock = threading.Lock()
         self._buckets: dict[tuple[str, str, str], Bucket] = {}
         self.recent: deque[Record] = deque(maxlen=recent)
+        # Meters waiting for their windows to settle, one queue per ledger: a ledger settles
+        # its windows in the order they closed, so each queue is counted from its front.
+        self._waiting: dict[int, deque[tuple[str, int | None, str, Meter]]] = {}
+        self._since_fold = 0
 
     def record(
         self, route: str, status: int | None, outcome: str, figure: Figure | Energy,
     ) -> None:
         """Count one request, from its settled figure."""
-        key = (route, figure.node or "<none>", figure.tier or "<none>")
         with self._lock:
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                if len(self._buckets) >= self.max_keys:
-                    key = (OTHER, OTHER, OTHER)
-                bucket = self._buckets.setdefault(key, Bucket())
-            bucket.add(figure, outcome)
+            self._add(route, figure.node, figure.tier, figure.method, figure.joules,
+                      figure.tokens, figure.seconds, outcome)
             self.recent.append(Record(route, status, outcome, figure))
 
+    def defer(self, route: str, status: int | None, outcome: str, meter: Meter) -> None:
+        """Count one request once its (closed) meter's figure settles."""
+        queue = self._waiting.get(id(meter.ledger))
+        if queue is None:
+            queue = self._waiting.setdefault(id(meter.ledger), deque())
+        queue.append((route, status, outcome, meter))
+        self._since_fold += 1
+        if self._since_fold >= self.batch:
+            self.fold()
+
+    def fold(self, *, everything: bool = False) -> None:
+        """Count the deferred requests whose figures have settled (``everything``: all of
+        them, as they stand). Past ``max_waiting`` the oldest are counted unsettled rather
+        than held without bound (a ledger whose reads have stopped)."""
+        with self._lock:
+            self._since_fold = 0
+            queues = list(self._waiting.values())
+            waiting = sum(map(len, queues))
+            for queue in queues:
+                while queue:
+                    route, status, outcome, meter = queue[0]
+                    if not (everything or meter.settled_now or waiting > self.max_waiting):
+                        break
+                    queue.popleft()
+                    waiting -= 1
+                    node, tier, method, joules, tokens, seconds = meter.tally()
+                    self._add(route, node, tier, method, joules, tokens, seconds, outcome)
+                    self.recent.append(Record(route, status, outcome, meter))
+
+    def _add(
+        self, route: str, node: str | None, tier: str | None, method: str,
+        joules: float | None, tokens: int | None, seconds: float, outcome: str,
+    ) -> None:
+        key = (route, node or "<none>", tier or "<none>")
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= self.max_keys:
+                key = (OTHER, OTHER, OTHER)
+            bucket = self._buckets.setdefault(key, Bucket())
+        bucket.add(method, joules, tokens, seconds, outcome)
+
     def __iter__(self) -> Iterator[Record]:
+        self.fold()
         return iter(list(self.recent))
 
     def snapshot(self) -> dict[str, Any]:
         """Totals, and the same figures by route, by node and by tier."""
+        self.fold()
         with self._lock:
             buckets = list(self._buckets.items())
         total = Bucket()
