@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+try:
+    from orjson import loads
+except ImportError:  # the bench extra installs it; the stdlib's will do
+    from json import loads
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, StreamingResponse
@@ -77,6 +82,70 @@ class StaticHeaders(Passthrough):
         await self.app(scope, receive, wrapped)
 
 
+class Floor(Passthrough):
+    """What any middleware that answers as ours does pays before it meters anything.
+
+    Per JSON response it parses the body (orjson), formats five per-request numbers into
+    eleven headers and a block of the same shape as ours, splices the block in and fixes
+    Content-Length. No ledger, no routing, no statistics, no stream handling: a reference
+    row for the cost of the output alone, not a usable middleware.
+    """
+
+    FIXED = (
+        (b"x-energy-method", b"simulated"), (b"x-energy-backend", b"simulated"),
+        (b"x-energy-source", b"local"), (b"x-energy-node", b"sim"), (b"x-energy-tier", b"8b"),
+        (b"x-energy-settled", b"false"),
+    )
+    BLOCK = (
+        b'{"joules":%s,"method":"simulated","backend":"simulated","source":"local",'
+        b'"node":"sim","tier":"8b","route":"/v1/chat/completions","seconds":%s,'
+        b'"idle_watts":70,"idle_known":true,"mean_watts":220,"tokens":%d,'
+        b'"token_kind":"output","joules_per_token":%s,"concurrency":1,"split":"exclusive",'
+        b'"uncertainty_joules":%s,"settled":false,"stages":{},"contended":null,"error":null}'
+    )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.monotonic()
+        held: list[Any] = []
+
+        async def wrapped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                if (b"content-type", b"application/json") in message["headers"]:
+                    held.append(message)  # the JSON answer: hold it for the block
+                else:
+                    await send(message)  # anything else (the stream) passes untouched
+                return
+            if not held:
+                await send(message)
+                return
+            start = held.pop()
+            body = message.get("body", b"")
+            seconds = time.monotonic() - t0
+            joules = 150.0 * seconds
+            obj = loads(body)
+            tokens = obj.get("usage", {}).get("completion_tokens", 0) or 1
+            numbers = (b"%.6g" % joules, b"%.6g" % seconds, b"%.6g" % (joules / tokens),
+                       b"%.6g" % (joules / 10))
+            block = self.BLOCK % (numbers[0], numbers[1], tokens, numbers[2], numbers[3])
+            body = body[:-1] + b',"energy":' + block + b"}"
+            headers = [h for h in start["headers"] if h[0] != b"content-length"]
+            headers.append((b"content-length", b"%d" % len(body)))
+            headers += self.FIXED
+            headers += [
+                (b"x-energy-joules", numbers[0]), (b"x-energy-seconds", numbers[1]),
+                (b"x-energy-tokens", b"%d" % tokens), (b"x-energy-joules-per-token", numbers[2]),
+                (b"x-energy-uncertainty", numbers[3]),
+            ]
+            start["headers"] = headers
+            await send(start)
+            await send({**message, "body": body})
+
+        await self.app(scope, receive, wrapped)
+
+
 def sim_node() -> Node:
     card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
     card.start_job(150.0)  # the card is busy, so every figure is a real (simulated) share
@@ -89,6 +158,8 @@ def build(variant: str) -> Starlette:
         middleware = [Middleware(Passthrough)]
     elif variant == "static-headers":
         middleware = [Middleware(StaticHeaders)]
+    elif variant == "floor":
+        middleware = [Middleware(Floor)]
     elif variant == "starlette-exporter":
         from starlette_exporter import PrometheusMiddleware
 
@@ -115,7 +186,7 @@ def build(variant: str) -> Starlette:
 
 
 VARIANTS: tuple[str, ...] = (
-    "bare", "passthrough", "static-headers", "starlette-exporter", "opentelemetry", "giul-asgi",
-    "giul-asgi-headers",
+    "bare", "passthrough", "static-headers", "floor", "starlette-exporter", "opentelemetry",
+    "giul-asgi", "giul-asgi-headers",
 )
 BUILDERS: dict[str, Callable[[], Starlette]] = {v: (lambda v=v: build(v)) for v in VARIANTS}

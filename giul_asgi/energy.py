@@ -207,6 +207,33 @@ def grade_figure(
     error: str | None = None,
 ) -> Figure:
     """:func:`grade`, as a :class:`Figure`: the one place the rules are applied."""
+    return grade_positional(
+        share, provenance, seconds, node, tier, route, tokens, token_kind, hint_per_1k,
+        mean_watts, concurrency, split, uncertainty, settled, stages, contended, error,
+    )
+
+
+def grade_positional(
+    share: float | None,
+    provenance: Provenance,
+    seconds: float,
+    node: str | None,
+    tier: str | None,
+    route: str | None,
+    tokens: int | None,
+    token_kind: str,
+    hint_per_1k: float,
+    mean_watts: float | None,
+    concurrency: float | None,
+    split: str | None,
+    uncertainty: float | None,
+    settled: bool,
+    stages: Mapping[str, Any] | None,
+    contended: bool | None,
+    error: str | None,
+) -> Figure:
+    """:func:`grade_figure` with every argument in place: the request path calls this,
+    since seventeen keywords cost more than the grading itself."""
     joules, method, per_token = classify(share, provenance, tokens, hint_per_1k)
     backend, source = provenance.backend, provenance.source
     if method != provenance.method:  # the measurement did not stand

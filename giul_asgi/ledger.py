@@ -34,7 +34,7 @@ import anyio
 import anyio.to_thread
 
 from .config import Node
-from .energy import Energy, Figure, Provenance, grade_figure
+from .energy import Energy, Figure, Provenance, grade_figure, grade_positional
 from .readers import NullReader, Reader, Reading, make_reader
 
 log = logging.getLogger("giul_asgi.ledger")
@@ -289,10 +289,11 @@ class Ledger:
     def open(self) -> Window:
         with self._lock:
             now = self.clock()
-            self._busy = self._busy_at(now)
+            # busy: the integral of windows open over time, so far (``_busy_at``, inlined).
+            busy = self._busy = self._busy + self._n * (now - self._t_evt)
             self._t_evt = now
             self._n += 1
-            window = Window(now, self._busy, self._runner, self._open_weight)
+            window = Window(now, busy, self._runner, self._open_weight)
             self._open[id(window)] = window
         return window
 
@@ -312,11 +313,11 @@ class Ledger:
             if window.t_close is not None or self._open.pop(id(window), None) is None:
                 return
             now = self.clock()
-            self._busy = self._busy_at(now)
+            busy = self._busy = self._busy + self._n * (now - self._t_evt)
             self._t_evt = now
             self._n -= 1
             window.t_close = now
-            window.busy_close = self._busy
+            window.busy_close = busy
             window.tokens = tokens
             if self._open_weight is None:
                 window.weight = self.split.weight(window)
@@ -331,7 +332,8 @@ class Ledger:
                 window.error = getattr(self.reader, "reason", "no reader for this node")
                 window.seen_end = True
                 settled = self._try_settle(window)
-        self._fire(settled)
+        if settled:
+            self._fire(settled)
 
     def abandon(self, window: Window) -> None:
         """Close a window whose figure nobody will read (a re-bound request)."""
@@ -586,7 +588,6 @@ class Ledger:
     def figure(
         self,
         window: Window,
-        *,
         tier: str | None = None,
         route: str | None = None,
         tokens: int | None = None,
@@ -596,17 +597,18 @@ class Ledger:
         """:meth:`energy` as a :class:`Figure`, for the request path (cheaper to build)."""
         with self._lock:
             share, uncertainty, settled, error = self._share(window)
+            marks = window.marks
             stage_values = window.stage_shares
             if (
-                share is not None and not settled and stage_values is not None
-                and window.provisional_stages is not None
+                marks is not None and share is not None and not settled
+                and stage_values is not None and window.provisional_stages is not None
             ):
                 stage_values = [
                     a + b for a, b in zip(stage_values, window.provisional_stages, strict=True)
                 ]
-            mean_w = window.power_j / window.measured_s if window.measured_s > 0 else None
+            measured_s = window.measured_s
+            mean_w = window.power_j / measured_s if measured_s > 0 else None
             split = window.rules or "exclusive"
-            marks = window.marks
         stages: dict[str, Figure] | None = None
         if marks is not None and stage_values is not None:
             stages = {}
@@ -618,12 +620,10 @@ class Ledger:
                     settled=settled, split=split,
                 )
                 prev = t_mark
-        return grade_figure(
-            share, provenance=self.provenance, seconds=window.seconds, node=self.node.name,
-            tier=tier, route=route, tokens=tokens, token_kind=token_kind,
-            hint_per_1k=hint_per_1k, mean_watts=mean_w, concurrency=window.concurrency,
-            split=split, uncertainty=uncertainty if share is not None else None,
-            settled=settled, stages=stages, error=error,
+        return grade_positional(
+            share, self.provenance, window.seconds, self.node.name, tier, route, tokens,
+            token_kind, hint_per_1k, mean_w, window.concurrency, split,
+            uncertainty if share is not None else None, settled, stages, None, error,
         )
 
     def share_now(self, window: Window) -> float | None:

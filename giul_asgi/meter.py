@@ -25,6 +25,7 @@ from .energy import Energy, Figure, Provenance, classify, grade_figure
 from .errors import ConfigError
 from .ledger import Ledger, Ledgers, Window, default_ledgers
 
+_NO_NAMES: Mapping[str, Node | Tier] = {}
 _NO_READER = Provenance(method="measured", backend="none", source="none", idle_watts=None)
 #: The meter of the request being handled; set by the middleware for its handlers.
 _current: ContextVar[Meter | None] = ContextVar("giul_asgi_current_meter", default=None)
@@ -37,6 +38,10 @@ def current_meter() -> Meter | None:
 
 class Meter:
     """One window on one node's ledger. Use :meth:`for_node` to build one."""
+
+    # Set when the window opens and when a count is known; class defaults until then.
+    _window: Window | None = None
+    _tokens: int | None = None
 
     def __init__(
         self,
@@ -55,9 +60,7 @@ class Meter:
         self.token_kind = token_kind
         self._sync = sync
         self._ledgers = ledgers
-        self._catalog = catalog or {}
-        self._window: Window | None = None
-        self._tokens: int | None = None
+        self._catalog = catalog or _NO_NAMES
 
     @classmethod
     def for_node(
@@ -231,10 +234,7 @@ class Meter:
                 route=self.route, tokens=self._tokens, token_kind=self.token_kind,
                 hint_per_1k=hint, error=window.error, settled=True,
             )
-        return self.ledger.figure(
-            window, tier=name, route=self.route, tokens=self._tokens,
-            token_kind=self.token_kind, hint_per_1k=hint,
-        )
+        return self.ledger.figure(window, name, self.route, self._tokens, self.token_kind, hint)
 
     @property
     def settled_now(self) -> bool:

@@ -61,14 +61,12 @@ def header_value(text: str | None) -> bytes:
 
 def _hnum(value: float) -> bytes:
     """:func:`number` as bytes, for a float: the common case in one C call."""
-    text = b"%.6g" % value
-    if b"e" not in text and b"n" not in text:
-        return text
-    if value - value:  # inf or nan
-        return b"unknown"
-    # An exponent: under 1e-4 or past 1e6. Positional, with six significant digits.
-    text = b"%.*f" % (max(0, 5 - math.floor(math.log10(abs(value)))), value)
-    return text.rstrip(b"0").rstrip(b".") if b"." in text else text
+    if 0.0001 <= value < 999999.0 or -999999.0 < value <= -0.0001:
+        return b"%.6g" % value  # never an exponent in this range
+    if value and value - value == 0.0:  # finite, not zero: tiny or huge, made positional
+        text = b"%.*f" % (max(0, 5 - math.floor(math.log10(abs(value)))), value)
+        return text.rstrip(b"0").rstrip(b".") if b"." in text else text
+    return number(value).encode()  # zero, inf or nan
 
 
 _HEADERS: dict[tuple[Any, ...], tuple[tuple[bytes, bytes], ...]] = {}

@@ -32,6 +32,19 @@ def test_number_is_positional_and_never_a_false_zero(value: float | None, text: 
     assert number(value) == text
 
 
+def test_header_numbers_fast_path_agrees_with_number() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @given(st.floats(allow_nan=True, allow_infinity=True))
+    def check(value: float) -> None:
+        assert report._hnum(value) == number(value).encode()
+
+    check()
+    for edge in (0.0001, 0.00009999999, 999998.9, 999999.0, 999999.4, 999999.6, -0.0001, -0.0):
+        assert report._hnum(edge) == number(edge).encode()
+
+
 def test_header_values_lose_control_bytes() -> None:
     assert header_value("a\r\nb\x00c\x7fd") == b"a__b_c_d"
     assert header_value(None) == b"unknown" and header_value("  ") == b"unknown"
