@@ -243,7 +243,14 @@ class _Exchange:
                 else:
                     await self._held_body(message)
             elif mode == _STREAM:
-                await self._stream_body(message)
+                scanner = self.scanner
+                if message.get("more_body", False) and (
+                    scanner is None
+                    or (self.held is None and scanner.quiet(message.get("body", b"")))
+                ):
+                    await self.send_(message)  # a chunk with nothing to act on, as sent
+                else:
+                    await self._stream_body(message)
             else:
                 await self.send_(message)
         elif kind == "http.response.start":

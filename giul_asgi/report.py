@@ -315,13 +315,8 @@ class SSEScanner:
     def feed(self, chunk: bytes) -> list[tuple[bytes, Any]]:
         """Complete events in ``chunk`` (with what came before), each with its parsed data
         when that data was a JSON object carrying ``usage``, else None."""
-        if self.broken or not chunk:
+        if self.quiet(chunk):
             return []
-        if (
-            not self._partial and chunk.endswith(b"\n\n")
-            and b'"usage"' not in chunk and b"[DONE]" not in chunk
-        ):
-            return []  # whole events, none that we act on: the common chunk, at no cost
         data = self._partial + chunk if self._partial else chunk
         events: list[tuple[bytes, Any]] = []
         pos = 0
@@ -334,6 +329,14 @@ class SSEScanner:
             self.broken = True  # not a well-formed event stream: stop looking, keep sending
             self._partial = b""
         return events
+
+    def quiet(self, chunk: bytes) -> bool:
+        """Whether ``chunk`` holds nothing to act on: whole events, no usage, no [DONE]
+        (the common chunk, let through at the cost of three byte searches)."""
+        return self.broken or not chunk or (
+            not self._partial and chunk.endswith(b"\n\n")
+            and b'"usage"' not in chunk and b"[DONE]" not in chunk
+        )
 
     @property
     def at_boundary(self) -> bool:

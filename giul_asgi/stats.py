@@ -113,7 +113,8 @@ class EnergyStats:
         self.max_waiting = max_waiting
         self._lock = threading.Lock()
         self._buckets: dict[tuple[str, str, str], Bucket] = {}
-        self.recent: deque[Record] = deque(maxlen=recent)
+        # Records, or (route, status, outcome, meter) to build one from when read.
+        self._recent: deque[Record | tuple[str, int | None, str, Meter]] = deque(maxlen=recent)
         # Meters waiting for their windows to settle, one queue per ledger: a ledger settles
         # its windows in the order they closed, so each queue is counted from its front.
         self._waiting: dict[int, deque[tuple[str, int | None, str, Meter]]] = {}
@@ -124,9 +125,10 @@ class EnergyStats:
     ) -> None:
         """Count one request, from its settled figure."""
         with self._lock:
-            self._add(route, figure.node, figure.tier, figure.method, figure.joules,
-                      figure.tokens, figure.seconds, outcome)
-            self.recent.append(Record(route, status, outcome, figure))
+            key = (route, figure.node or "<none>", figure.tier or "<none>")
+            bucket = self._buckets.get(key) or self._bucket(key)
+            bucket.add(figure.method, figure.joules, figure.tokens, figure.seconds, outcome)
+            self._recent.append(Record(route, status, outcome, figure))
 
     def defer(self, route: str, status: int | None, outcome: str, meter: Meter) -> None:
         """Count one request once its (closed) meter's figure settles."""
@@ -146,32 +148,36 @@ class EnergyStats:
             self._since_fold = 0
             queues = list(self._waiting.values())
             waiting = sum(map(len, queues))
+            recent, buckets = self._recent, self._buckets
             for queue in queues:
                 while queue:
-                    route, status, outcome, meter = queue[0]
+                    item = queue[0]
+                    meter = item[3]
                     if not (everything or meter.settled_now or waiting > self.max_waiting):
                         break
                     queue.popleft()
                     waiting -= 1
                     node, tier, method, joules, tokens, seconds = meter.tally()
-                    self._add(route, node, tier, method, joules, tokens, seconds, outcome)
-                    self.recent.append(Record(route, status, outcome, meter))
+                    key = (item[0], node or "<none>", tier or "<none>")
+                    bucket = buckets.get(key) or self._bucket(key)
+                    bucket.add(method, joules, tokens, seconds, item[2])
+                    recent.append(item)  # its Record is built only if someone reads it
 
-    def _add(
-        self, route: str, node: str | None, tier: str | None, method: str,
-        joules: float | None, tokens: int | None, seconds: float, outcome: str,
-    ) -> None:
-        key = (route, node or "<none>", tier or "<none>")
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            if len(self._buckets) >= self.max_keys:
-                key = (OTHER, OTHER, OTHER)
-            bucket = self._buckets.setdefault(key, Bucket())
-        bucket.add(method, joules, tokens, seconds, outcome)
+    def _bucket(self, key: tuple[str, str, str]) -> Bucket:
+        if len(self._buckets) >= self.max_keys:
+            key = (OTHER, OTHER, OTHER)
+        return self._buckets.setdefault(key, Bucket())
+
+    @property
+    def recent(self) -> list[Record]:
+        """The latest requests counted, oldest first (at most ``recent`` of them)."""
+        self.fold()
+        with self._lock:
+            items = list(self._recent)
+        return [item if isinstance(item, Record) else Record(*item) for item in items]
 
     def __iter__(self) -> Iterator[Record]:
-        self.fold()
-        return iter(list(self.recent))
+        return iter(self.recent)
 
     def snapshot(self) -> dict[str, Any]:
         """Totals, and the same figures by route, by node and by tier."""
