@@ -71,6 +71,29 @@ def test_same_node_from_several_event_loops_in_turn() -> None:
     assert all(t is not None and t.done() for t in tasks)  # ...and none left running
 
 
+def test_a_loop_left_without_cancelling_its_tasks_does_not_keep_the_reader() -> None:
+    """A loop closed by hand (its reader task never cancelled) must not leave the ledger
+    thinking its reader runs: the next loop in the same thread starts its own."""
+    card = real_time_card()
+    node = sim_node("abandoned", card)
+    ledgers = Ledgers()
+    ledger = ledgers.get(node)
+
+    first = asyncio.new_event_loop()
+    first.run_until_complete(metered_request(node, ledgers, card, 100.0))
+    first_task = ledger._task
+    assert first_task is not None and not first_task.done()  # left pending, as by hand
+
+    async def main() -> Energy:
+        m = await metered_request(node, ledgers, card, 100.0)
+        return await m.settled(timeout=1.0)
+
+    energy = asyncio.run(main())
+    assert ledger._task is not first_task
+    assert energy.settled and energy.joules is not None
+    first.close()
+
+
 def test_trio_after_asyncio_on_the_same_ledger() -> None:
     card = real_time_card()
     node = sim_node("mixed", card)
