@@ -235,7 +235,7 @@ def energy_json(energy: Energy | Figure) -> bytes:
 
 def usage_tokens(usage: Any, kind: str = "output") -> int | None:
     """The token count of ``kind`` in an OpenAI-style ``usage`` object, or None."""
-    if not isinstance(usage, Mapping):
+    if type(usage) is not dict and not isinstance(usage, Mapping):  # dict: skip the ABC check
         return None
     for key in TOKEN_KEYS.get(kind, ()):
         value = usage.get(key)
@@ -250,7 +250,7 @@ def usage_tokens(usage: Any, kind: str = "output") -> int | None:
 
 def find_usage(obj: Any) -> Any:
     """``usage`` at the top of a body, or inside a Responses API ``response`` object."""
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):  # dict: skip the ABC check
         return None
     usage = obj.get("usage")
     if usage is None and isinstance(obj.get("response"), Mapping):
