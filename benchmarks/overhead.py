@@ -103,20 +103,35 @@ uvicorn.run(build({variant!r}), host="127.0.0.1", port={port}, log_level="error"
 """
 
 
-def wrk_rps(url: str, seconds: int, connections: int) -> float:
+def wrk_rps(url: str, seconds: int, connections: int) -> tuple[float, int]:
+    """(requests/s, requests served) from one wrk run."""
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", url],
         capture_output=True, text=True, check=True,
     ).stdout
-    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if not match:
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    count = re.search(r"(\d+) requests in", out)
+    if not rate or not count:
         raise RuntimeError(f"wrk said: {out}")
-    return float(match.group(1))
+    return float(rate.group(1)), int(count.group(1))
 
 
-def through_uvicorn(repeats: int, seconds: int) -> dict[str, dict[str, list[float]]]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU the server process has used (Linux /proc), or nan elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def through_uvicorn(
+    repeats: int, seconds: int
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
+    """Requests/s, and server CPU microseconds per request, per kind and variant."""
     bench = str(Path(__file__).parent)
     results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
+    cpu: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
     servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
         for v in VARIANTS:
@@ -131,9 +146,12 @@ def through_uvicorn(repeats: int, seconds: int) -> dict[str, dict[str, list[floa
             wrk_rps(f"http://127.0.0.1:{port}/v1/chat/completions", 1, 16)  # warm
         for _ in range(repeats):
             for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream")):
-                for v, (_proc, port) in servers.items():
-                    rps = wrk_rps(f"http://127.0.0.1:{port}{path}", seconds, 16)
+                for v, (proc, port) in servers.items():
+                    before = cpu_seconds(proc.pid)
+                    rps, served = wrk_rps(f"http://127.0.0.1:{port}{path}", seconds, 16)
+                    used = cpu_seconds(proc.pid) - before
                     results[kind].setdefault(v, []).append(rps)
+                    cpu[kind].setdefault(v, []).append(used / max(served, 1) * 1e6)
     finally:
         for proc, _port in servers.values():
             proc.send_signal(signal.SIGINT)
@@ -142,7 +160,7 @@ def through_uvicorn(repeats: int, seconds: int) -> dict[str, dict[str, list[floa
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    return results
+    return results, cpu
 
 
 def _wait_port(port: int) -> None:
@@ -194,19 +212,23 @@ def main() -> None:
     if shutil.which("wrk") is None:
         print("\n(b) skipped: wrk is not installed (apt-get install wrk)")
         return
-    seconds = 2 if args.quick else 4
-    server_repeats = 2 if args.quick else 3
+    seconds = 2 if args.quick else 3
+    server_repeats = 2 if args.quick else 5
     print(f"\n## (b) through uvicorn (httptools, uvloop) on 127.0.0.1, wrk -t1 -c16 "
           f"{seconds}s, median of {server_repeats} interleaved repeats\n")
-    rps = through_uvicorn(server_repeats, seconds)
-    print("| variant | JSON req/s | JSON vs bare | stream req/s | stream vs bare |")
-    print("|---|---:|---:|---:|---:|")
+    rps, cpu = through_uvicorn(server_repeats, seconds)
+    print("Ratios are medians of the per-repeat ratios to the bare app measured next to it; "
+          "CPU is the server process's user + system time per request served.\n")
+    print("| variant | JSON req/s | JSON vs bare | JSON server CPU us | stream req/s "
+          "| stream vs bare | stream server CPU us |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for v in VARIANTS:
-        j = statistics.median(rps["json"][v])
-        s = statistics.median(rps["stream"][v])
-        jb = statistics.median(rps["json"]["bare"])
-        sb = statistics.median(rps["stream"]["bare"])
-        print(f"| {v} | {j:.0f} | {j / jb:.2f} | {s:.0f} | {s / sb:.2f} |")
+        row = [v]
+        for kind in ("json", "stream"):
+            ratios = [x / b for x, b in zip(rps[kind][v], rps[kind]["bare"], strict=True)]
+            row += [f"{statistics.median(rps[kind][v]):.0f}", f"{statistics.median(ratios):.2f}",
+                    f"{statistics.median(cpu[kind][v]):.0f}"]
+        print("| " + " | ".join(row) + " |")
     print("\nTarget: giul-asgi keeps >= 0.90 of the bare app's JSON requests/s.")
     print("Reference rows: passthrough wraps send and nothing more; static-headers adds eleven "
           "fixed headers; floor adds our output (eleven per-request headers, the block) "
