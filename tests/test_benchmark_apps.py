@@ -1,0 +1,57 @@
+"""The overhead benchmark compares like with like: every stack serves the same answers.
+
+Peers that need the bench extra (starlette-exporter, OpenTelemetry) are skipped when it is
+not installed; the rest run here, so a benchmark row never times a broken stack.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+from _apps import PAYLOAD, VARIANTS, build
+
+pytestmark = pytest.mark.anyio
+
+NEEDS = {"starlette-exporter": "starlette_exporter", "opentelemetry": "opentelemetry.sdk"}
+ENERGY_HEADERS = {
+    "x-energy-joules", "x-energy-method", "x-energy-backend", "x-energy-source",
+    "x-energy-node", "x-energy-tier", "x-energy-seconds", "x-energy-tokens",
+    "x-energy-joules-per-token", "x-energy-uncertainty", "x-energy-settled",
+}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_every_stack_serves_the_same_answers(variant: str) -> None:
+    if variant in NEEDS and not _installed(NEEDS[variant]):
+        pytest.skip(f"{variant} needs the bench extra")
+    app = build(variant)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b") as c:
+        answer = await c.get("/v1/chat/completions")
+        stream = await c.get("/v1/stream")
+    assert answer.status_code == 200 and stream.status_code == 200
+    body = answer.json()
+    energy = body.pop("energy", None)
+    assert body == json.loads(json.dumps(PAYLOAD))
+    assert int(answer.headers["content-length"]) == len(answer.content)
+    assert stream.text.count("data: ") >= 9 and "data: [DONE]" in stream.text
+
+    writes_energy = variant in ("floor", "giul-asgi", "giul-asgi-headers")
+    assert (set(answer.headers) >= ENERGY_HEADERS) is writes_energy
+    assert (energy is not None) is (variant in ("floor", "giul-asgi"))
+    if energy is not None:
+        assert energy["tokens"] == PAYLOAD["usage"]["completion_tokens"]  # type: ignore[index]
+        assert answer.headers["x-energy-tokens"] == "48"
