@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _apps import chat, stream
-from overhead import _wait_port, cpu_seconds, free_port, run_requests, wrk_rps
+from overhead import measure, run_requests, start_servers, stop
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
@@ -119,36 +118,27 @@ def in_process(variants: dict[str, str | None], extra: Path, rounds: int, repeat
 
 def through_uvicorn(variants: dict[str, str | None], extra: Path, repeats: int, seconds: int,
                     ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+    """JSON requests/s as a ratio to the bare app's, and server CPU us per request; fresh
+    server processes every repeat, as in ``overhead.py``."""
+    code_for = {
+        label: SERVER.format(bench=str(Path(__file__).parent), extra=str(extra), package=pkg,
+                             port="{port}")
+        for label, pkg in variants.items()
+    }
     ratios: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
-    try:
-        for label, pkg in variants.items():
-            port = free_port()
-            code = SERVER.format(bench=str(Path(__file__).parent), extra=str(extra),
-                                 package=pkg, port=port)
-            servers[label] = (subprocess.Popen([sys.executable, "-c", code],
-                                               env={**os.environ, "PYTHONPATH": str(ROOT)}), port)
-        for _proc, port in servers.values():
-            _wait_port(port)
-            wrk_rps(f"http://127.0.0.1:{port}/v1/chat/completions", 1, 16)
-        for _ in range(repeats):
+    for _ in range(repeats):
+        servers = start_servers(code_for)
+        try:
             rps: dict[str, float] = {}
             for label, (proc, port) in servers.items():
-                before = cpu_seconds(proc.pid)
-                rps[label], served = wrk_rps(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                             seconds, 16)
-                cpu.setdefault(label, []).append((cpu_seconds(proc.pid) - before) / served * 1e6)
-            for label, value in rps.items():
-                ratios.setdefault(label, []).append(value / rps["bare"])
-    finally:
-        for proc, _port in servers.values():
-            proc.send_signal(signal.SIGINT)
-        for proc, _port in servers.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                rps[label], us = measure(proc, f"http://127.0.0.1:{port}/v1/chat/completions",
+                                         seconds)
+                cpu.setdefault(label, []).append(us)
+        finally:
+            stop(proc for proc, _port in servers.values())
+        for label, value in rps.items():
+            ratios.setdefault(label, []).append(value / rps["bare"])
     return ratios, cpu
 
 

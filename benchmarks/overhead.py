@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -125,42 +126,69 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def through_uvicorn(
-    repeats: int, seconds: int
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
-    """Requests/s, and server CPU microseconds per request, per kind and variant."""
-    bench = str(Path(__file__).parent)
-    results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
-    cpu: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
+def start_servers(code_for: dict[str, str]) -> dict[str, tuple[subprocess.Popen[bytes], int]]:
+    """One uvicorn process per label (``code_for[label]`` formatted with its port), warmed."""
     servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
-        for v in VARIANTS:
+        for label, code in code_for.items():
             port = free_port()
             proc = subprocess.Popen(
-                [sys.executable, "-c", SERVER.format(bench=bench, variant=v, port=port)],
+                [sys.executable, "-c", code.format(port=port)],
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
             )
-            servers[v] = (proc, port)
+            servers[label] = (proc, port)
         for _proc, port in servers.values():
             _wait_port(port)
             wrk_rps(f"http://127.0.0.1:{port}/v1/chat/completions", 1, 16)  # warm
-        for _ in range(repeats):
+    except BaseException:
+        stop(proc for proc, _port in servers.values())
+        raise
+    return servers
+
+
+def measure(proc: subprocess.Popen[bytes], url: str, seconds: int) -> tuple[float, float]:
+    """(requests/s, server CPU microseconds per request) for one wrk run against ``url``."""
+    before = cpu_seconds(proc.pid)
+    rps, served = wrk_rps(url, seconds, 16)
+    return rps, (cpu_seconds(proc.pid) - before) / max(served, 1) * 1e6
+
+
+def through_uvicorn(
+    repeats: int, seconds: int
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
+    """Requests/s, and server CPU microseconds per request, per kind and variant.
+
+    Every repeat starts fresh server processes: a process can run 20% fast or slow for its
+    whole life on these VMs (where it lands in memory and on the cores), so one process per
+    variant for all repeats would bake that luck into the medians.
+    """
+    bench = str(Path(__file__).parent)
+    code_for = {v: SERVER.format(bench=bench, variant=v, port="{port}") for v in VARIANTS}
+    results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
+    cpu: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
+    for _ in range(repeats):
+        servers = start_servers(code_for)
+        try:
             for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream")):
                 for v, (proc, port) in servers.items():
-                    before = cpu_seconds(proc.pid)
-                    rps, served = wrk_rps(f"http://127.0.0.1:{port}{path}", seconds, 16)
-                    used = cpu_seconds(proc.pid) - before
+                    rps, us = measure(proc, f"http://127.0.0.1:{port}{path}", seconds)
                     results[kind].setdefault(v, []).append(rps)
-                    cpu[kind].setdefault(v, []).append(used / max(served, 1) * 1e6)
-    finally:
-        for proc, _port in servers.values():
-            proc.send_signal(signal.SIGINT)
-        for proc, _port in servers.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                    cpu[kind].setdefault(v, []).append(us)
+        finally:
+            stop(proc for proc, _port in servers.values())
     return results, cpu
+
+
+def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """Stop servers as a terminal would (SIGINT), all at once; kill what will not stop."""
+    procs = list(procs)
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _wait_port(port: int) -> None:
@@ -213,7 +241,7 @@ def main() -> None:
         print("\n(b) skipped: wrk is not installed (apt-get install wrk)")
         return
     seconds = 2 if args.quick else 3
-    server_repeats = 2 if args.quick else 5
+    server_repeats = 2 if args.quick else 7
     print(f"\n## (b) through uvicorn (httptools, uvloop) on 127.0.0.1, wrk -t1 -c16 "
           f"{seconds}s, median of {server_repeats} interleaved repeats\n")
     rps, cpu = through_uvicorn(server_repeats, seconds)

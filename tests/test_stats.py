@@ -11,6 +11,14 @@ from giul_asgi.readers import SimulatedCard, VirtualClock
 TIER = Tier("8b", 300.0)
 
 
+@pytest.fixture
+def busy(sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock) -> Ledger:
+    """The ledger of a card busy at 150 W above idle, whose power it already knows."""
+    card.start_job(150.0)
+    tick(sim_ledger, clock, 0.5)
+    return sim_ledger
+
+
 def closed_meter(ledger: Ledger | None, clock: VirtualClock, route: str = "/v1/chat") -> Meter:
     meter = Meter(ledger, TIER, route=route)
     meter.open()
@@ -21,18 +29,16 @@ def closed_meter(ledger: Ledger | None, clock: VirtualClock, route: str = "/v1/c
 
 
 def test_a_deferred_request_is_counted_once_settled_with_its_settled_figure(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
+    busy: Ledger, clock: VirtualClock
 ) -> None:
-    card.start_job(200.0)
-    tick(sim_ledger, clock, 0.5)
     stats = EnergyStats()
-    meter = closed_meter(sim_ledger, clock)
+    meter = closed_meter(busy, clock)
     stats.defer("/v1/chat", 200, "ok", meter)
     assert not meter.settled_now
     assert stats.snapshot()["total"]["requests"] == 0  # not yet: its figure may still move
     assert list(stats) == []
 
-    tick(sim_ledger, clock, 0.3)
+    tick(busy, clock, 0.3)
     assert meter.settled_now
     snap = stats.snapshot()
     assert snap["total"]["requests"] == 1
@@ -46,20 +52,18 @@ def test_a_deferred_request_is_counted_once_settled_with_its_settled_figure(
 
 
 def test_statistics_add_up_what_the_figures_say(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
+    busy: Ledger, clock: VirtualClock
 ) -> None:
     """The bucket sums come from ``Meter.tally``; the ring from ``Meter.figure``: both go
     through the same grading, so the books agree with what the clients were told."""
     stats = EnergyStats(batch=7)
     meters = []
-    card.start_job(150.0)
-    tick(sim_ledger, clock, 0.5)
     for i in range(40):
-        meter = closed_meter(sim_ledger, clock, route=f"/r{i % 3}")
+        meter = closed_meter(busy, clock, route=f"/r{i % 3}")
         stats.defer(meter.route or "", 200, "ok", meter)
         meters.append(meter)
-        tick(sim_ledger, clock, 0.01)
-    tick(sim_ledger, clock, 0.5)
+        tick(busy, clock, 0.01)
+    tick(busy, clock, 0.5)
     no_node = closed_meter(None, clock, route="/r0")  # no reader: a labelled estimate
     stats.defer("/r0", 200, "ok", no_node)
     meters.append(no_node)
@@ -77,13 +81,11 @@ def test_statistics_add_up_what_the_figures_say(
 
 
 def test_a_ledger_that_stops_reading_cannot_grow_the_queue_without_bound(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
+    busy: Ledger, clock: VirtualClock
 ) -> None:
-    card.start_job(100.0)
-    tick(sim_ledger, clock, 0.5)
     stats = EnergyStats(batch=10, max_waiting=50)
     for _ in range(200):  # no reading from here on: nothing settles
-        stats.defer("/x", 200, "ok", closed_meter(sim_ledger, clock))
+        stats.defer("/x", 200, "ok", closed_meter(busy, clock))
     assert sum(map(len, stats._waiting.values())) <= 50 + 10
     stats.fold()
     assert stats.snapshot()["total"]["requests"] >= 150
@@ -92,21 +94,19 @@ def test_a_ledger_that_stops_reading_cannot_grow_the_queue_without_bound(
 
 
 def test_fold_everything_counts_what_is_left_at_shutdown(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
+    busy: Ledger, clock: VirtualClock
 ) -> None:
-    card.start_job(100.0)
-    tick(sim_ledger, clock, 0.5)
     stats = EnergyStats()
-    stats.defer("/x", 200, "ok", closed_meter(sim_ledger, clock))
-    stats.defer("/x", None, "disconnect", closed_meter(sim_ledger, clock))
-    sim_ledger.force_settle()
+    stats.defer("/x", 200, "ok", closed_meter(busy, clock))
+    stats.defer("/x", None, "disconnect", closed_meter(busy, clock))
+    busy.force_settle()
     stats.fold(everything=True)
     snap = stats.snapshot()
     assert snap["total"]["requests"] == 2
     assert snap["total"]["outcomes"] == {"ok": 1, "disconnect": 1}
 
 
-def test_label_sets_stay_bounded(sim_ledger: Ledger, clock: VirtualClock) -> None:
+def test_label_sets_stay_bounded(clock: VirtualClock) -> None:
     stats = EnergyStats(max_keys=3, recent=5)
     for i in range(20):
         stats.defer(f"/r{i}", 200, "ok", closed_meter(None, clock, route=f"/r{i}"))
