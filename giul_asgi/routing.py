@@ -105,6 +105,7 @@ class Router:
         return self.match_path(scope.get("path", ""))
 
     def match_path(self, path: str) -> Target:
+        """The target for ``path`` by the route patterns alone (cached, bounded)."""
         target = self._cache.get(path)
         if target is not None:
             return target
