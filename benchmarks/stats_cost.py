@@ -1,0 +1,80 @@
+"""What the statistics cost a JSON request, and how much of it is holding meters until they settle.
+
+Three middleware stacks around the same app, timed in turn in one process against the bare
+app: the statistics as shipped (each meter held until its window settles, then counted);
+a probe that counts each request at once from its provisional figure and keeps nothing
+(not a valid design: a figure must settle before it is counted; it only prices holding);
+and no statistics at all.
+
+    python benchmarks/stats_cost.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _apps import chat, sim_node
+from overhead import run_requests
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from giul_asgi import EnergyMiddleware, EnergyStats, Ledgers, Meter, Tier
+
+
+class CountAtOnce(EnergyStats):
+    """The probe: counts at the end of the request, from the provisional figure."""
+
+    def defer(self, route: str, status: int | None, outcome: str, meter: Meter) -> None:
+        node, tier, method, joules, tokens, seconds = meter.tally()
+        key = (route, node or "<none>", tier or "<none>")
+        (self._buckets.get(key) or self._bucket(key)).add(method, joules, tokens, seconds, outcome)
+
+
+class NoStatistics(EnergyStats):
+    def defer(self, route: str, status: int | None, outcome: str, meter: Meter) -> None:
+        return None
+
+
+def app(stats: EnergyStats | None) -> Starlette:
+    middleware = [] if stats is None else [Middleware(
+        EnergyMiddleware, nodes=[sim_node()], tiers=[Tier("8b", 300.0)], ledgers=Ledgers(),
+        stats=stats,
+    )]
+    return Starlette(routes=[Route("/v1/chat/completions", chat)], middleware=middleware)
+
+
+async def main() -> None:
+    path = "/v1/chat/completions"
+    bare = app(None)
+    stacks: dict[str, Any] = {
+        "statistics as shipped (held until settled)": app(EnergyStats()),
+        "probe: counted at once, nothing held": app(CountAtOnce()),
+        "no statistics": app(NoStatistics()),
+    }
+    for stack in (bare, *stacks.values()):
+        await run_requests(stack, path, 1000)
+    added: dict[str, list[float]] = {label: [] for label in stacks}
+    for _ in range(9):
+        for label, stack in stacks.items():
+            ours = await run_requests(stack, path, 2000)
+            base = await run_requests(bare, path, 2000)
+            added[label].append((ours - base) * 1e6)
+    print(f"# stats_cost: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}\n")
+    print("| stack | added us per JSON request (median of 9) | fastest repeat |")
+    print("|---|---:|---:|")
+    for label, values in added.items():
+        print(f"| {label} | {statistics.median(values):.1f} | {min(values):.1f} |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
