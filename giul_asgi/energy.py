@@ -126,7 +126,7 @@ class Figure(NamedTuple):
     """
 
     joules: float | None
-    method: str
+    method: Method
     backend: str
     source: str
     node: str | None

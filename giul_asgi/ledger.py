@@ -497,16 +497,18 @@ class Ledger:
             return []
         interval.done = True
         members = interval.members
-        weights = [w.weight for w, _ in members]
         rule = self.split.name
-        if any(wt is None or wt <= 0 for wt in weights):
+        weights = [w.weight for w, _ in members if w.weight is not None and w.weight > 0]
+        if len(weights) != len(members):  # a weight is unknown: split this interval by time
             weights = [1.0] * len(members)
             rule = "time"
-        total = sum(wt * o for wt, (_, o) in zip(weights, members, strict=True))  # type: ignore[operator]
+        total = 0.0
+        for wt, (_, o) in zip(weights, members, strict=True):
+            total += wt * o
         span = interval.t1 - interval.t0
         settled: list[Window] = []
         for wt, (window, overlap) in zip(weights, members, strict=True):
-            share = interval.above * (wt * overlap / total)  # type: ignore[operator]
+            share = interval.above * (wt * overlap / total)
             window.share += share
             window.power_j += interval.power * overlap
             window.measured_s += overlap

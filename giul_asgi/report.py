@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +25,7 @@ TOKEN_KEYS: dict[str, tuple[str, ...]] = {
     "input": ("prompt_tokens", "input_tokens"),
     "total": ("total_tokens",),
 }
+_fast_loads: Callable[[bytes], Any] | None
 try:
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - depends on the install
