@@ -25,11 +25,15 @@ TOKEN_KEYS: dict[str, tuple[str, ...]] = {
     "input": ("prompt_tokens", "input_tokens"),
     "total": ("total_tokens",),
 }
-_fast_loads: Callable[[bytes], Any] | None
-try:
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - depends on the install
-    _fast_loads = None
+def _orjson_loads() -> Callable[[bytes], Any] | None:
+    try:
+        from orjson import loads
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+    return loads
+
+
+_fast_loads = _orjson_loads()
 
 _UNSAFE = re.compile(r"[^\x21-\x7e ]")
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
