@@ -38,7 +38,7 @@ from .report import (
     stream_start_headers,
     usage_tokens,
 )
-from .routing import Decider, PathSet, Router, Target, route_template
+from .routing import Decider, PathSet, Router, route_template
 from .stats import EnergyStats
 
 Scope = MutableMapping[str, Any]
@@ -55,8 +55,6 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _NO_BODY_STATUS = frozenset({204, 205, 304})
 _HELD, _STREAM, _DONE = 0, 1, 2
-_PATH_CACHE = 4096
-_UNSEEN: Any = object()
 
 
 class EnergyMiddleware:
@@ -119,7 +117,6 @@ class EnergyMiddleware:
         self.token_kind = token_kind
         self.settle_timeout = settle_timeout
         self._catalog = self.router.catalog()
-        self._paths: dict[str, Target | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -128,15 +125,10 @@ class EnergyMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        target = self._paths.get(path, _UNSEEN)
-        if target is _UNSEEN:
-            target = self._resolve_path(path)
-        if target is None:  # excluded: the energy endpoint, metrics, health checks
+        if scope["path"] in self.exclude:  # the energy endpoint, metrics, health checks
             await self.app(scope, receive, send)
             return
-        if self.router.decide is not None:
-            target = self.router.match(scope)
+        target = self.router.match(scope)
         node = target.node
         meter = Meter(
             self.ledgers.get(node) if node is not None else None, target.tier,
@@ -164,13 +156,6 @@ class EnergyMiddleware:
             # The app started a response and returned without a body: finish it empty.
             await exchange._finish_single(b"")
         exchange.returned()
-
-    def _resolve_path(self, path: str) -> Target | None:
-        """Whether ``path`` is metered and where it goes, decided once per path (bounded)."""
-        target = None if path in self.exclude else self.router.match_path(path)
-        if len(self._paths) < _PATH_CACHE:
-            self._paths[path] = target
-        return target
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -96,15 +96,15 @@ class Router:
             decided = self.decide(scope)
             if decided is not None:
                 node, tier = decided
-                base = self.match_path(scope.get("path", ""))
+                base = self._match_path(scope.get("path", ""))
                 return Target(
                     self._node(node) if node is not None else base.node,
                     self._tier(tier) if tier is not None else base.tier,
                     base.label,
                 )
-        return self.match_path(scope.get("path", ""))
+        return self._match_path(scope.get("path", ""))
 
-    def match_path(self, path: str) -> Target:
+    def _match_path(self, path: str) -> Target:
         """The target for ``path`` by the route patterns alone (cached, bounded)."""
         target = self._cache.get(path)
         if target is not None:
@@ -147,12 +147,20 @@ class PathSet:
             if wild else None
         )
 
+        # Every request asks; a pattern is tried once per path (bounded, as the router's).
+        self._seen: dict[str, bool] = {}
+
     def __contains__(self, path: object) -> bool:
         if path in self._exact:
             return True
-        return self._regex is not None and isinstance(path, str) and (
-            self._regex.match(path) is not None
-        )
+        if self._regex is None or not isinstance(path, str):
+            return False
+        found = self._seen.get(path)
+        if found is None:
+            found = self._regex.match(path) is not None
+            if len(self._seen) < _CACHE_SIZE:
+                self._seen[path] = found
+        return found
 
 
 def _is_pattern(text: str) -> bool:
