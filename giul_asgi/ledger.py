@@ -83,7 +83,7 @@ class Window:
 
     A plain class whose defaults live on the class, not a dataclass: one is built per
     request, and its constructor sets only the four fields every window has. Lists are
-    created only when a request uses them (marks, intervals awaiting weights, callbacks).
+    created only when a request uses them (marks, intervals awaiting weights).
     """
 
     t_close: float | None = None
@@ -106,7 +106,6 @@ class Window:
     rules: str | None = None  # the split rules used when shared: "time", "tokens"
     error: str | None = None
     abandoned = False
-    callbacks: list[Callable[[Window], None]] | None = None
     event: Any = None
 
     def __init__(
@@ -129,11 +128,6 @@ class Window:
         if span <= 0:
             return 1.0
         return (self.busy_close - self.busy_open) / span
-
-    def add_callback(self, callback: Callable[[Window], None]) -> None:
-        if self.callbacks is None:
-            self.callbacks = []
-        self.callbacks.append(callback)
 
 
 @dataclass(eq=False, slots=True)
@@ -555,13 +549,8 @@ class Ledger:
 
     def _fire(self, windows: list[Window]) -> None:
         for window in windows:
-            if window.event is not None:
+            if window.event is not None:  # someone awaits it: Meter.settled()
                 window.event.set()
-            for callback in window.callbacks or ():
-                try:
-                    callback(window)
-                except Exception:  # a stats sink must never break the ledger
-                    log.exception("settle callback failed")
 
     def force_settle(self) -> None:
         """Settle every closed window now (shutdown): pending intervals split by time, and

@@ -175,14 +175,6 @@ class Meter:
             )
         return found
 
-    def on_settled(self, callback: Callable[[Meter], None]) -> None:
-        """Call ``callback(meter)`` once the window's figure is settled (maybe right away)."""
-        window = self._window
-        if window is None or window.settled or self.ledger is None:
-            callback(self)
-            return
-        window.add_callback(lambda _w: callback(self))
-
     # -- the sync form ------------------------------------------------------------------------
     def sync(self) -> Meter:
         """This meter as a sync context manager, for local work outside an event loop."""
