@@ -212,14 +212,10 @@ class Meter:
 
     def figure(self, tokens: int | None = None) -> Figure:
         """:meth:`result` as a :class:`Figure`: the same fields, cheaper to build."""
-        window = self._window
-        if window is None or window.t_close is None:
-            raise RuntimeError("result() before the window closed: leave `async with` first")
+        window = self._closed_window()
         if tokens is not None:
             self.tokens(tokens)
-        tier = self.tier
-        name = tier.name if tier is not None else None
-        hint = tier.joules_per_1k_hint if tier is not None else 0.0
+        name, hint = self._tier_parts()
         if self.ledger is None:
             return grade_figure(
                 None, provenance=_NO_READER, seconds=window.seconds, tier=name,
@@ -237,21 +233,26 @@ class Meter:
     def tally(self) -> tuple[str | None, str | None, str, float | None, int | None, float]:
         """``(node, tier, method, joules, tokens, seconds)`` of :meth:`figure`, without
         building it: what the statistics add up, by the same rules (``classify``)."""
-        window = self._window
-        if window is None or window.t_close is None:
-            raise RuntimeError("tally() before the window closed")
-        tier = self.tier
-        hint = tier.joules_per_1k_hint if tier is not None else 0.0
+        window = self._closed_window()
+        name, hint = self._tier_parts()
         ledger = self.ledger
         if ledger is None:
             share, provenance = None, _NO_READER
         else:
             share, provenance = ledger.share_now(window), ledger.provenance
         joules, method, _ = classify(share, provenance, self._tokens, hint)
-        return (
-            self.node, tier.name if tier is not None else None, method, joules, self._tokens,
-            window.seconds,
-        )
+        return self.node, name, method, joules, self._tokens, window.seconds
+
+    def _closed_window(self) -> Window:
+        window = self._window
+        if window is None or window.t_close is None:
+            raise RuntimeError("result() before the window closed: leave `async with` first")
+        return window
+
+    def _tier_parts(self) -> tuple[str | None, float]:
+        """The tier's name and its joules-per-1k-tokens hint (0: no estimate)."""
+        tier = self.tier
+        return (tier.name, tier.joules_per_1k_hint) if tier is not None else (None, 0.0)
 
     async def settled(self, timeout: float | None = None) -> Energy:
         """Wait (at most ``timeout`` seconds) for the next reading, then the figure."""
