@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,8 +17,7 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route as StarletteRoute
 
-from giul_asgi import EnergyMiddleware, Ledgers, Node, Tier
-from giul_asgi.readers import SimulatedCard, SimulatedReader
+from giul_asgi import Node
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 48, "total_tokens": 60}
 PAYLOAD = {
@@ -146,10 +146,31 @@ class Floor(Passthrough):
         await self.app(scope, receive, wrapped)
 
 
-def sim_node() -> Node:
-    card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
-    card.start_job(150.0)  # the card is busy, so every figure is a real (simulated) share
-    return Node("sim", idle_w=70.0, reader_factory=lambda _n: SimulatedReader(card))
+def sim_node(package: str = "giul_asgi") -> Node:
+    """A busy simulated card, so every figure is a real (simulated) share; built from
+    ``package``, which ``compare.py`` points at an earlier commit's copy of ours."""
+    pkg = importlib.import_module(package)
+    readers = importlib.import_module(f"{package}.readers")
+    card = readers.SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
+    card.start_job(150.0)
+    node: Node = pkg.Node("sim", idle_w=70.0, reader_factory=lambda _n: readers.SimulatedReader(card))
+    return node
+
+
+def our_middleware(package: str = "giul_asgi", **options: Any) -> Middleware:
+    """Our middleware as every benchmark runs it: its ledger live on the busy card."""
+    pkg = importlib.import_module(package)
+    return Middleware(pkg.EnergyMiddleware, nodes=[sim_node(package)],
+                      tiers=[pkg.Tier("8b", 300.0)], ledgers=pkg.Ledgers(), **options)
+
+
+def bench_app(middleware: list[Middleware]) -> Starlette:
+    """The benchmark's app (a JSON chat answer and an SSE stream) behind ``middleware``."""
+    return Starlette(
+        routes=[StarletteRoute("/v1/chat/completions", chat, methods=["GET", "POST"]),
+                StarletteRoute("/v1/stream", stream)],
+        middleware=middleware,
+    )
 
 
 def build(variant: str) -> Starlette:
@@ -171,18 +192,12 @@ def build(variant: str) -> Starlette:
 
         middleware = [Middleware(OpenTelemetryMiddleware, tracer_provider=TracerProvider())]
     elif variant == "giul-asgi":
-        middleware = [Middleware(EnergyMiddleware, nodes=[sim_node()], tiers=[Tier("8b", 300.0)],
-                                 ledgers=Ledgers())]
+        middleware = [our_middleware()]
     elif variant == "giul-asgi-headers":  # the same, without the JSON energy block
-        middleware = [Middleware(EnergyMiddleware, nodes=[sim_node()], tiers=[Tier("8b", 300.0)],
-                                 ledgers=Ledgers(), inject_json=False)]
+        middleware = [our_middleware(inject_json=False)]
     elif variant != "bare":
         raise ValueError(variant)
-    return Starlette(
-        routes=[StarletteRoute("/v1/chat/completions", chat, methods=["GET", "POST"]),
-                StarletteRoute("/v1/stream", stream)],
-        middleware=middleware,
-    )
+    return bench_app(middleware)
 
 
 VARIANTS: tuple[str, ...] = (

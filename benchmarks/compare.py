@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import io
 import json
 import os
@@ -29,11 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import chat, stream
+from _apps import bench_app, our_middleware
 from overhead import measure, run_requests, start_servers, stop
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.routing import Route
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,20 +51,7 @@ def extract(rev: str, into: Path) -> str:
 def build(package: str | None) -> Starlette:
     """The overhead benchmark's app, bare or behind ``package``'s EnergyMiddleware with its
     ledger live on a busy simulated card, the energy block injected."""
-    middleware: list[Middleware] = []
-    if package is not None:
-        pkg = importlib.import_module(package)
-        readers = importlib.import_module(f"{package}.readers")
-        card = readers.SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
-        card.start_job(150.0)
-        node = pkg.Node("sim", idle_w=70.0, reader_factory=lambda _n: readers.SimulatedReader(card))
-        middleware = [Middleware(pkg.EnergyMiddleware, nodes=[node], tiers=[pkg.Tier("8b", 300.0)],
-                                 ledgers=pkg.Ledgers())]
-    return Starlette(
-        routes=[Route("/v1/chat/completions", chat, methods=["GET", "POST"]),
-                Route("/v1/stream", stream)],
-        middleware=middleware,
-    )
+    return bench_app([] if package is None else [our_middleware(package)])
 
 
 SERVER = """

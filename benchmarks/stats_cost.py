@@ -21,13 +21,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import chat, sim_node
+from _apps import bench_app, our_middleware
 from overhead import run_requests
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.routing import Route
 
-from giul_asgi import EnergyMiddleware, EnergyStats, Ledgers, Meter, Tier
+from giul_asgi import EnergyStats, Meter
 
 
 class CountAtOnce(EnergyStats):
@@ -45,11 +43,7 @@ class NoStatistics(EnergyStats):
 
 
 def app(stats: EnergyStats | None) -> Starlette:
-    middleware = [] if stats is None else [Middleware(
-        EnergyMiddleware, nodes=[sim_node()], tiers=[Tier("8b", 300.0)], ledgers=Ledgers(),
-        stats=stats,
-    )]
-    return Starlette(routes=[Route("/v1/chat/completions", chat)], middleware=middleware)
+    return bench_app([] if stats is None else [our_middleware(stats=stats)])
 
 
 async def main() -> None:
