@@ -280,12 +280,10 @@ class _Exchange:
         )
 
     async def _held_body(self, message: Message) -> None:
+        """A body in parts (``send`` finishes a single-message body itself). A JSON body of
+        announced length is gathered, within the limit; anything else becomes a stream."""
         body = message.get("body", b"")
         more = message.get("more_body", False)
-        if not more and not self.body_parts:
-            await self._finish_single(body)
-            return
-        # A JSON body of announced length may come in parts: gather it, within the limit.
         if self.content_length is not None and self._json_eligible(self.content_length):
             if self.body_parts is None:
                 self.body_parts = []
