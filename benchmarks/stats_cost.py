@@ -33,8 +33,7 @@ class CountAtOnce(EnergyStats):
 
     def defer(self, route: str, status: int | None, outcome: str, meter: Meter) -> None:
         node, tier, method, joules, tokens, seconds = meter.tally()
-        key = (route, node or "<none>", tier or "<none>")
-        (self._buckets.get(key) or self._bucket(key)).add(method, joules, tokens, seconds, outcome)
+        self._bucket(route, node, tier).add(method, joules, tokens, seconds, outcome)
 
 
 class NoStatistics(EnergyStats):

@@ -125,9 +125,9 @@ class EnergyStats:
     ) -> None:
         """Count one request, from its settled figure."""
         with self._lock:
-            key = (route, figure.node or "<none>", figure.tier or "<none>")
-            bucket = self._buckets.get(key) or self._bucket(key)
-            bucket.add(figure.method, figure.joules, figure.tokens, figure.seconds, outcome)
+            self._bucket(route, figure.node, figure.tier).add(
+                figure.method, figure.joules, figure.tokens, figure.seconds, outcome,
+            )
             self._recent.append(Record(route, status, outcome, figure))
 
     def defer(self, route: str, status: int | None, outcome: str, meter: Meter) -> None:
@@ -148,7 +148,7 @@ class EnergyStats:
             self._since_fold = 0
             queues = list(self._waiting.values())
             waiting = sum(map(len, queues))
-            recent, buckets = self._recent, self._buckets
+            recent = self._recent
             for queue in queues:
                 while queue:
                     item = queue[0]
@@ -158,15 +158,18 @@ class EnergyStats:
                     queue.popleft()
                     waiting -= 1
                     node, tier, method, joules, tokens, seconds = meter.tally()
-                    key = (item[0], node or "<none>", tier or "<none>")
-                    bucket = buckets.get(key) or self._bucket(key)
-                    bucket.add(method, joules, tokens, seconds, item[2])
+                    self._bucket(item[0], node, tier).add(method, joules, tokens, seconds, item[2])
                     recent.append(item)  # its Record is built only if someone reads it
 
-    def _bucket(self, key: tuple[str, str, str]) -> Bucket:
-        if len(self._buckets) >= self.max_keys:
-            key = (OTHER, OTHER, OTHER)
-        return self._buckets.setdefault(key, Bucket())
+    def _bucket(self, route: str, node: str | None, tier: str | None) -> Bucket:
+        """The bucket of (route, node, tier); past ``max_keys`` new keys share ``<other>``."""
+        key = (route, node or "<none>", tier or "<none>")
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= self.max_keys:
+                key = (OTHER, OTHER, OTHER)
+            bucket = self._buckets.setdefault(key, Bucket())
+        return bucket
 
     @property
     def recent(self) -> list[Record]:
