@@ -68,10 +68,7 @@ def _hnum(value: float) -> bytes:
     """:func:`number` as bytes, for a float: the common case in one C call."""
     if 0.0001 <= value < 999999.0 or -999999.0 < value <= -0.0001:
         return b"%.6g" % value  # never an exponent in this range
-    if value and value - value == 0.0:  # finite, not zero: tiny or huge, made positional
-        text = b"%.*f" % (max(0, 5 - math.floor(math.log10(abs(value)))), value)
-        return text.rstrip(b"0").rstrip(b".") if b"." in text else text
-    return number(value).encode()  # zero, inf or nan
+    return number(value).encode()  # tiny, huge, zero, inf or nan: the careful way
 
 
 _HEADERS: dict[tuple[Any, ...], tuple[tuple[bytes, bytes], ...]] = {}
