@@ -41,7 +41,12 @@ def test_header_numbers_fast_path_agrees_with_number() -> None:
         assert report._hnum(value) == number(value).encode()
 
     check()
-    for edge in (0.0001, 0.00009999999, 999998.9, 999999.0, 999999.4, 999999.6, -0.0001, -0.0):
+    check_small = given(st.floats(min_value=1e-13, max_value=2e-4))(check.hypothesis.inner_test)
+    check_small()
+    for edge in (
+        0.0001, 0.00009999999, 0.000099999996, 1e-12, 9.9999999e-13, 1e-5, 0.0000099999996,
+        999998.9, 999999.0, 999999.4, 999999.6, -0.0001, -0.0,
+    ):
         assert report._hnum(edge) == number(edge).encode()
 
 
