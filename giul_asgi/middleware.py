@@ -210,6 +210,8 @@ class _Exchange:
     ctype_json = False
     encoded = False
     content_length: int | None = None
+    #: Where the app's one Content-Length header sits in its list (-1: none, or several).
+    length_at = -1
 
     def __init__(self, mw: EnergyMiddleware, scope: Scope, meter: Meter, send: Send) -> None:
         self.mw = mw
@@ -255,7 +257,8 @@ class _Exchange:
         self.start = message
         self.status = message.get("status")
         self.app_trailers = bool(message.get("trailers", False))
-        for key, value in message.get("headers", ()):
+        lengths = 0
+        for at, (key, value) in enumerate(message.get("headers", ())):
             name = key.lower()
             if name == b"content-type":
                 ctype = value.split(b";", 1)[0].strip().lower()
@@ -264,6 +267,8 @@ class _Exchange:
             elif name == b"content-encoding":
                 self.encoded = value.strip().lower() not in (b"", b"identity")
             elif name == b"content-length":
+                lengths += 1
+                self.length_at = at if lengths == 1 else -1
                 try:
                     self.content_length = int(value)
                 except ValueError:
@@ -324,8 +329,12 @@ class _Exchange:
             spliced = splice_object(body, obj, self.mw.energy_key, energy_json(energy))
             if spliced is not None:
                 body = spliced
-                headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-                headers.append((b"content-length", str(len(body)).encode()))
+                length = (b"content-length", b"%d" % len(body))
+                if self.length_at >= 0:
+                    headers[self.length_at] = length  # in its place: the common case
+                else:
+                    headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+                    headers.append(length)
         headers += energy_headers(energy)
         self.mode = _DONE
         self.complete = True

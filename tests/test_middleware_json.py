@@ -201,6 +201,31 @@ async def test_app_sending_more_than_its_content_length_is_not_swallowed() -> No
     assert body_of(sent) == body
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"Content-Length", b"LEN"), (b"content-type", b"application/json"), (b"x-app", b"1")],
+        [(b"content-type", b"application/json"), (b"content-length", b"LEN"),
+         (b"content-length", b"LEN")],
+        [(b"content-type", b"application/json")],
+    ],
+    ids=["mixed-case, first", "twice", "absent"],
+)
+async def test_spliced_body_has_one_true_content_length(headers: list) -> None:
+    node, _ = busy_node()
+    body = json.dumps({"usage": USAGE}).encode()
+    headers = [(k, str(len(body)).encode() if v == b"LEN" else v) for k, v in headers]
+    sent = await drive(fresh(raw_app(200, headers, body), node))
+    out = body_of(sent)
+    assert json.loads(out)["energy"]["tokens"] == 40
+    lengths = [v for k, v in start_of(sent)["headers"] if k.lower() == b"content-length"]
+    assert lengths == [str(len(out)).encode()]
+    # The app's other headers are all there, in the app's order, before ours.
+    others = [h for h in start_of(sent)["headers"] if h[0].lower() != b"content-length"]
+    theirs = [h for h in headers if h[0].lower() != b"content-length"]
+    assert others[: len(theirs)] == theirs
+
+
 async def test_energy_key_and_switch_off() -> None:
     node, _ = busy_node()
     body = b'{"a": 1}'
