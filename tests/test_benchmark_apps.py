@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from _apps import PAYLOAD, VARIANTS, build
+from server_path import Server, headers_app
 
 pytestmark = pytest.mark.anyio
 
@@ -55,3 +56,19 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
     if energy is not None:
         assert energy["tokens"] == PAYLOAD["usage"]["completion_tokens"]  # type: ignore[index]
         assert answer.headers["x-energy-tokens"] == "48"
+
+
+async def test_server_path_drives_uvicorns_own_protocol() -> None:
+    """server_path.py times what uvicorn writes: whole responses, our headers among them."""
+    wire = await Server(build("giul-asgi")).answer("/v1/chat/completions")
+    head, _, body = wire.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 200 OK"
+    names = {line.split(b":", 1)[0].decode() for line in lines[1:]}
+    assert names >= ENERGY_HEADERS
+    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
+    assert length == len(body) and json.loads(body)["energy"]["tokens"] == 48
+
+    plain = await Server(headers_app(11)).answer("/")
+    assert plain.count(b"\r\nx-energy-") == 11
+    assert await Server(headers_app(0)).per_request_us("/", 3) > 0
