@@ -325,7 +325,7 @@ class Ledger:
             else:
                 window.error = getattr(self.reader, "reason", "no reader for this node")
                 window.seen_end = True
-                settled = self._try_settle(window)
+                self._try_settle(window, settled)
         if settled:
             self._fire(settled)
 
@@ -424,14 +424,15 @@ class Ledger:
             self.unattributed_j += above
             return self._settle_ended(ended)
         interval = _Interval(self._t_last - dt, t, above, delta / dt, members)
-        for window, _ in members:
-            if window.pending is None:
-                window.pending = [interval]
-            else:
-                window.pending.append(interval)
-            if window.t_close is None:
-                interval.waiting += 1
-        if interval.waiting and self.split.name != "time":
+        if self.split.name != "time":
+            interval.waiting = sum(1 for window, _ in members if window.t_close is None)
+        if interval.waiting:
+            # Split by weights known only at close: the interval waits for its open windows.
+            for window, _ in members:
+                if window.pending is None:
+                    window.pending = [interval]
+                else:
+                    window.pending.append(interval)
             self._pending.append(interval)
             out = self._resolve_ready([])
             while len(self._pending) > self.max_pending:
@@ -442,26 +443,37 @@ class Ledger:
 
     def _members(self, t: float) -> tuple[list[tuple[Window, float]], list[Window]]:
         """Windows overlapping (t_last, t], and the closed windows this reading sees past."""
+        # Runs over every window in flight at every reading: the loops are written out.
         t0 = self._t_last
         assert t0 is not None
         members: list[tuple[Window, float]] = []
         ended: list[Window] = []
-        for window in (*self._open.values(), *self._closed):
-            end = t if window.t_close is None else min(window.t_close, t)
-            overlap = end - max(window.t_open, t0)
+        for window in self._open.values():
+            t_open = window.t_open
+            overlap = t - (t_open if t_open > t0 else t0)
             if overlap > 0:
                 members.append((window, overlap))
-            if window.t_close is not None and window.t_close <= t:
-                window.seen_end = True
-                ended.append(window)
-        if ended:
-            self._closed = [w for w in self._closed if not w.seen_end]
+        if self._closed:
+            still: list[Window] = []
+            for window in self._closed:
+                t_open, t_close = window.t_open, window.t_close
+                assert t_close is not None
+                overlap = (t_close if t_close < t else t) - (t_open if t_open > t0 else t0)
+                if overlap > 0:
+                    members.append((window, overlap))
+                if t_close <= t:
+                    window.seen_end = True
+                    ended.append(window)
+                else:
+                    still.append(window)
+            self._closed = still
         return members, ended
 
     def _settle_ended(self, ended: list[Window]) -> list[Window]:
         out: list[Window] = []
         for window in ended:
-            out += self._try_settle(window)
+            if not window.settled:
+                self._try_settle(window, out)
         return out
 
     def _book_lost(self, t: float, why: str) -> list[Window]:
@@ -492,34 +504,46 @@ class Ledger:
         interval.done = True
         members = interval.members
         rule = self.split.name
-        weights = [w.weight for w, _ in members if w.weight is not None and w.weight > 0]
-        if len(weights) != len(members):  # a weight is unknown: split this interval by time
-            weights = [1.0] * len(members)
-            rule = "time"
+        # Every window of a time split weighs 1.0 (``_open_weight``): no list of weights.
+        weights: list[float] | None = None
+        if rule != "time":
+            weights = [w.weight for w, _ in members if w.weight is not None and w.weight > 0]
+            if len(weights) != len(members):  # a weight is unknown: split this one by time
+                weights, rule = None, "time"
         total = 0.0
-        for wt, (_, o) in zip(weights, members, strict=True):
-            total += wt * o
-        span = interval.t1 - interval.t0
+        if weights is None:
+            for _, o in members:
+                total += o
+        else:
+            for wt, (_, o) in zip(weights, members, strict=True):
+                total += wt * o
+        above, power, t0 = interval.above, interval.power, interval.t0
+        edge = (interval.t1 - t0) * (1 - 1e-9)
+        shared = len(members) > 1
         settled: list[Window] = []
-        for wt, (window, overlap) in zip(weights, members, strict=True):
-            share = interval.above * (wt * overlap / total)
+        for i, (window, overlap) in enumerate(members):
+            share = above * (
+                (overlap if weights is None else weights[i] * overlap) / total
+            )
             window.share += share
-            window.power_j += interval.power * overlap
+            window.power_j += power * overlap
             window.measured_s += overlap
-            if overlap < span * (1 - 1e-9):
+            if overlap < edge:
                 window.edge += abs(share)
-            if len(members) > 1:
+            if shared:
                 window.alone = False
-                if window.rules is None:
+                rules = window.rules
+                if rules is None:
                     window.rules = rule
-                elif rule not in window.rules:
-                    window.rules = "+".join(sorted({*window.rules.split("+"), rule}))
+                elif rule not in rules:
+                    window.rules = "+".join(sorted({*rules.split("+"), rule}))
             if window.stage_shares is not None:
-                start = max(window.t_open, interval.t0)
+                start = max(window.t_open, t0)
                 self._spread(window, start, start + overlap, share, window.stage_shares)
-            if window.pending is not None:
+            if window.pending:
                 window.pending.remove(interval)
-            settled += self._try_settle(window)
+            if window.seen_end:
+                self._try_settle(window, settled)
         return settled
 
     @staticmethod
@@ -537,15 +561,16 @@ class Ledger:
         if overlap > 0:
             into[-1] += value * overlap / (b - a)
 
-    def _try_settle(self, window: Window) -> list[Window]:
+    def _try_settle(self, window: Window, into: list[Window]) -> None:
+        """Settle ``window`` (adding it to ``into``) if nothing can change its share now."""
         if window.settled or window.t_close is None or not window.seen_end or window.pending:
-            return []
+            return
         window.settled = True
         if window.abandoned or window.lost_s > 0 or window.share <= 0 or not self.measures:
             self.unattributed_j += window.share
         else:
             self.charged_j += window.share
-        return [window]
+        into.append(window)
 
     def _fire(self, windows: list[Window]) -> None:
         for window in windows:
@@ -566,7 +591,7 @@ class Ledger:
                 if window.t_close > start:
                     window.lost_s += window.t_close - start
                     window.error = "closed after the ledger's last reading (ledger stopped)"
-                settled += self._try_settle(window)
+                self._try_settle(window, settled)
             self._closed = []
         self._fire(settled)
 
