@@ -37,6 +37,10 @@ _fast_loads = _orjson_loads()
 
 _UNSAFE = re.compile(r"[^\x21-\x7e ]")
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+#: A ``usage`` key whose value is an object. With ``include_usage`` every chunk of an OpenAI
+#: stream carries ``"usage": null`` and only the last a real one. Inside a JSON string the
+#: quotes are escaped, so ``"usage"`` in the bytes is always a key.
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
 
 def number(value: float | int | None) -> str:
@@ -341,8 +345,8 @@ class SSEScanner:
         """Whether ``chunk`` holds nothing to act on: whole events, no usage, no [DONE]
         (the common chunk, let through at the cost of three byte searches)."""
         return self.broken or not chunk or (
-            not self._partial and chunk.endswith(b"\n\n")
-            and b'"usage"' not in chunk and b"[DONE]" not in chunk
+            not self._partial and chunk.endswith(b"\n\n") and b"[DONE]" not in chunk
+            and (b'"usage"' not in chunk or _USAGE_OBJECT.search(chunk) is None)
         )
 
     @property
@@ -353,7 +357,7 @@ class SSEScanner:
         if b"[DONE]" in raw and sse_data(raw) == b"[DONE]":
             self.done = True
             return None
-        if b'"usage"' not in raw:
+        if b'"usage"' not in raw or _USAGE_OBJECT.search(raw) is None:
             return None
         try:
             obj = json.loads(sse_data(raw))

@@ -97,6 +97,43 @@ def test_sse_scanner_across_chunks_and_done() -> None:
     assert is_usage_chunk(seen[1][1])
 
 
+@pytest.mark.parametrize(
+    ("chunk", "quiet"),
+    [
+        # include_usage: every chunk carries "usage": null, in any JSON spacing.
+        (b'data: {"choices": [{"delta": {"content": "hi"}}], "usage": null}\n\n', True),
+        (b'data: {"choices":[{"delta":{"content":"hi"}}],"usage" :null}\n\n', True),
+        # The word in the answer's text: its quotes are escaped, so it is not a key.
+        (b'data: {"choices": [{"delta": {"content": "\\"usage\\": {}"}}]}\n\n', True),
+        # A usage object, however it is spaced, is something to act on.
+        (b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n', False),
+        (b'data: {"choices":[],"usage" :\t{"completion_tokens":3}}\n\n', False),
+        (b"data: [DONE]\n\n", False),
+        (b'data: {"choices": []', False),  # an unfinished event
+    ],
+)
+def test_sse_scanner_lets_chunks_without_a_usage_object_through(chunk: bytes, quiet: bool) -> None:
+    assert SSEScanner("output").quiet(chunk) is quiet
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_sse_scanner_parses_only_the_chunk_with_usage(
+    split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[bytes] = []
+    real = report.sse_data
+    monkeypatch.setattr(report, "sse_data", lambda raw: parsed.append(raw) or real(raw))
+    scanner = SSEScanner("output")
+    nulls = b'data: {"choices": [{"delta": {"content": "w"}}], "usage": null}\n\n' * 3
+    usage = b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n'
+    stream = nulls + usage
+    step = 7 if split else len(stream)  # split: every event arrives in pieces
+    for i in range(0, len(stream), step):
+        scanner.feed(stream[i:i + step])
+    assert scanner.tokens == 3
+    assert parsed == [usage]
+
+
 def test_sse_scanner_gives_up_on_an_endless_event_but_keeps_going() -> None:
     scanner = SSEScanner("output")
     scanner.feed(b"data: " + b"x" * (SSEScanner.MAX_PARTIAL + 10))
