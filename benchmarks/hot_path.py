@@ -1,4 +1,4 @@
-"""Each step of a metered JSON request, timed alone: where the middleware's microseconds go.
+"""Each step of a metered request, timed alone: where the middleware's microseconds go.
 
 ``overhead_breakdown.py`` switches parts off around a whole request; this times each part
 by itself with ``timeit`` on a real figure from a live ledger on a busy simulated card, so
@@ -21,10 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import PAYLOAD, sim_node
+from _apps import CHUNK, PAYLOAD, USAGE, sim_node
 
 from giul_asgi import EnergyStats, Ledgers, Meter, Tier
 from giul_asgi.report import (
+    SSEScanner,
     energy_headers,
     energy_json,
     find_usage,
@@ -34,6 +35,9 @@ from giul_asgi.report import (
 )
 
 BODY = json.dumps(PAYLOAD, separators=(",", ":")).encode()
+# With stream_options.include_usage, every chunk says "usage": null; the last one has it.
+NULL_USAGE_CHUNK = CHUNK[:-3] + b',"usage":null}\n\n'
+USAGE_CHUNK = b"data: " + json.dumps({"choices": [], "usage": USAGE}).encode() + b"\n\n"
 
 
 def per_call_us(fn: Callable[[], object], number: int = 20_000) -> float:
@@ -113,6 +117,20 @@ async def main() -> None:
     print(f"\nSum of the steps: {sum(us for _, us in rows[1:]):.1f} us (the Meter row includes "
           "the window's open and close). Not timed here: the ASGI wrappers, routing, the "
           "response's header list and messages, and the reading that settles each window.")
+
+    scanner = SSEScanner("output")
+    assert scanner.quiet(CHUNK) and scanner.quiet(NULL_USAGE_CHUNK)
+    stream_rows = [
+        ("a chunk with nothing to act on, let through", per_call_us(lambda: scanner.quiet(CHUNK))),
+        ('a chunk with "usage": null, let through',
+         per_call_us(lambda: scanner.quiet(NULL_USAGE_CHUNK))),
+        ("the chunk with usage, read (once a stream)",
+         per_call_us(lambda: SSEScanner("output").feed(USAGE_CHUNK))),
+    ]
+    print("\n| stream step | us per call |")
+    print("|---|---:|")
+    for label, us in stream_rows:
+        print(f"| {label} | {us:.2f} |")
 
 
 if __name__ == "__main__":
