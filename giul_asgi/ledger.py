@@ -540,8 +540,9 @@ class Ledger:
             if window.stage_shares is not None:
                 start = max(window.t_open, t0)
                 self._spread(window, start, start + overlap, share, window.stage_shares)
-            if window.pending:
-                window.pending.remove(interval)
+            pending = window.pending
+            if pending and interval in pending:  # only intervals that waited are listed
+                pending.remove(interval)
             if window.seen_end:
                 self._try_settle(window, settled)
         return settled
