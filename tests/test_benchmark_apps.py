@@ -16,7 +16,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from _apps import PAYLOAD, VARIANTS, build
-from server_path import Server, headers_app
 
 pytestmark = pytest.mark.anyio
 
@@ -60,6 +59,9 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
 
 async def test_server_path_drives_uvicorns_own_protocol() -> None:
     """server_path.py times what uvicorn writes: whole responses, our headers among them."""
+    pytest.importorskip("httptools")
+    from server_path import Server, headers_app
+
     wire = await Server(build("giul-asgi")).answer("/v1/chat/completions")
     head, _, body = wire.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
