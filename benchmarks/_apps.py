@@ -36,14 +36,30 @@ async def chat(request: Any) -> JSONResponse:
     return JSONResponse(PAYLOAD)
 
 
-async def _events() -> AsyncIterator[bytes]:
+# The same stream as an OpenAI client with stream_options.include_usage gets it: every
+# chunk says "usage": null, and a last chunk with no choices carries the usage.
+NULL_USAGE_CHUNK = CHUNK[:-3] + b',"usage":null}\n\n'
+USAGE_CHUNK = b"data: " + json.dumps({
+    "id": "c", "object": "chat.completion.chunk", "model": "sim-8b", "choices": [],
+    "usage": USAGE,
+}).encode() + b"\n\n"
+
+
+async def _events(chunk: bytes = CHUNK, last: bytes = b"") -> AsyncIterator[bytes]:
     for _ in range(8):
-        yield CHUNK
+        yield chunk
+    if last:
+        yield last
     yield b"data: [DONE]\n\n"
 
 
 async def stream(request: Any) -> StreamingResponse:
     return StreamingResponse(_events(), media_type="text/event-stream")
+
+
+async def stream_usage(request: Any) -> StreamingResponse:
+    return StreamingResponse(_events(NULL_USAGE_CHUNK, USAGE_CHUNK),
+                             media_type="text/event-stream")
 
 
 class Passthrough:
@@ -165,10 +181,12 @@ def our_middleware(package: str = "giul_asgi", **options: Any) -> Middleware:
 
 
 def bench_app(middleware: list[Middleware]) -> Starlette:
-    """The benchmark's app (a JSON chat answer and an SSE stream) behind ``middleware``."""
+    """The benchmark's app (a JSON chat answer, and an SSE stream without and with usage)
+    behind ``middleware``."""
     return Starlette(
         routes=[StarletteRoute("/v1/chat/completions", chat, methods=["GET", "POST"]),
-                StarletteRoute("/v1/stream", stream)],
+                StarletteRoute("/v1/stream", stream),
+                StarletteRoute("/v1/stream-usage", stream_usage)],
         middleware=middleware,
     )
 

@@ -65,10 +65,11 @@ uvicorn.run(build({package!r}), host="127.0.0.1", port={port}, log_level="error"
 
 async def child(package: str, repeats: int, n: int) -> dict[str, float]:
     """In this process only: the bare app and ``package``'s, timed in turn; the median
-    microseconds added per request for JSON and for the stream."""
+    microseconds added per request for JSON, the stream, and the stream with usage."""
     bare, ours = build(None), build(package)
     out: dict[str, float] = {}
-    for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream")):
+    for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream"),
+                       ("usage", "/v1/stream-usage")):
         for app in (bare, ours):
             await run_requests(app, path, 200)
         added = []
@@ -84,7 +85,7 @@ def in_process(variants: dict[str, str | None], extra: Path, rounds: int, repeat
                ) -> dict[str, dict[str, list[float]]]:
     """Each build in a process of its own (so neither pays for the other's objects, nor its
     garbage collections), the builds taking turns, ``rounds`` times."""
-    out: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
+    out: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}, "usage": {}}
     for _ in range(rounds):
         for label, pkg in variants.items():
             if pkg is None:
@@ -164,13 +165,15 @@ def main() -> None:
               f"{repeats} interleaved repeats of {n})\n")
         added = in_process(variants, extra, rounds, repeats, n)
         print("| build | JSON added us | fastest round | stream added us | fastest round "
-              "| JSON rounds |")
-        print("|---|---:|---:|---:|---:|---|")
+              "| stream with usage added us | fastest round | JSON rounds |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
         for label in list(variants)[1:]:
-            js, st = added["json"][label], added["stream"][label]
-            rounds_text = ", ".join(f"{x:.1f}" for x in js)
-            print(f"| {label} | {statistics.median(js):.1f} | {min(js):.1f} | "
-                  f"{statistics.median(st):.1f} | {min(st):.1f} | {rounds_text} |")
+            cells = []
+            for kind in ("json", "stream", "usage"):
+                values = added[kind][label]
+                cells += [f"{statistics.median(values):.1f}", f"{min(values):.1f}"]
+            rounds_text = ", ".join(f"{x:.1f}" for x in added["json"][label])
+            print(f"| {label} | " + " | ".join(cells) + f" | {rounds_text} |")
         print("\nA slow spell of the VM only ever adds time: the fastest round is the build's "
               "cost with the least interference, the median what a round usually saw.")
         if args.no_server:

@@ -1,7 +1,9 @@
 """What the middleware costs a gateway, beside its peers, measured side by side in one run.
 
 (a) In-process: microseconds per request, calling each ASGI stack directly (no server,
-    no sockets), for a JSON endpoint and a streamed (SSE) endpoint. Variants run
+    no sockets), for a JSON endpoint and two streamed (SSE) ones: plain chunks, and
+    chunks as a client with ``stream_options.include_usage`` gets them (``"usage": null``
+    on each, the usage in a last chunk, where ours puts the energy). Variants run
     interleaved, several repeats, medians reported; "added" is over the bare app in the
     same repeat.
 (b) Through uvicorn on 127.0.0.1: requests/s each stack keeps, as a ratio of the bare
@@ -79,8 +81,9 @@ async def run_requests(app: Any, path: str, n: int) -> float:
 
 async def in_process(repeats: int, n: int) -> dict[str, dict[str, list[float]]]:
     apps = {v: BUILDERS[v]() for v in VARIANTS}
-    results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
-    for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream")):
+    results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}, "usage": {}}
+    for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream"),
+                       ("usage", "/v1/stream-usage")):
         for v in VARIANTS:  # warm each stack (route caches, ledgers started)
             await run_requests(apps[v], path, 200)
         for _ in range(repeats):
@@ -216,19 +219,21 @@ def main() -> None:
           f"Python {platform.python_version()}, body parser {parser_name}")
     print(f"\n## (a) in-process, us per request (median of {repeats} interleaved repeats of {n})\n")
     results = asyncio.run(in_process(repeats, n))
-    print("| variant | JSON us | JSON added us | stream us | stream added us |")
-    print("|---|---:|---:|---:|---:|")
+    print("| variant | JSON us | JSON added us | stream us | stream added us "
+          "| stream with usage us | added us |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     med: dict[str, dict[str, float]] = {}
-    for kind in ("json", "stream"):
+    for kind in ("json", "stream", "usage"):
         bare = results[kind]["bare"]
         med[kind] = {}
         for v in VARIANTS:
             added = [x - b for x, b in zip(results[kind][v], bare, strict=True)]
             med[kind][v] = statistics.median(added) * 1e6
     for v in VARIANTS:
-        j = statistics.median(results["json"][v]) * 1e6
-        s = statistics.median(results["stream"][v]) * 1e6
-        print(f"| {v} | {j:.1f} | {med['json'][v]:.1f} | {s:.1f} | {med['stream'][v]:.1f} |")
+        cells = []
+        for kind in ("json", "stream", "usage"):
+            cells += [f"{statistics.median(results[kind][v]) * 1e6:.1f}", f"{med[kind][v]:.1f}"]
+        print(f"| {v} | " + " | ".join(cells) + " |")
     peers = [med["json"][p] for p in ("starlette-exporter", "opentelemetry")]
     ours = med["json"]["giul-asgi"]
     print(f"\nJSON: ours adds {ours:.1f} us; cheapest peer adds {min(peers):.1f} us; "

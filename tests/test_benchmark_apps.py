@@ -42,6 +42,7 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b") as c:
         answer = await c.get("/v1/chat/completions")
         stream = await c.get("/v1/stream")
+        usage_stream = await c.get("/v1/stream-usage")
     assert answer.status_code == 200 and stream.status_code == 200
     body = answer.json()
     energy = body.pop("energy", None)
@@ -55,6 +56,15 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
     if energy is not None:
         assert energy["tokens"] == PAYLOAD["usage"]["completion_tokens"]  # type: ignore[index]
         assert answer.headers["x-energy-tokens"] == "48"
+
+    # The include_usage stream: its usage chunk, and in ours the energy riding in it.
+    events = [e for e in usage_stream.text.split("\n\n") if e.startswith("data: {")]
+    assert len(events) == 9 and all('"usage":null' in e for e in events[:8])
+    last = json.loads(events[-1][len("data: "):])
+    assert last["usage"] == PAYLOAD["usage"]
+    assert ("energy" in last) is variant.startswith("giul-asgi")
+    if "energy" in last:
+        assert last["energy"]["tokens"] == 48
 
 
 async def test_server_path_drives_uvicorns_own_protocol() -> None:
