@@ -203,6 +203,7 @@ class _Exchange:
     buffered = 0
     scanner: SSEScanner | None = None
     held: bytes | None = None
+    held_obj: Any = None  # the held usage event, as the scanner parsed it
     spliced = False
     our_trailers = False
     app_trailers = False
@@ -408,9 +409,10 @@ class _Exchange:
         out = body
         if self.held is not None:
             held, self.held = self.held, None
+            held_obj, self.held_obj = self.held_obj, None
             done_now = scanner.done and not was_done
             if done_now or (not more and not body.strip()):
-                out = await self._splice_usage(held) + body
+                out = await self._splice_usage(held, held_obj) + body
             else:
                 out = held + body
         if not self.mw.usage_energy or self.spliced or not events:
@@ -421,21 +423,22 @@ class _Exchange:
                 if is_usage_chunk(obj) and b"[DONE]" in nxt:
                     at = out.rfind(raw)
                     if at >= 0:
-                        out = out[:at] + await self._splice_usage(raw) + out[at + len(raw):]
+                        spliced = await self._splice_usage(raw, obj)
+                        out = out[:at] + spliced + out[at + len(raw):]
                     break
         elif more and scanner.at_boundary and is_usage_chunk(events[-1][1]):
             raw = events[-1][0]
             if out.endswith(raw):
-                self.held = raw
+                self.held, self.held_obj = raw, events[-1][1]
                 out = out[: len(out) - len(raw)]
         return out
 
-    async def _splice_usage(self, raw: bytes) -> bytes:
+    async def _splice_usage(self, raw: bytes, obj: Any) -> bytes:
         assert self.scanner is not None
         if self.scanner.tokens is not None:
             self._set_tokens(self.scanner.tokens)
         energy = await self._close()
-        spliced = splice_event(raw, self.mw.energy_key, energy_json(energy))
+        spliced = splice_event(raw, self.mw.energy_key, energy_json(energy), obj)
         if spliced is None:
             return raw
         self.spliced = True
@@ -461,6 +464,9 @@ class _Exchange:
         self.meter.close()
 
     async def _close(self) -> Figure:
+        if self.energy is not None:
+            # Already told (in the usage chunk): the stream's end says the same figure.
+            return self.energy
         self._close_window()
         if self.mw.settle_timeout > 0 and self.meter.window is not None and self.meter.ledger:
             await self.meter.ledger.wait_settled(self.meter.window, self.mw.settle_timeout)

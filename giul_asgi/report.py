@@ -359,10 +359,7 @@ class SSEScanner:
             return None
         if b'"usage"' not in raw or _USAGE_OBJECT.search(raw) is None:
             return None
-        try:
-            obj = json.loads(sse_data(raw))
-        except ValueError:
-            return None
+        obj = parse_object(sse_data(raw))
         usage = find_usage(obj)
         if usage is None:
             return None
@@ -391,8 +388,11 @@ def is_usage_chunk(obj: Any) -> bool:
     )
 
 
-def splice_event(raw: bytes, key: str, block: bytes) -> bytes | None:
-    """One ``data:`` JSON-object event with ``"key": block`` added, or None if it cannot be."""
+def splice_event(
+    raw: bytes, key: str, block: bytes, obj: Mapping[str, Any] | None = None
+) -> bytes | None:
+    """One ``data:`` JSON-object event with ``"key": block`` added, or None if it cannot be.
+    ``obj`` is the event's data already parsed (as :class:`SSEScanner` gives it), if known."""
     lines = raw.splitlines(keepends=True)
     data_lines = [i for i, line in enumerate(lines) if line.startswith(b"data:")]
     if len(data_lines) != 1:
@@ -402,7 +402,10 @@ def splice_event(raw: bytes, key: str, block: bytes) -> bytes | None:
     body = line.rstrip(b"\r\n")
     ending = line[len(body):]
     prefix = b"data: " if body.startswith(b"data: ") else b"data:"
-    injected = inject_json(body[len(prefix):], key, block)
+    data = body[len(prefix):]
+    injected = (
+        inject_json(data, key, block) if obj is None else splice_object(data, obj, key, block)
+    )
     if injected is None:
         return None
     lines[i] = prefix + injected + ending

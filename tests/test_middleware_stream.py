@@ -95,7 +95,8 @@ async def test_usage_chunk_carries_the_energy_when_done_follows() -> None:
     assert usage_event["energy"]["tokens"] == 3 and usage_event["energy"]["node"] == "sim"
     assert parsed[3] == DONE
     assert parsed[4].startswith(b"event: energy")
-    assert json.loads(sse_data(parsed[4]))["tokens"] == 3
+    # One figure per answer: the usage chunk and the closing event tell the same.
+    assert json.loads(sse_data(parsed[4])) == usage_event["energy"]
 
 
 async def test_usage_and_done_in_one_message() -> None:

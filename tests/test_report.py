@@ -153,3 +153,24 @@ def test_splice_event_single_line() -> None:
     out = splice_event(raw, "energy", b'{"joules":1.5}')
     assert out is not None and out.endswith(b"\n\n")
     assert json.loads(sse_data(out))["energy"] == {"joules": 1.5}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\n',
+        b'data:{"choices":[],"usage":{"completion_tokens":2}}\r\n\r\n',
+        b'event: chunk\nid: 7\ndata:  {"usage": {"completion_tokens": 2}} \n\n',
+        b'data: {"usage": {"completion_tokens": 2}, "energy": "the app\'s own"}\n\n',
+        b'data: {"usage": {"completion_tokens": 2},\ndata: "choices": []}\n\n',  # two lines
+    ],
+)
+def test_splice_event_with_the_scanners_object_is_the_same_splice(raw: bytes) -> None:
+    """The middleware hands over the object the scanner already parsed; the bytes out are
+    those of parsing the event again, down to the app's own key left alone."""
+    scanner = SSEScanner("output")
+    events = scanner.feed(raw)
+    assert len(events) == 1 and scanner.tokens == 2
+    obj = events[0][1]
+    block = b'{"joules":1.5}'
+    assert splice_event(raw, "energy", block, obj) == splice_event(raw, "energy", block)
