@@ -204,6 +204,7 @@ class _Exchange:
     scanner: SSEScanner | None = None
     held: bytes | None = None
     held_obj: Any = None  # the held usage event, as the scanner parsed it
+    block: bytes | None = None  # the energy block, once written into the stream
     spliced = False
     our_trailers = False
     app_trailers = False
@@ -391,7 +392,7 @@ class _Exchange:
             self._set_tokens(self.scanner.tokens)
         energy = await self._close()
         if self.scanner is not None and self.mw.stream_event:
-            out += energy_event(energy)
+            out += energy_event(energy, block=self.block)
         await self.send_({"type": "http.response.body", "body": out, "more_body": False})
         if self.our_trailers and not self.app_trailers:
             await self.send_({
@@ -438,7 +439,8 @@ class _Exchange:
         if self.scanner.tokens is not None:
             self._set_tokens(self.scanner.tokens)
         energy = await self._close()
-        spliced = splice_event(raw, self.mw.energy_key, energy_json(energy), obj)
+        self.block = energy_json(energy)
+        spliced = splice_event(raw, self.mw.energy_key, self.block, obj)
         if spliced is None:
             return raw
         self.spliced = True

@@ -381,9 +381,11 @@ def sse_data(raw: bytes) -> bytes:
 
 def is_usage_chunk(obj: Any) -> bool:
     """The last chunk a chat stream sends with ``include_usage``: usage and no choices."""
+    if type(obj) is not dict and not isinstance(obj, Mapping):  # dict: skip the ABC check
+        return False
+    usage = obj.get("usage")
     return (
-        isinstance(obj, Mapping)
-        and isinstance(obj.get("usage"), Mapping)
+        (type(usage) is dict or isinstance(usage, Mapping))
         and obj.get("choices") in ([], None)
     )
 
@@ -412,6 +414,10 @@ def splice_event(
     return b"".join(lines)
 
 
-def energy_event(energy: Energy | Figure, event: str = "energy") -> bytes:
-    """An SSE event an EventSource listens for with ``addEventListener("energy", ...)``."""
-    return b"event: " + event.encode() + b"\ndata: " + energy_json(energy) + b"\n\n"
+def energy_event(
+    energy: Energy | Figure, event: str = "energy", block: bytes | None = None
+) -> bytes:
+    """An SSE event an EventSource listens for with ``addEventListener("energy", ...)``;
+    ``block`` is ``energy_json(energy)`` where the caller has already written it."""
+    data = energy_json(energy) if block is None else block
+    return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"

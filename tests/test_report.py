@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 
 import pytest
 
@@ -174,3 +175,19 @@ def test_splice_event_with_the_scanners_object_is_the_same_splice(raw: bytes) ->
     obj = events[0][1]
     block = b'{"joules":1.5}'
     assert splice_event(raw, "energy", block, obj) == splice_event(raw, "energy", block)
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        ({"choices": [], "usage": {"completion_tokens": 1}}, True),
+        ({"usage": {"completion_tokens": 1}}, True),  # no choices at all
+        (MappingProxyType({"choices": [], "usage": MappingProxyType({})}), True),
+        ({"choices": [], "usage": None}, False),
+        ({"choices": [{"index": 0}], "usage": {"completion_tokens": 1}}, False),
+        ([{"usage": {}}], False),
+        (None, False),
+    ],
+)
+def test_is_usage_chunk(obj: object, expected: bool) -> None:
+    assert is_usage_chunk(obj) is expected
