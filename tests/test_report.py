@@ -109,6 +109,7 @@ def test_sse_scanner_across_chunks_and_done() -> None:
         # A usage object, however it is spaced, is something to act on.
         (b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n', False),
         (b'data: {"choices":[],"usage" :\t{"completion_tokens":3}}\n\n', False),
+        (b'data: {"choices": [], "usage":\ndata: {"completion_tokens": 3}}\n\n', False),
         (b"data: [DONE]\n\n", False),
         (b'data: {"choices": []', False),  # an unfinished event
     ],
