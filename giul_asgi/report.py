@@ -39,9 +39,9 @@ _UNSAFE = re.compile(r"[^\x21-\x7e ]")
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 #: A ``usage`` key whose value is an object. With ``include_usage`` every chunk of an OpenAI
 #: stream carries ``"usage": null`` and only the last a real one. Inside a JSON string the
-#: quotes are escaped, so ``"usage"`` in the bytes is always a key. The value may start on
-#: the event's next ``data:`` line.
-_USAGE_OBJECT = re.compile(rb'"usage"\s*:(?:\s|data:)*\{')
+#: quotes are escaped, so ``"usage"`` in the bytes is always a key. The colon or the value
+#: may fall on the event's next ``data:`` line.
+_USAGE_OBJECT = re.compile(rb'"usage"(?:\s|data:)*:(?:\s|data:)*\{')
 
 
 def number(value: float | int | None) -> str:

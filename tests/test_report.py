@@ -110,6 +110,7 @@ def test_sse_scanner_across_chunks_and_done() -> None:
         (b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n', False),
         (b'data: {"choices":[],"usage" :\t{"completion_tokens":3}}\n\n', False),
         (b'data: {"choices": [], "usage":\ndata: {"completion_tokens": 3}}\n\n', False),
+        (b'data: {"choices": [], "usage"\ndata: : {"completion_tokens": 3}}\n\n', False),
         (b"data: [DONE]\n\n", False),
         (b'data: {"choices": []', False),  # an unfinished event
     ],
