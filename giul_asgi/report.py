@@ -245,9 +245,14 @@ def energy_json(energy: Energy | Figure) -> bytes:
     )
 
 
+def _is_mapping(obj: Any) -> bool:
+    """``isinstance(obj, Mapping)``, sparing dicts (nearly every parsed body) the ABC check."""
+    return type(obj) is dict or isinstance(obj, Mapping)
+
+
 def usage_tokens(usage: Any, kind: str = "output") -> int | None:
     """The token count of ``kind`` in an OpenAI-style ``usage`` object, or None."""
-    if type(usage) is not dict and not isinstance(usage, Mapping):  # dict: skip the ABC check
+    if not _is_mapping(usage):
         return None
     for key in TOKEN_KEYS.get(kind, ()):
         value = usage.get(key)
@@ -262,10 +267,10 @@ def usage_tokens(usage: Any, kind: str = "output") -> int | None:
 
 def find_usage(obj: Any) -> Any:
     """``usage`` at the top of a body, or inside a Responses API ``response`` object."""
-    if type(obj) is not dict and not isinstance(obj, Mapping):  # dict: skip the ABC check
+    if not _is_mapping(obj):
         return None
     usage = obj.get("usage")
-    if usage is None and isinstance(obj.get("response"), Mapping):
+    if usage is None and _is_mapping(obj.get("response")):
         usage = obj["response"].get("usage")
     return usage
 
@@ -382,12 +387,8 @@ def sse_data(raw: bytes) -> bytes:
 
 def is_usage_chunk(obj: Any) -> bool:
     """The last chunk a chat stream sends with ``include_usage``: usage and no choices."""
-    if type(obj) is not dict and not isinstance(obj, Mapping):  # dict: skip the ABC check
-        return False
-    usage = obj.get("usage")
     return (
-        (type(usage) is dict or isinstance(usage, Mapping))
-        and obj.get("choices") in ([], None)
+        _is_mapping(obj) and _is_mapping(obj.get("usage")) and obj.get("choices") in ([], None)
     )
 
 
