@@ -654,13 +654,11 @@ class Ledger:
             return None, window.edge, window.settled, window.error
         if window.settled:
             return window.share, window.edge, True, window.error
-        if window.provisional is None or window.t_close is None:
-            return None, window.edge, False, window.error or _NOT_YET
-        share = window.share + window.provisional
-        if share <= 0:
+        provisional = window.provisional
+        if provisional is None or window.t_close is None or window.share + provisional <= 0:
             # The card has not reported the window's load yet: unknown for now, not "failed".
             return None, window.edge, False, window.error or _NOT_YET
-        return share, window.edge + window.provisional, False, window.error
+        return window.share + provisional, window.edge + provisional, False, window.error
 
     async def wait_settled(self, window: Window, timeout: float | None = None) -> bool:
         """Wait until the next reading settles the window; False if ``timeout`` ran out."""
