@@ -180,13 +180,19 @@ def our_middleware(package: str = "giul_asgi", **options: Any) -> Middleware:
                       tiers=[pkg.Tier("8b", 300.0)], ledgers=pkg.Ledgers(), **options)
 
 
+#: The benchmark's endpoints by kind: the JSON answer, the plain stream, the stream with usage.
+PATHS: dict[str, str] = {
+    "json": "/v1/chat/completions", "stream": "/v1/stream", "usage": "/v1/stream-usage",
+}
+
+
 def bench_app(middleware: list[Middleware]) -> Starlette:
     """The benchmark's app (a JSON chat answer, and an SSE stream without and with usage)
     behind ``middleware``."""
     return Starlette(
-        routes=[StarletteRoute("/v1/chat/completions", chat, methods=["GET", "POST"]),
-                StarletteRoute("/v1/stream", stream),
-                StarletteRoute("/v1/stream-usage", stream_usage)],
+        routes=[StarletteRoute(PATHS["json"], chat, methods=["GET", "POST"]),
+                StarletteRoute(PATHS["stream"], stream),
+                StarletteRoute(PATHS["usage"], stream_usage)],
         middleware=middleware,
     )
 

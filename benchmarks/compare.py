@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import bench_app, our_middleware
+from _apps import PATHS, bench_app, our_middleware
 from overhead import measure, run_requests, start_servers, stop
 from starlette.applications import Starlette
 
@@ -68,8 +68,7 @@ async def child(package: str, repeats: int, n: int) -> dict[str, float]:
     microseconds added per request for JSON, the stream, and the stream with usage."""
     bare, ours = build(None), build(package)
     out: dict[str, float] = {}
-    for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream"),
-                       ("usage", "/v1/stream-usage")):
+    for kind, path in PATHS.items():
         for app in (bare, ours):
             await run_requests(app, path, 200)
         added = []
@@ -85,7 +84,7 @@ def in_process(variants: dict[str, str | None], extra: Path, rounds: int, repeat
                ) -> dict[str, dict[str, list[float]]]:
     """Each build in a process of its own (so neither pays for the other's objects, nor its
     garbage collections), the builds taking turns, ``rounds`` times."""
-    out: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}, "usage": {}}
+    out: dict[str, dict[str, list[float]]] = {kind: {} for kind in PATHS}
     for _ in range(rounds):
         for label, pkg in variants.items():
             if pkg is None:

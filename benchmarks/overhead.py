@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import BUILDERS, VARIANTS
+from _apps import BUILDERS, PATHS, VARIANTS
 
 
 def scope_for(path: str) -> dict[str, Any]:
@@ -81,9 +81,8 @@ async def run_requests(app: Any, path: str, n: int) -> float:
 
 async def in_process(repeats: int, n: int) -> dict[str, dict[str, list[float]]]:
     apps = {v: BUILDERS[v]() for v in VARIANTS}
-    results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}, "usage": {}}
-    for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream"),
-                       ("usage", "/v1/stream-usage")):
+    results: dict[str, dict[str, list[float]]] = {kind: {} for kind in PATHS}
+    for kind, path in PATHS.items():
         for v in VARIANTS:  # warm each stack (route caches, ledgers started)
             await run_requests(apps[v], path, 200)
         for _ in range(repeats):
@@ -172,7 +171,8 @@ def through_uvicorn(
     for _ in range(repeats):
         servers = start_servers(code_for)
         try:
-            for kind, path in (("json", "/v1/chat/completions"), ("stream", "/v1/stream")):
+            for kind in ("json", "stream"):
+                path = PATHS[kind]
                 for v, (proc, port) in servers.items():
                     rps, us = measure(proc, f"http://127.0.0.1:{port}{path}", seconds)
                     results[kind].setdefault(v, []).append(rps)

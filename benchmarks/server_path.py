@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import BUILDERS, VARIANTS
+from _apps import BUILDERS, PATHS, VARIANTS
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -172,7 +172,7 @@ async def main_async(repeats: int, n: int) -> None:
         per = f"{(med - base) / k:.2f}" if k else "-"
         print(f"| {k} | {med:.1f} ({min(got[f'{k}']):.1f}) | {med - base:.1f} | {per} |")
 
-    for label, path in (("JSON answer", "/v1/chat/completions"), ("SSE stream", "/v1/stream")):
+    for label, path in (("JSON answer", PATHS["json"]), ("SSE stream", PATHS["stream"])):
         print(f"\n## 2. {label} ({path}), Starlette app\n")
         servers = {v: Server(BUILDERS[v]()) for v in VARIANTS}
         got = await rounds(servers, path, n if label.startswith("JSON") else n // 2, repeats)

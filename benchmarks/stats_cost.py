@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import bench_app, our_middleware
+from _apps import PATHS, bench_app, our_middleware
 from overhead import run_requests
 from starlette.applications import Starlette
 
@@ -46,7 +46,7 @@ def app(stats: EnergyStats | None) -> Starlette:
 
 
 async def main() -> None:
-    path = "/v1/chat/completions"
+    path = PATHS["json"]
     bare = app(None)
     stacks: dict[str, Any] = {
         "statistics as shipped (held until settled)": app(EnergyStats()),
