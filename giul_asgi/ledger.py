@@ -472,8 +472,7 @@ class Ledger:
     def _settle_ended(self, ended: list[Window]) -> list[Window]:
         out: list[Window] = []
         for window in ended:
-            if not window.settled:
-                self._try_settle(window, out)
+            self._try_settle(window, out)
         return out
 
     def _book_lost(self, t: float, why: str) -> list[Window]:
@@ -543,8 +542,7 @@ class Ledger:
             pending = window.pending
             if pending and interval in pending:  # only intervals that waited are listed
                 pending.remove(interval)
-            if window.seen_end:
-                self._try_settle(window, settled)
+            self._try_settle(window, settled)
         return settled
 
     @staticmethod
