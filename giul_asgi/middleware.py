@@ -451,13 +451,15 @@ class _Exchange:
             self.meter.tokens(count)
 
     def _trailer_headers(self) -> list[tuple[bytes, bytes]]:
-        energy = self.energy if self.energy is not None else self._close_now()
-        return energy_headers(energy)
+        return energy_headers(self._close_now())
 
     # -- closing and recording -------------------------------------------------------------
     def _close_now(self) -> Figure:
-        self._close_window()
-        self.energy = self.meter.figure()
+        """The answer's one figure: the window is closed and graded once, and every later
+        ask gets the same (a stream's usage chunk and its closing event tell the same)."""
+        if self.energy is None:
+            self._close_window()
+            self.energy = self.meter.figure()
         return self.energy
 
     def _close_window(self) -> None:
@@ -466,14 +468,14 @@ class _Exchange:
         self.meter.close()
 
     async def _close(self) -> Figure:
-        if self.energy is not None:
-            # Already told (in the usage chunk): the stream's end says the same figure.
-            return self.energy
-        self._close_window()
-        if self.mw.settle_timeout > 0 and self.meter.window is not None and self.meter.ledger:
-            await self.meter.ledger.wait_settled(self.meter.window, self.mw.settle_timeout)
-        self.energy = self.meter.figure()
-        return self.energy
+        """:meth:`_close_now`, first waiting (``settle_timeout`` at most) for the reading
+        that settles the window."""
+        meter = self.meter
+        if self.energy is None and self.mw.settle_timeout > 0 and meter.ledger is not None:
+            self._close_window()
+            if meter.window is not None:
+                await meter.ledger.wait_settled(meter.window, self.mw.settle_timeout)
+        return self._close_now()
 
     def failed(self, exc: BaseException) -> None:
         name = type(exc).__name__
