@@ -174,13 +174,17 @@ def _static_text(
     )
 
 
-def _energy_text(e: Energy | Figure) -> str:
-    # The same object as ``Energy.as_dict()`` (a test holds them equal), written directly:
-    # this runs on every JSON response, and a dict plus ``json.dumps`` costs several times more.
-    head, idle, kind = _static_text(
+def _static_of(e: Energy | Figure) -> tuple[str, str, str]:
+    return _static_text(
         e.method, e.backend, e.source, e.node, e.tier, e.route, e.idle_watts, e.idle_known,
         e.token_kind,
     )
+
+
+def _energy_text(e: Energy | Figure) -> str:
+    # The same object as ``Energy.as_dict()`` (a test holds them equal), written directly:
+    # this runs on every JSON response, and a dict plus ``json.dumps`` costs several times more.
+    head, idle, kind = _static_of(e)
     stages = (
         ",".join(f"{_jstr(k)}:{_energy_text(v)}" for k, v in e.stages.items())
         if e.stages else ""
@@ -197,10 +201,7 @@ def _energy_text(e: Energy | Figure) -> str:
 
 
 def _block_template(e: Energy | Figure, key: tuple[Any, ...]) -> bytes:
-    head, idle, kind = _static_text(
-        e.method, e.backend, e.source, e.node, e.tier, e.route, e.idle_watts, e.idle_known,
-        e.token_kind,
-    )
+    head, idle, kind = _static_of(e)
     fixed = [part.replace("%", "%%") for part in (head, idle, kind)]
     template = (
         f'{{"joules":%s,{fixed[0]}"seconds":%s,{fixed[1]}"mean_watts":%s,"tokens":%s,'
