@@ -1,17 +1,17 @@
-"""The Energy record and the rules that grade a candidate figure into one.
+"""The one Energy record, and the one function that grades a raw share into it.
 
-Every figure this library emits passes through :func:`grade`, so the rules live in
-exactly one place:
+The ledger hands back a :class:`Share`: raw joules above idle, what part of them is not yet
+reported by the card, how far they can be trusted, and how the card was shared. The
+:class:`~giul_asgi.meter.Meter` grades it with :func:`grade`, so the rules live here alone:
 
 1. Charged above idle: the ledger has already taken ``idle_w`` off; ``idle_watts`` says
-   which floor was used, or ``None`` when the operator gave none (then the figure is
-   energy above zero, and ``idle_known`` is false).
-2. No fabricated zeros: a measured share of <= 0 J is a failed measurement. It becomes an
-   estimate (tokens x the tier's hint) or ``unknown`` with ``joules=None``, never 0.0.
-3. Labelled provenance: ``method``, ``backend`` and ``source`` on every record; a simulated
-   card grades to ``method="simulated"``, never ``measured``.
+   which floor was used, or ``None`` when the operator gave none (``idle_known`` false).
+2. No fabricated zeros: a share of <= 0 J is a failed measurement. It becomes an estimate
+   (tokens x the tier's hint, ``method="estimated"``) or ``unknown`` with ``joules=None``.
+3. Labelled: ``method``, ``backend`` and ``source`` on every record; a simulated card grades
+   to ``simulated``, never ``measured``; a figure that is mostly interpolation says so.
 4. Conservation is the ledger's job; the record says how the card was shared
-   (``concurrency``, ``split``).
+   (``concurrency``, ``split``) and whether a foreign load was seen (``contended``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 Method = Literal["measured", "estimated", "simulated", "unknown"]
 METHODS: tuple[str, ...] = ("measured", "estimated", "simulated", "unknown")
@@ -30,14 +29,53 @@ BACKENDS: tuple[str, ...] = (
 SOURCES: tuple[str, ...] = ("local", "remote", "none")
 #: Which token count a record's ``tokens`` is: the default is what the model generated.
 TOKEN_KINDS: tuple[str, ...] = ("output", "input", "total")
+#: A provisional figure more interpolated than this says so in its ``error``.
+MOSTLY_INTERPOLATED = 0.5
 
 
 @dataclass(frozen=True, slots=True)
+class Provenance:
+    """Who measured, from where, with which idle floor: constant for a node's reader."""
+
+    method: Method  # what a successful reading is: "measured" or "simulated"
+    backend: str
+    source: str
+    idle_watts: float | None
+
+
+NO_READER = Provenance(method="measured", backend="none", source="none", idle_watts=None)
+
+
+@dataclass(slots=True)
+class Share:
+    """A window's raw share of its node's energy, as the ledger's book holds it now.
+
+    ``joules`` is None when the window cannot be measured (no reader, a gap inside it).
+    ``interpolated`` is the part of ``joules`` the card has not reported yet (filled from
+    the node's measured prior); ``uncertainty`` covers both parts.
+    """
+
+    joules: float | None
+    uncertainty: float
+    interpolated: float
+    settled: bool
+    provenance: Provenance
+    seconds: float
+    mean_watts: float | None = None
+    concurrency: float | None = None
+    split: str = "exclusive"
+    contended: bool | None = None
+    foreign_watts: float | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
 class Energy:
     """What one request (or one stage of it) cost, and how we know.
 
     ``joules`` is the energy above idle charged to this window, or ``None`` when it is not
-    known. It is never ``0.0`` standing in for "unknown".
+    known: never ``0.0`` standing in for "unknown". A slotted dataclass, not frozen: one is
+    built per response, and a frozen one costs a ``object.__setattr__`` per field.
     """
 
     joules: float | None
@@ -57,30 +95,23 @@ class Energy:
     joules_per_token: float | None = None
     #: Mean number of windows in flight on the node during this one (1.0 when alone).
     concurrency: float | None = None
-    #: How the card's energy was shared: ``exclusive``, ``time`` or ``tokens``.
+    #: How the card's energy was shared: ``exclusive``, ``time``, ``tokens``, ``time+tokens``.
     split: str | None = None
     uncertainty_joules: float | None = None
     settled: bool = True
-    stages: Mapping[str, Energy] = field(default_factory=lambda: _NO_STAGES)
-    #: A foreign process was seen on the card; ``None`` when nobody looked.
+    stages: Mapping[str, Energy] = field(default_factory=dict)
+    #: A foreign load was seen on the card; ``None`` only when nobody could look.
     contended: bool | None = None
-    #: Why a measurement is missing or partial, in words an operator can act on.
+    #: The foreign load's above-idle watts, as witnessed between windows.
+    foreign_watts: float | None = None
+    #: Why a measurement is missing, partial or mostly interpolated, in words.
     error: str | None = None
+    #: The request's id (``X-Energy-Id``), under which its settled record can be fetched.
+    id: str | None = None
 
     @property
     def known(self) -> bool:
         return self.joules is not None
-
-    @classmethod
-    def from_figure(cls, figure: Figure) -> Energy:
-        """The record for a :class:`Figure` (the same fields, in the same order)."""
-        if not figure.stages:
-            return cls(*figure[:18], _NO_STAGES, figure.contended, figure.error)
-        stages = {
-            name: cls.from_figure(stage) if isinstance(stage, Figure) else stage
-            for name, stage in figure.stages.items()
-        }
-        return cls(*figure[:18], stages, figure.contended, figure.error)
 
     def as_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready. Unknown stays ``None`` (null); floats are finite."""
@@ -105,7 +136,9 @@ class Energy:
             "settled": self.settled,
             "stages": {name: stage.as_dict() for name, stage in self.stages.items()},
             "contended": self.contended,
+            "foreign_watts": _num(self.foreign_watts),
             "error": self.error,
+            "id": self.id,
         }
 
 
@@ -117,137 +150,59 @@ def _num(value: float | None) -> float | None:
     return float(f"{value:.9g}")
 
 
-class Figure(NamedTuple):
-    """An :class:`Energy`'s fields as a plain tuple: what the request path renders.
-
-    Building the frozen dataclass costs several times more than a tuple, and a gateway does
-    it on every response; headers and the JSON block are written from this instead, and
-    ``Energy.from_figure`` gives the record to whoever asks for it.
-    """
-
-    joules: float | None
-    method: Method
-    backend: str
-    source: str
-    node: str | None
-    tier: str | None
-    route: str | None
-    seconds: float
-    idle_watts: float | None
-    idle_known: bool
-    mean_watts: float | None
-    tokens: int | None
-    token_kind: str
-    joules_per_token: float | None
-    concurrency: float | None
-    split: str | None
-    uncertainty_joules: float | None
-    settled: bool
-    stages: Mapping[str, Any]
-    contended: bool | None
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Provenance:
-    """Who measured, from where, with which idle floor: constant for a node's reader."""
-
-    method: Method  # what a successful reading is: "measured" or "simulated"
-    backend: str
-    source: str
-    idle_watts: float | None
-
-
-def classify(
-    share: float | None, provenance: Provenance, tokens: int | None, hint_per_1k: float
-) -> tuple[float | None, Method, float | None]:
-    """Rules 2 and 3 in one place: (joules, method, joules per token) for a share.
-
-    A positive finite share is a measurement (or a simulation, as the reader says). Anything
-    else is not a free request: it becomes tokens x hint, labelled ``estimated``, or
-    ``unknown`` with no figure at all.
-    """
-    valid_tokens = tokens is not None and tokens > 0
-    if share is not None and share > 0 and math.isfinite(share):
-        return share, provenance.method, (share / tokens if valid_tokens else None)  # type: ignore[operator]
-    if valid_tokens and hint_per_1k > 0:
-        joules = hint_per_1k * tokens / 1000.0  # type: ignore[operator]
-        return joules, "estimated", joules / tokens  # type: ignore[operator]
-    return None, "unknown", None
-
-
-def grade(share: float | None, **options: Any) -> Energy:
-    """Turn the ledger's share for a window into an honestly labelled :class:`Energy`.
-
-    ``share`` is ``None`` when the window could not be measured at all (no reader, a
-    counter reset or a reader error inside it, a window that never settled). ``options``
-    are :func:`grade_figure`'s keywords; it applies the rules, this builds the record.
-    """
-    return Energy.from_figure(grade_figure(share, **options))
-
-
-def grade_figure(
-    share: float | None,
+def grade(
+    share: Share,
     *,
-    provenance: Provenance,
-    seconds: float,
     node: str | None = None,
     tier: str | None = None,
     route: str | None = None,
     tokens: int | None = None,
     token_kind: str = "output",
     hint_per_1k: float = 0.0,
-    mean_watts: float | None = None,
-    concurrency: float | None = None,
-    split: str | None = None,
-    uncertainty: float | None = None,
-    settled: bool = True,
-    stages: Mapping[str, Any] | None = None,
-    contended: bool | None = None,
-    error: str | None = None,
-) -> Figure:
-    """:func:`grade`, as a :class:`Figure`: the one place the rules are applied."""
-    return grade_positional(
-        share, provenance, seconds, node, tier, route, tokens, token_kind, hint_per_1k,
-        mean_watts, concurrency, split, uncertainty, settled, stages, contended, error,
-    )
-
-
-def grade_positional(
-    share: float | None,
-    provenance: Provenance,
-    seconds: float,
-    node: str | None,
-    tier: str | None,
-    route: str | None,
-    tokens: int | None,
-    token_kind: str,
-    hint_per_1k: float,
-    mean_watts: float | None,
-    concurrency: float | None,
-    split: str | None,
-    uncertainty: float | None,
-    settled: bool,
-    stages: Mapping[str, Any] | None,
-    contended: bool | None,
-    error: str | None,
-) -> Figure:
-    """:func:`grade_figure` with every argument in place: the request path calls this,
-    since seventeen keywords cost more than the grading itself."""
-    joules, method, per_token = classify(share, provenance, tokens, hint_per_1k)
+    stages: Mapping[str, Energy] | None = None,
+    id: str | None = None,
+) -> Energy:
+    """The rules, in one place: a raw share in, an honestly labelled record out."""
+    provenance = share.provenance
+    valid_tokens = tokens if tokens is not None and tokens > 0 else None
+    joules = share.joules
+    method: Method = provenance.method
     backend, source = provenance.backend, provenance.source
-    if method != provenance.method:  # the measurement did not stand
+    uncertainty: float | None = share.uncertainty
+    mean_watts = share.mean_watts
+    error = share.error
+    if joules is None or not (joules > 0 and math.isfinite(joules)):
+        if joules is not None and error is None:
+            error = f"measured {joules:.6g} J above idle: a failed measurement, not a free request"
+        if valid_tokens is not None and hint_per_1k > 0:
+            joules = hint_per_1k * valid_tokens / 1000.0
+            method, backend, source, mean_watts = "estimated", "none", "none", None
+        else:
+            joules, method = None, "unknown"
         uncertainty = None
-        if share is not None and error is None:
-            error = f"measured {share:.6g} J above idle: a failed measurement, not a free request"
-        if method == "estimated":
-            backend, source, mean_watts = "none", "none", None
-    return Figure(
-        joules, method, backend, source, node, tier, route, seconds,
+    elif share.interpolated > MOSTLY_INTERPOLATED * joules and error is None:
+        error = (
+            f"provisional: {share.interpolated / joules:.0%} of this figure is interpolated "
+            "from the node's measured prior; the card has not reported it yet"
+        )
+    per_token = joules / valid_tokens if joules is not None and valid_tokens else None
+    return Energy(
+        joules, method, backend, source, node, tier, route, share.seconds,
         provenance.idle_watts, provenance.idle_watts is not None, mean_watts, tokens,
-        token_kind, per_token, concurrency, split, uncertainty, settled,
-        stages if stages is not None else _NO_STAGES, contended, error,
+        token_kind, per_token, share.concurrency, share.split, uncertainty, share.settled,
+        stages if stages is not None else {}, share.contended, share.foreign_watts, error, id,
     )
 
 
-_NO_STAGES: Mapping[str, Energy] = MappingProxyType({})
+__all__ = [
+    "BACKENDS",
+    "METHODS",
+    "NO_READER",
+    "SOURCES",
+    "TOKEN_KINDS",
+    "Energy",
+    "Method",
+    "Provenance",
+    "Share",
+    "grade",
+]
