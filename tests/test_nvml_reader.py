@@ -2,18 +2,44 @@
 
 from __future__ import annotations
 
-import pytest
-from fake_nvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN, FakeGpu, FakeNvml
+import threading
+from pathlib import Path
 
-from giul_asgi import Ledger, Node, ReaderUnavailable
-from giul_asgi.readers import NullReader, NvmlReader, VirtualClock, make_reader, probe_nvml
+import pytest
+from fake_nvml import (
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_UNKNOWN,
+    FakeGpu,
+    FakeNvml,
+    LiveGpu,
+)
+
+from giul_asgi.errors import ConfigError, ReaderUnavailable
+from giul_asgi.readers.base import Process, ProcessLister, Reader, ReaderSpec
+from giul_asgi.readers.nvml import POLL_HINT_S, NvmlReader, probe_nvml
 
 
 def test_counter_is_preferred_and_summed_over_the_nodes_gpus() -> None:
-    nvml = FakeNvml([FakeGpu(energy_mj=1_500), FakeGpu(energy_mj=2_500)])
+    nvml = FakeNvml([FakeGpu(energy_mj=1_500), FakeGpu(energy_mj=2_501)])
     reader = NvmlReader((0, 1), nvml=nvml)
-    assert (reader.kind, reader.backend, reader.period) == ("counter", "nvml_counter", 0.1)
-    assert reader.read().joules == pytest.approx(4.0)
+    assert (reader.kind, reader.backend, reader.period) == ("counter", "nvml_counter", POLL_HINT_S)
+    assert reader.read().joules == pytest.approx(4.001)
+    assert isinstance(reader, Reader) and isinstance(reader, ProcessLister)
+    assert not hasattr(reader, "blocking")
+
+
+def test_built_from_a_spec_with_its_period_hint_and_clock() -> None:
+    nvml = FakeNvml([FakeGpu(energy_mj=7), FakeGpu(energy_mj=9)])
+    spec = ReaderSpec(gpus=(1,), period=0.02, clock=lambda: 42.0)
+    reader = NvmlReader(spec, nvml=nvml)
+    assert reader.period == 0.02 and reader.gpus == (1,)
+    reading = reader.read()
+    assert reading.t == 42.0 and reading.joules == pytest.approx(0.009)
+
+
+def test_empty_gpu_list_means_every_gpu() -> None:
+    reader = NvmlReader(ReaderSpec(gpus=()), nvml=FakeNvml([FakeGpu(), FakeGpu()]))
+    assert reader.gpus == (0, 1)
 
 
 def test_probed_once_then_only_the_chosen_call_is_made() -> None:
@@ -40,6 +66,24 @@ def test_then_to_the_averaged_gauge_and_says_so() -> None:
     assert any("averaged" in note for note in reader.notes)
 
 
+def test_prefer_option_picks_a_gauge_even_where_the_counter_works() -> None:
+    nvml = FakeNvml([FakeGpu(power_mw=123_000, average_mw=99_000)])
+    assert NvmlReader((0,), nvml=nvml, options={"prefer": "instant"}).read().watts == pytest.approx(123.0)
+    assert NvmlReader((0,), nvml=nvml, options={"prefer": "average"}).read().watts == pytest.approx(99.0)
+    with pytest.raises(ReaderUnavailable, match="prefer='counter'"):
+        NvmlReader((0,), nvml=FakeNvml([FakeGpu(counter=False)]), options={"prefer": "counter"})
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"bogus": 1}, "unknown option 'bogus'"), ({"prefer": "fastest"}, "'prefer' must be one of"),
+     ({"mig_slices": ["a"]}, "'mig_slices' must be a list")],
+)
+def test_bad_options_are_config_errors_naming_the_key(options: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        NvmlReader((0,), nvml=FakeNvml(), options=options)
+
+
 def test_mixed_support_uses_power_for_every_gpu() -> None:
     nvml = FakeNvml([FakeGpu(), FakeGpu(counter=False)])
     reader = NvmlReader((0, 1), nvml=nvml)
@@ -59,6 +103,8 @@ def test_missing_gpu_index_and_dead_driver() -> None:
         NvmlReader((3,), nvml=FakeNvml([FakeGpu()]))
     with pytest.raises(ReaderUnavailable, match="NVML would not start"):
         NvmlReader((0,), nvml=FakeNvml(init_error=NVML_ERROR_UNKNOWN))
+    with pytest.raises(ReaderUnavailable, match="no GPU"):
+        NvmlReader(ReaderSpec(gpus=()), nvml=FakeNvml([]))
 
 
 def test_errors_mid_run_become_readings_never_exceptions() -> None:
@@ -71,88 +117,90 @@ def test_errors_mid_run_become_readings_never_exceptions() -> None:
     assert reader.read().ok
 
 
+def test_the_block_switch_stalls_every_call_like_a_wedged_driver() -> None:
+    gpu = FakeGpu(energy_mj=5)
+    reader = NvmlReader((0,), nvml=FakeNvml([gpu]))
+    gpu.block_s = 0.2
+    done = threading.Event()
+    threading.Thread(target=lambda: (reader.read(), done.set()), daemon=True).start()
+    assert not done.wait(0.05)  # still inside the driver call
+    assert done.wait(5)
+
+
 def test_mig_is_said_not_divided() -> None:
-    reader = NvmlReader((0,), nvml=FakeNvml([FakeGpu(mig=True)]))
+    reader = NvmlReader((0,), nvml=FakeNvml([FakeGpu(mig=True)]), options={"mig_slices": [1, 2]})
+    assert reader.mig is True
     assert any("MIG" in note for note in reader.notes)
+    assert reader.mig_slices == (1, 2) and any("board-level" in note for note in reader.notes)
+
+
+def test_processes_with_names_from_proc(tmp_path: Path) -> None:
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "status").write_text("Name:\tpython\nNSpid:\t4242\n")
+    (tmp_path / "31").mkdir()
+    (tmp_path / "31" / "comm").write_text("vllm\n")
+    gpus = [FakeGpu(processes=[31, 77]), FakeGpu(processes=[31])]
+    reader = NvmlReader((0, 1), nvml=FakeNvml(gpus), options={"proc_root": str(tmp_path)})
+    assert reader.processes() == [Process(31, "vllm"), Process(77, None)]
+
+
+def test_processes_names_withheld_in_a_nested_pid_namespace(tmp_path: Path) -> None:
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "status").write_text("NSpid:\t90210\t12\n")
+    (tmp_path / "31").mkdir()
+    (tmp_path / "31" / "comm").write_text("not-the-right-one\n")
+    reader = NvmlReader((0,), nvml=FakeNvml([FakeGpu(processes=[31])]), options={"proc_root": str(tmp_path)})
+    assert reader.processes() == [Process(31, None)]
+
+
+def test_processes_under_mig_come_from_every_slice_and_none_when_unsupported() -> None:
+    mig = FakeGpu(mig=True, processes=[], mig_slices=[[5], [6, 7]])
+    assert [p.pid for p in NvmlReader((0,), nvml=FakeNvml([mig])).processes() or []] == [5, 6, 7]
+    assert NvmlReader((0,), nvml=FakeNvml([FakeGpu(processes=None)])).processes() is None
+    gpu = FakeGpu(processes=[1])
+    reader = NvmlReader((0,), nvml=FakeNvml([gpu]))
+    gpu.fail = NVML_ERROR_GPU_IS_LOST
+    assert reader.processes() is None  # nobody could look: not "no process"
+
+
+def test_counters_are_whole_millijoules() -> None:
+    reader = NvmlReader((0,), nvml=FakeNvml([FakeGpu(energy_mj=1_234_567)]))
+    assert reader.read().joules == 1234.567
+
+
+def test_live_gpu_counter_steps_on_its_clock() -> None:
+    now = [100.0]
+    gpu = LiveGpu(watts=200.0, step_s=0.1, clock=lambda: now[0])
+    reader = NvmlReader((0,), nvml=FakeNvml([gpu]))
+    first = reader.read().joules
+    now[0] += 0.05
+    assert reader.read().joules == first  # not stepped yet
+    now[0] += 0.1
+    stepped = reader.read().joules
+    assert stepped is not None and first is not None and stepped > first
+    now[0] += 1.0
+    gpu.watts = 400.0
+    assert NvmlReader((0,), nvml=FakeNvml([gpu]), options={"prefer": "instant"}).read().watts == 400.0
 
 
 def test_probe_lists_what_each_gpu_answers() -> None:
-    probes = probe_nvml(FakeNvml([FakeGpu(), FakeGpu(counter=False, mig=True)]))
+    probes = probe_nvml(FakeNvml([FakeGpu(), FakeGpu(counter=False, mig=True, processes=None)]))
     assert [p.counter for p in probes] == [True, False]
     assert probes[1].mig is True and probes[0].name == "NVIDIA H100 80GB HBM3"
+    assert probes[0].uuid == "GPU-fake-0000" and probes[1].processes is False
 
 
 def test_real_pynvml_without_a_gpu_is_honest() -> None:
-    """nvidia-ml-py is installed here but there is no driver: auto says so, nvml raises."""
-    reader = make_reader(Node("nogpu"))
-    assert isinstance(reader, NullReader) and "NVML" in reader.reason
-    with pytest.raises(ReaderUnavailable):
-        make_reader(Node("nogpu", reader="nvml"))
+    """nvidia-ml-py is installed here but there is no driver: the reader raises, probe is empty."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this host has a working NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    with pytest.raises(ReaderUnavailable, match="NVML would not start"):
+        NvmlReader(ReaderSpec())
     assert probe_nvml() == []
 
-
-def test_ledger_on_scripted_counter_with_a_reset() -> None:
-    clock = VirtualClock()
-    gpu = FakeGpu(energy_mj=5_000_000)
-    ledger = Ledger(Node("n", idle_w=100.0), NvmlReader((0,), nvml=FakeNvml([gpu]), clock=clock))
-    ledger.read_now()
-    window = ledger.open()
-    for _ in range(4):  # 300 W for 0.4 s: 200 W above idle
-        clock.advance(0.1)
-        gpu.energy_mj += 30_000
-        ledger.read_now()
-    ledger.close(window)
-    clock.advance(0.1)
-    gpu.energy_mj += 10_000
-    ledger.read_now()
-    e = ledger.energy(window)
-    assert e.method == "measured" and e.settled
-    # 200 W above idle for 0.4 s. These reads come every 100 ms exactly, so the ledger cannot
-    # learn where inside each 100 ms the counter stepped, and the first interval after a
-    # baseline is off by up to a step: within 10% here.
-    assert e.joules == pytest.approx(80.0, rel=0.1)
-
-    # A driver reload: the counter restarts from zero. That interval is unknown, never negative.
-    second = ledger.open()
-    clock.advance(0.1)
-    gpu.energy_mj = 1_000
-    ledger.read_now()
-    clock.advance(0.1)
-    gpu.energy_mj += 30_000
-    ledger.close(second)
-    clock.advance(0.05)
-    ledger.read_now()
-    e2 = ledger.energy(second)
-    assert e2.joules is None and e2.method == "unknown"
-    assert "reset" in (e2.error or "")
-    totals = ledger.totals()
-    assert totals.resets == 1
-    assert totals.conservation_error_j == pytest.approx(0.0, abs=1e-9)
-
-
-def test_ledger_power_reader_integrates_trapezoids() -> None:
-    clock = VirtualClock()
-    gpu = FakeGpu(counter=False, power_mw=100_000)
-    ledger = Ledger(Node("p", idle_w=100.0), NvmlReader((0,), nvml=FakeNvml([gpu]), clock=clock))
-    ledger.read_now()
-    window = ledger.open()
-    gpu.power_mw = 300_000
-    clock.advance(1.0)
-    ledger.read_now()  # ramp 100 -> 300 W: 200 J, 100 J above idle
-    ledger.close(window)
-    clock.advance(0.0001)
-    ledger.read_now()
-    e = ledger.energy(window)
-    assert e.backend == "nvml_power" and e.joules == pytest.approx(100.0, rel=1e-3)
-
-
-def test_ledgers_close_releases_nvml() -> None:
-    from giul_asgi import Ledgers
-
-    nvml = FakeNvml([FakeGpu()])
-    node = Node("release", reader_factory=lambda n: NvmlReader(n.gpus, nvml=nvml))
-    ledgers = Ledgers()
-    ledgers.get(node)
-    assert nvml.inits == 1 and nvml.shutdowns == 0
-    ledgers.close()
-    assert nvml.shutdowns == 1 and list(ledgers) == []

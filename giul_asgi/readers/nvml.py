@@ -7,8 +7,16 @@ first (``nvmlDeviceGetPowerUsage`` is a one-second average on H100-class cards, 
 smears energy across neighbouring requests), then ``nvmlDeviceGetPowerUsage``. What each
 GPU supports is probed once, when the reader is built, and never on a request's path.
 
+How often the counter really steps differs by card (about 20 ms on V100-class, about
+100 ms on A100/H100, at every read on some): ``period`` is only a polling hint, and the
+ledger's tape learns the real update period from the readings.
+
 Power and energy are board-level: a MIG slice cannot be metered alone, so a node whose
-GPU is in MIG mode says so in ``notes`` rather than dividing the board silently.
+GPU is in MIG mode says so in ``notes`` (and ``mig`` is true) rather than dividing the
+board silently; ``options["mig_slices"]`` records the GPU instances a node stands for.
+
+NVML calls are blocking C calls; the poller calls :meth:`NvmlReader.read` from its own
+thread with a bound, so a wedged driver costs readings, never a request.
 """
 
 from __future__ import annotations
@@ -17,20 +25,29 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
 from ..errors import ReaderUnavailable
-from .base import Kind, Reading
+from .base import Kind, Process, ReaderSpec, Reading
+from .registry import Options
 
 NVML_FI_DEV_POWER_INSTANT = 186
 NVML_ERROR_NOT_SUPPORTED = 3
-#: A100/H100 counters advance about every 100 ms; reading faster only repeats values.
-COUNTER_PERIOD_S = 0.1
-POWER_PERIOD_S = 0.1
+NVML_ERROR_NOT_FOUND = 6
+#: How often to poll when the node gives no period: a hint, not the counter's update period.
+POLL_HINT_S = 0.1
+#: Kept for callers of 0.1: the same polling hint under its old names.
+COUNTER_PERIOD_S = POLL_HINT_S
+POWER_PERIOD_S = POLL_HINT_S
+
+OPTIONS = ("prefer", "proc_root", "mig_slices")
+PREFER = ("auto", "counter", "instant", "average")
 
 
-def _load_nvml(nvml: ModuleType | None) -> ModuleType:
+def load_nvml(nvml: ModuleType | Any | None = None) -> Any:
+    """The pynvml module (or the fake a test passes); ReaderUnavailable when not installed."""
     if nvml is not None:
         return nvml
     try:
@@ -42,11 +59,17 @@ def _load_nvml(nvml: ModuleType | None) -> ModuleType:
     return pynvml
 
 
-def _describe(exc: BaseException) -> str:
+_load_nvml = load_nvml
+
+
+def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _not_supported(nvml: ModuleType, exc: BaseException) -> bool:
+_describe = describe
+
+
+def not_supported(nvml: Any, exc: BaseException) -> bool:
     code = getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED)
     return getattr(exc, "value", None) == code
 
@@ -62,9 +85,12 @@ class GpuProbe:
     average_power: bool
     mig: bool | None
     error: str | None = None
+    uuid: str | None = None
+    #: whether the compute-process list answers (None: not asked)
+    processes: bool | None = None
 
 
-def _instant_power_mw(nvml: ModuleType, handle: Any) -> float:
+def instant_power_mw(nvml: Any, handle: Any) -> float:
     field_id = getattr(nvml, "NVML_FI_DEV_POWER_INSTANT", NVML_FI_DEV_POWER_INSTANT)
     values = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
     value = values[0]
@@ -73,16 +99,27 @@ def _instant_power_mw(nvml: ModuleType, handle: Any) -> float:
     return float(value.value.uiVal)
 
 
-def _probe_one(nvml: ModuleType, index: int, handle: Any) -> GpuProbe:
+_instant_power_mw = instant_power_mw
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def probe_gpu(nvml: Any, index: int, handle: Any) -> GpuProbe:
+    """Ask one GPU once what it supports (each call guarded: a probe never raises)."""
     try:
-        raw_name = nvml.nvmlDeviceGetName(handle)
-        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+        name: str | None = _text(nvml.nvmlDeviceGetName(handle))
     except Exception:
         name = None
+    try:
+        uuid: str | None = _text(nvml.nvmlDeviceGetUUID(handle))
+    except Exception:
+        uuid = None
     checks: dict[str, bool] = {}
     for key, call in (
         ("counter", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle)),
-        ("instant", lambda: _instant_power_mw(nvml, handle)),
+        ("instant", lambda: instant_power_mw(nvml, handle)),
         ("average", lambda: nvml.nvmlDeviceGetPowerUsage(handle)),
     ):
         try:
@@ -96,13 +133,25 @@ def _probe_one(nvml: ModuleType, index: int, handle: Any) -> GpuProbe:
         mig = bool(current)
     except Exception:
         mig = None
-    return GpuProbe(index, name, checks["counter"], checks["instant"], checks["average"], mig)
+    procs: bool | None
+    try:
+        nvml.nvmlDeviceGetComputeProcesses(handle)
+        procs = True
+    except Exception:
+        procs = False
+    return GpuProbe(
+        index, name, checks["counter"], checks["instant"], checks["average"], mig,
+        uuid=uuid, processes=procs,
+    )
 
 
-def probe_nvml(nvml: ModuleType | None = None) -> list[GpuProbe]:
+_probe_one = probe_gpu
+
+
+def probe_nvml(nvml: ModuleType | Any | None = None) -> list[GpuProbe]:
     """Every visible GPU and what it supports; empty when NVML is absent or will not start."""
     try:
-        nvml = _load_nvml(nvml)
+        nvml = load_nvml(nvml)
         nvml.nvmlInit()
     except Exception:
         return []
@@ -110,38 +159,91 @@ def probe_nvml(nvml: ModuleType | None = None) -> list[GpuProbe]:
         probes = []
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
-                probes.append(_probe_one(nvml, index, nvml.nvmlDeviceGetHandleByIndex(index)))
+                probes.append(probe_gpu(nvml, index, nvml.nvmlDeviceGetHandleByIndex(index)))
             except Exception as exc:
-                probes.append(GpuProbe(index, None, False, False, False, None, _describe(exc)))
+                probes.append(GpuProbe(index, None, False, False, False, None, describe(exc)))
         return probes
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
 
 
+def nested_pid_namespace(proc_root: Path = Path("/proc")) -> bool | None:
+    """True inside a nested PID namespace (a container), where NVML's host PIDs are not ours."""
+    try:
+        for line in (proc_root / "self" / "status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return len(line.split()) > 2
+    except OSError:
+        return None
+    return None
+
+
+def process_name(pid: int, proc_root: Path = Path("/proc")) -> str | None:
+    try:
+        return (proc_root / str(pid) / "comm").read_text().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def compute_pids(nvml: Any, handle: Any, mig: bool | None) -> set[int]:
+    """Compute PIDs on one board; under MIG, those of every slice (the board handle lists none)."""
+    pids = {int(p.pid) for p in nvml.nvmlDeviceGetComputeProcesses(handle)}
+    if mig:
+        not_found = getattr(nvml, "NVML_ERROR_NOT_FOUND", NVML_ERROR_NOT_FOUND)
+        for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                slice_handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+            except Exception as exc:
+                if getattr(exc, "value", None) == not_found:
+                    continue
+                raise
+            pids.update(int(p.pid) for p in nvml.nvmlDeviceGetComputeProcesses(slice_handle))
+    return pids
+
+
 class NvmlReader:
-    """Reads a node's GPUs through NVML and sums them: one counter, or one power gauge."""
+    """Reads a node's GPUs through NVML and sums them: one counter, or one power gauge.
+
+    Build it from a :class:`ReaderSpec` (``NvmlReader(spec)``) or, as before, from GPU
+    indices and keywords (``NvmlReader((0, 1), nvml=fake)``). Options: ``prefer``
+    (``auto`` | ``counter`` | ``instant`` | ``average``), ``proc_root`` (where to read
+    process names, ``/proc``), ``mig_slices`` (the GPU instance IDs the node stands for).
+    """
 
     source = "local"
     method: Literal["measured", "simulated"] = "measured"
-    blocking = True
 
     def __init__(
         self,
-        gpus: Sequence[int] = (0,),
+        spec: ReaderSpec | Sequence[int] | None = None,
         *,
         period: float | None = None,
-        nvml: ModuleType | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        nvml: ModuleType | Any | None = None,
+        clock: Callable[[], float] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
-        self._nvml = nvml = _load_nvml(nvml)
-        self.clock = clock
-        self.gpus = tuple(gpus)
+        if not isinstance(spec, ReaderSpec):
+            spec = ReaderSpec(
+                gpus=tuple(spec) if spec is not None else (0,),
+                period=period,
+                options=options or {},
+                clock=clock or time.monotonic,
+            )
+        opts = Options(spec.options, "nvml", OPTIONS)
+        prefer = opts.choice("prefer", PREFER, "auto")
+        self._proc_root = Path(opts.text("proc_root", "/proc") or "/proc")
+        self.mig_slices = opts.ints("mig_slices")
+        self.spec = spec
+        self._nvml = nvml = load_nvml(nvml)
+        self.clock: Callable[[], float] = clock or spec.clock
+        self.gpus = tuple(spec.gpus)
+        self._open = False
         try:
             nvml.nvmlInit()
         except Exception as exc:
             raise ReaderUnavailable(
-                f"NVML would not start ({_describe(exc)})",
+                f"NVML would not start ({describe(exc)})",
                 remedy="check the NVIDIA driver is loaded (nvidia-smi), or use reader='none'",
             ) from None
         self._open = True
@@ -158,54 +260,91 @@ class NvmlReader:
                     remedy="fix the node's gpus list (CUDA_VISIBLE_DEVICES does not renumber NVML)",
                 )
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(g) for g in self.gpus]
-            self.probes = [_probe_one(nvml, g, h) for g, h in zip(self.gpus, self._handles, strict=True)]
+            self.probes = [probe_gpu(nvml, g, h) for g, h in zip(self.gpus, self._handles, strict=True)]
         except ReaderUnavailable:
             self.close()
             raise
         except Exception as exc:
             self.close()
-            raise ReaderUnavailable(f"NVML failed while probing: {_describe(exc)}") from None
+            raise ReaderUnavailable(f"NVML failed while probing: {describe(exc)}") from None
 
+        self.mig = any(p.mig for p in self.probes)
         self.notes: list[str] = [
             f"GPU {p.index} is in MIG mode: energy is the whole board's, not a slice's"
             for p in self.probes if p.mig
         ]
+        if self.mig_slices is not None:
+            self.notes.append(
+                f"the node stands for MIG slices {list(self.mig_slices)}: readings are still board-level"
+            )
         self.kind: Kind
+        self.period = spec.period or POLL_HINT_S
         self._read_one: Callable[[Any], float]
-        if all(p.counter for p in self.probes):
+        counter = all(p.counter for p in self.probes) and prefer in ("auto", "counter")
+        instant = all(p.instant_power for p in self.probes) and prefer in ("auto", "instant")
+        average = all(p.average_power for p in self.probes) and prefer in ("auto", "average")
+        if counter:
             self.kind, self.backend = "counter", "nvml_counter"
             self._read_one = nvml.nvmlDeviceGetTotalEnergyConsumption
-            self.period = period or COUNTER_PERIOD_S
-        elif all(p.instant_power for p in self.probes):
+        elif instant:
             self.kind, self.backend = "power", "nvml_power"
-            self._read_one = lambda h: _instant_power_mw(nvml, h)
-            self.period = period or POWER_PERIOD_S
-        elif all(p.average_power for p in self.probes):
+            self._read_one = lambda h: instant_power_mw(nvml, h)
+        elif average:
             self.kind, self.backend = "power", "nvml_power"
             self._read_one = nvml.nvmlDeviceGetPowerUsage
-            self.period = period or POWER_PERIOD_S
             self.notes.append("power is NVML's averaged gauge: short requests are smeared")
         else:
             self.close()
+            wanted = "" if prefer == "auto" else f" (prefer={prefer!r})"
             raise ReaderUnavailable(
-                f"GPUs {list(self.gpus)} answer neither the energy counter nor a power gauge",
+                f"GPUs {list(self.gpus)} answer neither the energy counter nor a power gauge{wanted}",
                 remedy="pre-Volta or a restricted driver: use reader='none' (estimates only)",
             )
 
     def read(self) -> Reading:
         try:
-            total_milli = 0.0
+            total_milli: float = 0
             for handle in self._handles:
-                total_milli += float(self._read_one(handle))
+                total_milli += self._read_one(handle)
         except Exception as exc:
-            return Reading(t=self.clock(), error=_describe(exc))
+            return Reading(t=self.clock(), error=describe(exc))
         t = self.clock()
         if self.kind == "counter":
-            return Reading(t=t, joules=total_milli / 1000.0)
-        return Reading(t=t, watts=total_milli / 1000.0)
+            return Reading(t=t, joules=int(total_milli) / 1000.0)
+        return Reading(t=t, watts=float(total_milli) / 1000.0)
+
+    def processes(self) -> list[Process] | None:
+        """The compute processes on the node's boards; None when NVML cannot list them.
+
+        NVML gives host PIDs. Inside a container (a nested PID namespace) ``/proc/<pid>`` is
+        another process or none, so names are left out there rather than guessed.
+        """
+        try:
+            pids: set[int] = set()
+            for handle, probe in zip(self._handles, self.probes, strict=True):
+                pids |= compute_pids(self._nvml, handle, probe.mig)
+        except Exception:
+            return None
+        nested = nested_pid_namespace(self._proc_root)
+        return [
+            Process(pid, None if nested else process_name(pid, self._proc_root))
+            for pid in sorted(pids)
+        ]
 
     def close(self) -> None:
         if self._open:
             self._open = False
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
+
+
+__all__ = [
+    "POLL_HINT_S",
+    "GpuProbe",
+    "NvmlReader",
+    "instant_power_mw",
+    "load_nvml",
+    "probe_gpu",
+    "probe_nvml",
+]
+
