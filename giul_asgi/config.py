@@ -21,8 +21,13 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from .readers.base import Reader
 
-READER_KINDS: tuple[str, ...] = ("auto", "nvml", "simulated", "none")
+READER_KINDS: tuple[str, ...] = (
+    "auto", "nvml", "agent", "dcgm", "smi", "rapl", "amd", "simulated", "none",
+)
+#: Readers that read another host: they need a ``url``.
+URL_READERS: tuple[str, ...] = ("agent", "dcgm", "simulated")
 SPLITS: tuple[str, ...] = ("time", "tokens")
+FOREIGN: tuple[str, ...] = ("charge", "subtract")
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,15 @@ class Node:
     ``reader`` picks how to read it: ``auto`` (NVML if it answers, else nothing), ``nvml``,
     ``simulated`` or ``none``. ``split`` is how overlapping requests share the node's
     energy: by their ``time`` in each interval, or by time x ``tokens`` per second.
-    ``reader_factory`` builds a custom reader (tests, a simulated card on a virtual
-    clock); it is not part of the node's identity.
+    ``url`` (and ``token``) say where a remote reader finds the card: a giul-agent, a
+    dcgm-exporter, the demo's simulated upstream. ``options`` are the reader's own keys,
+    checked when it is built. ``foreign`` is what to do with a load on the card that no
+    window explains once a ramp-down (``ramp_s``) has passed: ``charge`` it to the windows
+    (flagged ``contended``) or ``subtract`` the witnessed level. ``serving`` names the
+    node's own inference server (a process name or PID): any other compute process on the
+    card marks figures ``contended``.
+    ``reader_factory`` builds a custom reader (tests, benchmarks); it is not part of the
+    node's identity.
     """
 
     name: str = "local"
@@ -45,6 +57,12 @@ class Node:
     reader: str = "auto"
     period_s: float | None = None
     split: str = "time"
+    url: str | None = None
+    token: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    foreign: str = "charge"
+    ramp_s: float = 0.15
+    serving: str | int | None = None
     reader_factory: Callable[[Node], Reader] | None = field(
         default=None, compare=False, repr=False
     )
@@ -86,6 +104,39 @@ class Node:
             if period <= 0:
                 raise ConfigError(f"node {self.name!r}: period_s must be > 0, got {period}")
             object.__setattr__(self, "period_s", period)
+        if self.foreign not in FOREIGN:
+            raise ConfigError(
+                f"node {self.name!r}: foreign must be one of {FOREIGN}, got {self.foreign!r}"
+            )
+        ramp = _number(self.ramp_s, f"node {self.name!r}: ramp_s")
+        if ramp < 0:
+            raise ConfigError(f"node {self.name!r}: ramp_s must be >= 0 s, got {ramp}")
+        object.__setattr__(self, "ramp_s", ramp)
+        if not isinstance(self.options, Mapping):
+            raise ConfigError(f"node {self.name!r}: options must be a table of keys")
+        for key in ("url", "token"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"node {self.name!r}: {key} must be a non-empty string")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"node {self.name!r}: url must start with http:// or https://, got {self.url!r}"
+            )
+        if self.reader in URL_READERS and self.url is None and self.reader_factory is None:
+            what = (
+                "the demo upstream that loads the simulated card (giul-asgi demo prints it)"
+                if self.reader == "simulated" else f"the {self.reader} endpoint of the GPU host"
+            )
+            raise ConfigError(
+                f"node {self.name!r}: reader={self.reader!r} reads a card elsewhere and needs a url",
+                remedy=f"add url = \"http://host:port\": {what}",
+            )
+        if self.serving is not None and (
+            isinstance(self.serving, bool) or not isinstance(self.serving, str | int)
+        ):
+            raise ConfigError(
+                f"node {self.name!r}: serving must be a process name or a PID, got {self.serving!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
-"""A request's window on its node's ledger: open, mark stages, close, read the figure.
+"""A request's window on its node's ledger: open, mark stages, close, and grade the share.
 
 A meter never reads a card. It borrows the node's ledger (one per node, shared by every
-request), records times, and asks the ledger for its share::
+request), records times, and grades the raw share the ledger's book hands back into an
+:class:`~giul_asgi.energy.Energy` with the tier, route, tokens and hint it knows::
 
     async with Meter.for_node(node, tier) as m:
         await retrieve(); m.mark("retrieve")
         await generate(); m.mark("generate")
-    energy = m.result(tokens=412)          # provisional if the card has not reported yet
-    energy = await m.settled(timeout=0.5)  # the settled figure
+    first = m.figure(tokens=412)          # at once: unreported part from the node's prior
+    final = await m.settled(timeout=0.5)  # once the card has reported the whole window
 
 Stages are graded like the total, and the total is never the sum of the stages.
 """
@@ -15,42 +16,37 @@ Stages are graded like the total, and the total is never the sum of the stages.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import logging
+import os
 import time
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
 from typing import Any
 
 from .config import Node, Tier
-from .energy import Energy, Figure, Provenance, classify, grade_figure
+from .energy import Energy, Provenance, Share, grade
 from .errors import ConfigError
 from .ledger import Ledger, Ledgers, Window, default_ledgers
 
+log = logging.getLogger("giul_asgi.meter")
+
 _NO_NAMES: Mapping[str, Node | Tier] = {}
-_NO_READER = Provenance(method="measured", backend="none", source="none", idle_watts=None)
-#: The meter of the request being handled; set by the middleware for its handlers.
-_current: ContextVar[Meter | None] = ContextVar("giul_asgi_current_meter", default=None)
-
-
-def current_meter() -> Meter | None:
-    """The meter of the request this code is handling, or None outside a metered request."""
-    return _current.get()
+# Request ids: this process's id and a counter, unique per process and cheap to make.
+_ids = itertools.count(1)
+_PREFIX = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
 
 
 class Meter:
-    """One window on one node's ledger. Use :meth:`for_node` to build one."""
-
-    # Set when the window opens and when a count is known; class defaults until then.
-    _window: Window | None = None
-    _tokens: int | None = None
+    """One window on one node's ledger. :meth:`for_node` builds one on the shared ledgers."""
 
     def __init__(
         self,
-        ledger: Ledger | None,
+        ledger: Ledger,
         tier: Tier | None = None,
         *,
         route: str | None = None,
-        sync: Callable[[], object] | None = None,
         token_kind: str = "output",
+        sync: Callable[[], object] | None = None,
         ledgers: Ledgers | None = None,
         catalog: Mapping[str, Node | Tier] | None = None,
     ) -> None:
@@ -58,9 +54,13 @@ class Meter:
         self.tier = tier
         self.route = route
         self.token_kind = token_kind
+        self.id = f"{_PREFIX}{next(_ids):x}"
         self._sync = sync
         self._ledgers = ledgers
         self._catalog = catalog or _NO_NAMES
+        self._window: Window | None = None
+        self._tokens: int | None = None
+        self._listeners: list[Callable[[Energy], None]] | None = None
 
     @classmethod
     def for_node(
@@ -75,13 +75,19 @@ class Meter:
     ) -> Meter:
         """A meter on ``node``'s shared ledger (``None``: nothing to read, estimates only)."""
         ledgers = ledgers if ledgers is not None else default_ledgers()
-        ledger = ledgers.get(node) if node is not None else None
-        return cls(ledger, tier, route=route, sync=sync, token_kind=token_kind, ledgers=ledgers)
+        return cls(
+            ledgers.get(node), tier, route=route, sync=sync, token_kind=token_kind, ledgers=ledgers
+        )
 
     # -- the window -------------------------------------------------------------------------
     @property
     def node(self) -> str | None:
-        return self.ledger.node.name if self.ledger is not None else None
+        name = self.ledger.node.name
+        return None if self.ledger.node.reader == "none" and name == "<none>" else name
+
+    @property
+    def provenance(self) -> Provenance:
+        return self.ledger.provenance
 
     @property
     def window(self) -> Window | None:
@@ -95,23 +101,16 @@ class Meter:
         """Open the window (the async context manager calls this for you)."""
         if self._window is not None:
             raise RuntimeError("a Meter is one window: build a new one for the next request")
-        if self.ledger is not None:
-            self.ledger.ensure_started()
-            self._window = self.ledger.open()
-        else:
-            self._window = Window(time.monotonic(), 0.0, None)
+        self._window = self.ledger.open()
         return self
 
     def close(self) -> None:
         window = self._window
         if window is None or window.t_close is not None:
             return
-        if self.ledger is not None:
-            self.ledger.close(window, tokens=self._tokens)
-        else:
-            window.t_close = time.monotonic()
-            window.settled = True
-            window.error = "no node: nothing to read"
+        self.ledger.close(window, tokens=self._tokens)
+        if self._listeners:
+            self.ledger.when_settled(window, self._settled_now)
 
     async def __aenter__(self) -> Meter:
         return self.open()
@@ -124,14 +123,7 @@ class Meter:
         """End the current stage at now and start the next; ``name`` names the one ending."""
         if self._window is None:
             raise RuntimeError("mark() before the window opened: use `async with meter:`")
-        if self.ledger is not None:
-            self.ledger.mark(self._window, name)
-        elif self._window.t_close is None:
-            window = self._window
-            if window.marks is None:
-                window.marks, window.stage_shares = [], [0.0]
-            window.marks.append((name, time.monotonic()))
-            window.stage_shares.append(0.0)  # type: ignore[union-attr]
+        self.ledger.mark(self._window, name)
 
     def tokens(self, count: int | None) -> None:
         """Set the request's token count; before close it also weights a token split."""
@@ -153,13 +145,11 @@ class Meter:
             self.tier = self._lookup(tier, Tier)
         if node is not None:
             target = self._lookup(node, Node)
-            if self.ledger is None or target != self.ledger.node:
+            if target != self.ledger.node:
                 ledgers = self._ledgers if self._ledgers is not None else default_ledgers()
                 new_ledger = ledgers.get(target)
                 if self._window is not None and self._window.t_close is None:
-                    if self.ledger is not None:
-                        self.ledger.abandon(self._window)
-                    new_ledger.ensure_started()
+                    self.ledger.abandon(self._window)
                     self._window = new_ledger.open()
                 self.ledger = new_ledger
         return self
@@ -169,9 +159,10 @@ class Meter:
             return value
         found = self._catalog.get(f"{kind.__name__.lower()}:{value}")
         if found is None:
+            known = sorted(k.split(":", 1)[1] for k in self._catalog if k.startswith(kind.__name__.lower()))
             raise ConfigError(
                 f"no {kind.__name__.lower()} named {value!r}",
-                remedy=f"declare it in the middleware's {kind.__name__.lower()}s=[...]",
+                remedy=f"declare it in the middleware's {kind.__name__.lower()}s=[...] (known: {known})",
             )
         return found
 
@@ -181,23 +172,22 @@ class Meter:
         return self
 
     def __enter__(self) -> Meter:
-        if self.ledger is not None and self.ledger.measures:
+        if self.ledger.measures:
             self.ledger.read_now()
         return self.open()
 
     def __exit__(self, *exc: object) -> None:
         self._run_sync()
         self.close()
-        ledger, window = self.ledger, self._window
-        if ledger is None or window is None or not ledger.measures:
+        window = self._window
+        if window is None or not self.ledger.measures:
             return
-        # A stepped counter may not have counted the window's tail yet: read until it has,
-        # for at most a few of its periods.
-        for _ in range(8):
-            ledger.read_now()
-            if window.settled:
-                return
-            time.sleep(ledger.poll_s)
+        # The counter may not have stepped past the window's end yet: read until it has,
+        # for at most about a second.
+        deadline = time.monotonic() + 1.0
+        while not window.settled and time.monotonic() < deadline:
+            self.ledger.read_now()
+            time.sleep(0.01)
 
     def _run_sync(self) -> None:
         if self._sync is not None:
@@ -206,23 +196,37 @@ class Meter:
                 self._sync()
 
     # -- the answer ---------------------------------------------------------------------------
-    def result(self, tokens: int | None = None) -> Energy:
-        """The figure for the closed window: settled, or provisional (``settled=False``)."""
-        return Energy.from_figure(self.figure(tokens))
-
-    def figure(self, tokens: int | None = None) -> Figure:
-        """:meth:`result` as a :class:`Figure`: the same fields, cheaper to build."""
+    def figure(self, tokens: int | None = None) -> Energy:
+        """The closed window's figure now: settled, or first (``settled=False``) with the
+        part the card has not reported filled from the node's measured prior."""
         window = self._closed_window()
         if tokens is not None:
             self.tokens(tokens)
-        name, hint = self._tier_parts()
-        if self.ledger is None:
-            return grade_figure(
-                None, provenance=_NO_READER, seconds=window.seconds, tier=name,
-                route=self.route, tokens=self._tokens, token_kind=self.token_kind,
-                hint_per_1k=hint, error=window.error, settled=True,
-            )
-        return self.ledger.figure(window, name, self.route, self._tokens, self.token_kind, hint)
+        return self._grade(self.ledger.share(window), window)
+
+    result = figure
+
+    def _grade(self, share: Share, window: Window) -> Energy:
+        tier = self.tier
+        name, hint = (tier.name, tier.joules_per_1k_hint) if tier is not None else (None, 0.0)
+        stages: dict[str, Energy] | None = None
+        if window.marks is not None:
+            values = self.ledger.stage_values(window)
+            stages = {}
+            prev = window.t_open
+            for (stage, t_mark), value in zip(window.marks, values or (), strict=False):
+                part = Share(
+                    value if share.joules is not None else None,
+                    share.uncertainty * (value / share.joules) if share.joules else 0.0,
+                    0.0, share.settled, share.provenance, t_mark - prev, split=share.split,
+                    contended=share.contended, foreign_watts=share.foreign_watts,
+                )
+                stages[stage] = grade(part, node=self.node, tier=name, route=self.route)
+                prev = t_mark
+        return grade(
+            share, node=self.node, tier=name, route=self.route, tokens=self._tokens,
+            token_kind=self.token_kind, hint_per_1k=hint, stages=stages, id=self.id,
+        )
 
     @property
     def settled_now(self) -> bool:
@@ -230,32 +234,40 @@ class Meter:
         window = self._window
         return window is not None and window.settled
 
-    def tally(self) -> tuple[str | None, str | None, str, float | None, int | None, float]:
-        """``(node, tier, method, joules, tokens, seconds)`` of :meth:`figure`, without
-        building it: what the statistics add up, by the same rules (``classify``)."""
-        window = self._closed_window()
-        name, hint = self._tier_parts()
-        ledger = self.ledger
-        if ledger is None:
-            share, provenance = None, _NO_READER
-        else:
-            share, provenance = ledger.share_now(window), ledger.provenance
-        joules, method, _ = classify(share, provenance, self._tokens, hint)
-        return self.node, name, method, joules, self._tokens, window.seconds
+    def on_settled(self, callback: Callable[[Energy], None]) -> None:
+        """Call ``callback(energy)`` once, with the settled figure (at once if it is).
+
+        It may run on the node's reader thread: keep it cheap and thread-safe.
+        """
+        if self._listeners is None:
+            self._listeners = []
+        self._listeners.append(callback)
+        window = self._window
+        if window is not None and window.t_close is not None:
+            if window.settled:
+                self._settled_now(only=callback)
+            elif len(self._listeners) == 1:
+                self.ledger.when_settled(window, self._settled_now)
+
+    def _settled_now(self, only: Callable[[Energy], None] | None = None) -> None:
+        window = self._window
+        assert window is not None
+        energy = self._grade(self.ledger.share(window), window)
+        for callback in [only] if only is not None else list(self._listeners or ()):
+            try:
+                callback(energy)
+            except Exception:
+                log.exception("an on_settled callback failed")
 
     def _closed_window(self) -> Window:
         window = self._window
         if window is None or window.t_close is None:
-            raise RuntimeError("result() before the window closed: leave `async with` first")
+            raise RuntimeError("figure() before the window closed: leave `async with` first")
         return window
 
-    def _tier_parts(self) -> tuple[str | None, float]:
-        """The tier's name and its joules-per-1k-tokens hint (0: no estimate)."""
-        tier = self.tier
-        return (tier.name, tier.joules_per_1k_hint) if tier is not None else (None, 0.0)
-
     async def settled(self, timeout: float | None = None) -> Energy:
-        """Wait (at most ``timeout`` seconds) for the next reading, then the figure."""
-        if self.ledger is not None and self._window is not None:
-            await self.ledger.wait_settled(self._window, timeout)
-        return self.result()
+        """Wait (at most ``timeout`` seconds) for the card to report the window, then the
+        figure (still ``settled=False`` if the time ran out)."""
+        window = self._closed_window()
+        await self.ledger.wait_settled(window, timeout)
+        return self.figure()

@@ -1,0 +1,440 @@
+"""One ledger per node: it owns the node's reader and shares the card among windows.
+
+The seed's ruler gave every window the card's whole energy, so N overlapping requests were
+charged N times. A ledger is three parts, each with one job:
+
+- :mod:`.tape`: readings -> spans of energy above idle, or gaps (counter hygiene, step
+  phase, the learnt update period, resets, stale counters, power trapezoids);
+- :mod:`.book`: spans -> shares among windows (overlaps, splits, settling, the prior that
+  fills what the card has not reported yet, foreign load, totals);
+- :mod:`.poller`: the thread that builds and reads the card, every driver call bounded.
+
+This module ties them together under one lock and answers the request path: opening and
+closing a window records a time (no I/O, no task, no thread per request); asking for a
+share reads the book.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import anyio
+
+from ..config import Node
+from ..energy import Provenance, Share
+from ..errors import ConfigError, GiulError, ReaderUnavailable
+from ..readers.base import NullReader, Process, Reader, Reading
+from .book import Book, Split, TimeSplit, TokenSplit, Window
+from .poller import Poller
+from .sources import explicit, reader_factory
+from .tape import Tape
+
+log = logging.getLogger("giul_asgi.ledger")
+
+_STARTING = "the node's reader is starting"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerTotals:
+    """The books of one node since its ledger was built, and its reader's health."""
+
+    node: str
+    measured_j: float
+    charged_j: float
+    unattributed_j: float
+    foreign_j: float
+    in_flight_j: float
+    idle_w: float | None
+    mean_concurrency: float | None
+    foreign_watts: float | None
+    contended: bool | None
+    reads: int
+    read_errors: int
+    last_error: str | None
+    last_reading_age_s: float | None
+    resets: int
+    period_s: float | None
+    lost_s: float
+    windows_open: int
+    read_seconds_max: float
+    backend: str
+    method: str
+
+    @property
+    def conservation_error_j(self) -> float:
+        return self.measured_j - (self.charged_j + self.unattributed_j + self.in_flight_j)
+
+
+class Ledger:
+    """The single owner of a node's reader; windows borrow it and never read the card.
+
+    ``reader`` is a reader already built (tests, benchmarks) or None to build the node's
+    own on the poller thread when the ledger starts.
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        reader: Reader | None = None,
+        *,
+        split: Split | None = None,
+        clock: Callable[[], float] | None = None,
+        read_timeout: float = 1.0,
+        poll: bool = True,
+    ) -> None:
+        self.node = node
+        self.read_timeout = read_timeout
+        #: False: nothing reads the card by itself; the caller feeds :meth:`ingest` (tests).
+        self.poll = poll
+        self._lock = threading.Lock()
+        self._build = reader_factory(node) if reader is None else (lambda: reader)
+        self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
+        split = split or (TokenSplit() if node.split == "tokens" else TimeSplit())
+        measures = node.reader != "none" or reader is not None or node.reader_factory is not None
+        provenance = Provenance("measured", "none", "none", node.idle_w)
+        self.book = Book(
+            provenance, split=split, ramp_s=node.ramp_s,
+            subtract_foreign=node.foreign == "subtract", period=self._period, measures=measures,
+        )
+        self.book.error = _STARTING if measures else "node configured with reader='none'"
+        self.tape: Tape | None = None
+        self.reader: Reader | None = None
+        self.failure: BaseException | None = None
+        self._poller: Poller | None = None
+        self._stopped = False
+        if reader is not None:
+            self.attach(reader)
+
+    # -- the request path: O(1), no I/O ---------------------------------------------------
+    @property
+    def provenance(self) -> Provenance:
+        return self.book.provenance
+
+    @property
+    def measures(self) -> bool:
+        return self.book.measures
+
+    def open(self) -> Window:
+        self.ensure_started()
+        with self._lock:
+            return self.book.open(self.clock())
+
+    def mark(self, window: Window, name: str) -> None:
+        with self._lock:
+            self.book.mark(window, name, self.clock())
+
+    def close(self, window: Window, tokens: int | None = None) -> None:
+        with self._lock:
+            settled = self.book.close(window, self.clock(), tokens)
+        _fire(settled)
+
+    def abandon(self, window: Window) -> None:
+        with self._lock:
+            settled = self.book.abandon(window, self.clock())
+        _fire(settled)
+
+    def share(self, window: Window) -> Share:
+        with self._lock:
+            return self.book.share(window)
+
+    def stage_values(self, window: Window) -> list[float] | None:
+        with self._lock:
+            return self.book.stage_values(window)
+
+    def when_settled(self, window: Window, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the window settles (now, if it has)."""
+        with self._lock:
+            if not window.settled:
+                if window.callbacks is None:
+                    window.callbacks = [callback]
+                else:
+                    window.callbacks.append(callback)
+                return
+        callback()
+
+    async def wait_settled(self, window: Window, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout``) until a reading settles the window."""
+        if window.settled:
+            return True
+        wait, wake = _waker()
+        self.when_settled(window, wake)
+        with anyio.move_on_after(timeout):
+            await wait()
+        return window.settled
+
+    # -- readings, from the poller's thread (or a test) -----------------------------------
+    def attach(self, reader: Reader) -> None:
+        """The reader is built: what it is says how every figure is labelled."""
+        with self._lock:
+            if self.reader is reader:
+                return
+            self.reader = reader
+            self.tape = Tape(reader.kind, self.node.idle_w, period_hint=self.node.period_s or reader.period)
+            self.book.provenance = Provenance(
+                reader.method, reader.backend, reader.source, self.node.idle_w
+            )
+            if reader.kind == "none":
+                self.book.measures = False
+                self.book.error = getattr(reader, "reason", "no reader for this node")
+                settled = self.book.force_settle()
+            else:
+                self.book.error = None
+                settled = []
+        _fire(settled)
+
+    def failed(self, error: BaseException) -> None:
+        """The reader could not be built: figures on this node are unknown or estimated."""
+        reason = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
+        log.error("node %r has no reader: %s", self.node.name, getattr(error, "args", [reason])[0])
+        with self._lock:
+            self.failure = error
+            self.book.measures = False
+            self.book.error = f"reader unavailable: {reason}"
+            settled = self.book.force_settle()
+        _fire(settled)
+
+    def ingest(self, reading: Reading) -> None:
+        """Book one reading: the spans it closes are shared, and what they settle fires."""
+        settled: list[Window] = []
+        with self._lock:
+            tape = self.tape
+            if tape is None or not self.book.measures:
+                return
+            for piece in tape.feed(reading):
+                settled += self.book.book(piece, reading.t)
+        _fire(settled)
+
+    def read_now(self) -> Reading:
+        """Read the card here and now (blocking) and book it: for sync meters only."""
+        if self.reader is None:
+            self._attach_now()
+        reader = self.reader
+        if reader is None:
+            return Reading(t=self.clock(), error=self.book.error or "no reader")
+        reading = reader.read()
+        self.ingest(reading)
+        return reading
+
+    def _attach_now(self) -> None:
+        try:
+            self.attach(self._build())
+        except Exception as exc:
+            self.failed(exc)
+
+    def note_processes(self, processes: list[Process] | None) -> None:
+        serving = self.node.serving
+        foreign: bool | None = None
+        if processes is not None and serving is not None:
+            foreign = any(
+                not (p.pid == serving if isinstance(serving, int) else p.name == serving)
+                for p in processes
+            )
+        with self._lock:
+            self.book.note_processes(foreign)
+
+    def _period(self) -> float:
+        tape = self.tape
+        return tape.period if tape is not None else (self.node.period_s or 0.1)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def ensure_started(self) -> None:
+        """Start the poller thread once (no driver call happens here: it runs there)."""
+        if self._poller is not None or self._stopped or not self.book.measures or not self.poll:
+            return
+        with self._lock:
+            if self._poller is not None or self._stopped:
+                return
+            if self.reader is not None and self.reader.kind == "none":
+                return
+            self._poller = Poller(
+                self.node.name, self._build if self.reader is None else (lambda: self.reader),  # type: ignore[arg-type,return-value]
+                self, read_timeout=self.read_timeout, clock=self.clock,
+            )
+            self._poller.start()
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) for the reader to be built. Raises the build's error
+        when the operator asked for this reader by name; a slow driver is logged, not
+        waited for."""
+        self.ensure_started()
+        with anyio.move_on_after(timeout):
+            while self.reader is None and self.failure is None and self._poller is not None:
+                await anyio.sleep(0.005)
+        if self.failure is not None and explicit(self.node):
+            if isinstance(self.failure, GiulError):
+                raise self.failure
+            raise ReaderUnavailable(
+                f"node {self.node.name!r}: {type(self.failure).__name__}: {self.failure}"
+            )
+        if self.reader is None and self.failure is None:
+            log.warning(
+                "node %r: the reader is still starting after %.2g s (a slow or wedged driver?);"
+                " serving, with figures unknown until it answers", self.node.name, timeout,
+            )
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the poller (one last reading first, bounded) and settle every window."""
+        self._stopped = True
+        poller = self._poller
+        if poller is not None:
+            if not poller.stop(timeout):
+                log.warning("node %r: the reader did not stop in time; left behind", self.node.name)
+        with self._lock:
+            settled = self.book.force_settle()
+        _fire(settled)
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        """:meth:`stop` without blocking the event loop."""
+        await anyio.to_thread.run_sync(self.stop, timeout, abandon_on_cancel=True)
+
+    # -- the books ------------------------------------------------------------------------
+    def totals(self) -> LedgerTotals:
+        with self._lock:
+            book = self.book.totals()
+            tape = self.tape
+            poller = self._poller
+            return LedgerTotals(
+                node=self.node.name, measured_j=book.measured_j, charged_j=book.charged_j,
+                unattributed_j=book.unattributed_j, foreign_j=book.foreign_j,
+                in_flight_j=book.in_flight_j, idle_w=self.node.idle_w,
+                mean_concurrency=book.mean_concurrency, foreign_watts=book.foreign_watts,
+                contended=book.contended, reads=tape.reads if tape else 0,
+                read_errors=tape.errors if tape else 0,
+                last_error=(tape.last_error if tape else None) or self.book.error,
+                last_reading_age_s=tape.age(self.clock()) if tape else None,
+                resets=tape.resets if tape else 0,
+                period_s=tape.steps.period if tape else None, lost_s=book.lost_s,
+                windows_open=book.windows_open,
+                read_seconds_max=poller.read_seconds_max if poller else 0.0,
+                backend=self.book.provenance.backend, method=self.book.provenance.method,
+            )
+
+
+def _fire(windows: list[Window]) -> None:
+    for window in windows:
+        callbacks, window.callbacks = window.callbacks, None
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception:  # a listener's failure is never the request's or the reader's
+                log.exception("a settled-figure callback failed")
+
+
+def _waker() -> tuple[Callable[[], object], Callable[[], None]]:
+    """An event to await on this loop, and a setter any thread may call."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        import trio
+
+        trio_event = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def wake_trio() -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(trio_event.set)
+
+        return trio_event.wait, wake_trio
+    event = asyncio.Event()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(event.set)
+
+    return event.wait, wake
+
+
+NULL_NODE = Node("<none>", reader="none")
+
+
+class Ledgers:
+    """Ledgers by node name: the one place a node's reader is owned.
+
+    A process keeps one (``default_ledgers()``) so that the middleware and any
+    ``Meter.for_node`` in a handler share a node's ledger instead of each reading the card
+    and each charging the whole of its energy. ``get(None)`` is the null ledger: windows
+    on it measure nothing and say so.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Ledger] = {}
+        self._lock = threading.Lock()
+
+    def get(self, node: Node | None) -> Ledger:
+        node = node if node is not None else NULL_NODE
+        ledger = self._by_name.get(node.name)
+        if ledger is not None and (ledger.node is node or _same(ledger.node, node)):
+            return ledger
+        with self._lock:
+            ledger = self._by_name.get(node.name)
+            if ledger is None:
+                ledger = Ledger(node)
+                self._by_name[node.name] = ledger
+            elif not _same(ledger.node, node):
+                raise ConfigError(
+                    f"two different nodes are both named {node.name!r}",
+                    remedy="give each node its own name, or reuse the same Node object",
+                )
+            return ledger
+
+    def __iter__(self) -> Iterator[Ledger]:
+        return iter([ledger for ledger in self._by_name.values() if ledger.node is not NULL_NODE])
+
+    async def start(self, nodes: list[Node] | tuple[Node, ...], timeout: float = 0.25) -> None:
+        """Start every node's reader and wait (at most ``timeout`` in all) for them to be
+        built; raise the first error of a reader asked for by name."""
+        ledgers = [self.get(node) for node in nodes]
+        errors: list[BaseException] = []
+
+        async def ready(ledger: Ledger) -> None:
+            try:
+                await ledger.wait_ready(timeout)
+            except GiulError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for ledger in ledgers:
+                group.start_soon(ready, ledger)
+        if errors:
+            raise errors[0]
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        for ledger in list(self._by_name.values()):
+            await ledger.aclose(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        for ledger in list(self._by_name.values()):
+            ledger.stop(timeout)
+        self._by_name.clear()
+
+
+def _same(a: Node, b: Node) -> bool:
+    return a == b and a.reader_factory is b.reader_factory
+
+
+_default = Ledgers()
+
+
+def default_ledgers() -> Ledgers:
+    """The process's ledgers: one per node name, shared by every meter and middleware."""
+    return _default
+
+
+__all__ = [
+    "NULL_NODE",
+    "Ledger",
+    "LedgerTotals",
+    "Ledgers",
+    "NullReader",
+    "Split",
+    "TimeSplit",
+    "TokenSplit",
+    "Window",
+    "default_ledgers",
+]

@@ -1,0 +1,287 @@
+"""Readings in, above-idle spans (or gaps) out: everything we know about a card's counter.
+
+A reader gives cumulative joules (a counter) or watts (a gauge) at the times it was read.
+The tape turns them into :class:`Span` s, each the energy above idle between two instants,
+and :class:`Gap` s where the energy is unknown. It is pure and synchronous: a list of
+readings in, a list of spans out, testable without a clock or a thread.
+
+What a real counter does, and what the tape makes of it:
+
+- It moves in steps (about every 100 ms on A100/H100, every 20 ms on V100-class, or at
+  every read on some), so the energy a read reports is as of the counter's last step, not
+  the read. Each change is seen between two reads, which brackets its step; the update
+  period is learnt from how often the value changes, and the phase from the brackets of
+  many steps folded onto one. A span ends at the step, not at the read.
+- It is monotonic and moves in whole millijoules. A drop is a reset (driver reload) only
+  when it is large: to near zero, or more than the card could draw in the time. A wobble of
+  a few mJ is not an event; nor is a rise that implies less than idle power, which stays
+  folded into the next span and teaches no phase.
+- Until a step has been seen, a baseline's time is unknown: the first span starts at the
+  first step seen, and what came before is a gap, never energy charged as exact.
+- A counter that stops moving for many periods is stale (a frozen driver), not free energy.
+
+A power gauge is integrated with the trapezoid rule between its samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..readers.base import Kind, Reading
+
+#: Readings may fail this long (in learnt periods, at least MIN_GAP_S) before a gap is booked.
+GAP_PERIODS = 10
+MIN_GAP_S = 1.0
+#: A counter that has not moved in this many periods (at least STALE_MIN_S) is stale.
+STALE_PERIODS = 20
+STALE_MIN_S = 2.0
+#: Fewer than this share of reads unchanged: the counter moves at every read.
+EVERY_READ_SHARE = 0.9
+#: Watts we allow a card before a drop is a reset rather than a wobble (when none seen yet).
+DEFAULT_MAX_W = 2000.0
+#: Brackets kept for learning the period and phase.
+BRACKETS = 24
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Energy between ``t0`` and ``t1``: ``above_j`` over the idle floor, ``total_j`` in all.
+
+    ``stamp_s`` is how far either end may be from the true step time (0 for reads stamped
+    at read time); the book turns it into uncertainty at a window's edges.
+    """
+
+    t0: float
+    t1: float
+    above_j: float
+    total_j: float
+    stamp_s: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.t1 - self.t0
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Between ``t0`` and ``t1`` the card's energy is unknown, for the reason given."""
+
+    t0: float
+    t1: float
+    why: str
+
+
+Piece = Span | Gap
+
+
+class StepClock:
+    """When a stepped counter steps: its update period and phase, learnt from brackets.
+
+    Each change is seen between two reads, so its step lies in ``(a, b]``. The period is the
+    median gap between consecutive changes; the phase is where most recent brackets agree
+    once folded onto the newest by that period (a sweep over their ends, so a late or early
+    step does not throw the estimate away as an intersection would).
+    """
+
+    def __init__(self) -> None:
+        self._brackets: deque[tuple[float, float]] = deque(maxlen=BRACKETS)
+        self._reads = deque[bool](maxlen=64)  # True for a read that saw a change
+        self.period: float | None = None
+
+    def saw(self, changed: bool) -> None:
+        self._reads.append(changed)
+
+    @property
+    def every_read(self) -> bool:
+        """The counter changes at (nearly) every read: its value is as of the read."""
+        reads = self._reads
+        return len(reads) >= 8 and sum(reads) >= EVERY_READ_SHARE * len(reads)
+
+    def step(self, a: float, b: float) -> tuple[float, float]:
+        """The step seen by a read at ``b`` after an unchanged read at ``a``: (time, +-)."""
+        self._brackets.append((a, b))
+        if self.every_read:
+            return b, 0.0
+        mids = [(x + y) / 2 for x, y in self._brackets]
+        if len(mids) >= 4:
+            gaps = sorted(y - x for x, y in zip(mids, mids[1:], strict=False) if y > x)
+            if gaps:
+                self.period = gaps[len(gaps) // 2]
+        half = (b - a) / 2
+        period = self.period
+        if period is None or period <= 0 or len(self._brackets) < 6 or (b - a) < period / 8:
+            return a + half, half
+        folded: list[tuple[float, int]] = []
+        for x, y in self._brackets:
+            k = round(((x + y) / 2 - (a + b) / 2) / period)
+            folded += [(x - k * period, 1), (y - k * period, -1)]
+        folded.sort()
+        best, depth, lo, hi = 0, 0, a, b
+        for i, (at, change) in enumerate(folded):
+            depth += change
+            if depth > best and i + 1 < len(folded):
+                best, lo, hi = depth, at, folded[i + 1][0]
+        if best < len(self._brackets) // 2:
+            return a + half, half  # the brackets disagree: the period drifts
+        lo, hi = max(lo, a), min(hi, b)
+        if hi <= lo:
+            return a + half, half
+        return (lo + hi) / 2, (hi - lo) / 2
+
+
+class Tape:
+    """One node's readings, turned into spans above idle and gaps, in time order."""
+
+    def __init__(self, kind: Kind, idle_w: float | None, *, period_hint: float = 0.1) -> None:
+        self.kind = kind
+        self.idle_w = idle_w
+        self.period_hint = period_hint
+        self.steps = StepClock()
+        # The counter's baseline: its value, when it was true (None: not yet known), and the
+        # last read that still showed it (a step after it lies after that read).
+        self._base_j: float | None = None
+        self._base_t: float | None = None
+        self._quiet_t = 0.0
+        self._first_t: float | None = None
+        self._last_w: tuple[float, float] | None = None  # a gauge's last sample
+        self._last_good: float | None = None
+        self.max_w = 0.0
+        self.reads = 0
+        self.errors = 0
+        self.resets = 0
+        self.last_error: str | None = None
+        self.end: float | None = None  # where the last span or gap ended
+
+    @property
+    def period(self) -> float:
+        """The update period: learnt where the counter shows it, else the reader's hint."""
+        return self.steps.period or self.period_hint
+
+    def feed_all(self, readings: Iterable[Reading]) -> list[Piece]:
+        out: list[Piece] = []
+        for reading in readings:
+            out += self.feed(reading)
+        return out
+
+    def feed(self, reading: Reading) -> list[Piece]:
+        """Book one reading; return the spans and gaps it closes."""
+        self.reads += 1
+        if not reading.ok:
+            self.errors += 1
+            self.last_error = reading.error or "empty reading"
+            return self._failing(reading.t)
+        self._last_good = reading.t
+        if reading.joules is not None and self.kind != "power":
+            return self._counter(reading.t, reading.joules)
+        if reading.watts is not None:
+            return self._gauge(reading.t, reading.watts)
+        return self._failing(reading.t)
+
+    # -- failures -------------------------------------------------------------------------
+    def _max_gap(self) -> float:
+        return max(GAP_PERIODS * self.period, MIN_GAP_S)
+
+    def _failing(self, t: float) -> list[Piece]:
+        """A failed read loses nothing by itself (a counter carries on counting); failing
+        for longer than the gap limit gives the time up as unknown."""
+        start = self._base_t if self._base_t is not None else self._first_t
+        if self._last_w is not None:
+            start = self._last_w[0]
+        if start is None or t - start <= self._max_gap():
+            return []
+        self._forget()
+        return [self._gap(start, t, f"reader failed: {self.last_error}")]
+
+    def _forget(self) -> None:
+        self._base_j = self._base_t = None
+        self._first_t = None
+        self._last_w = None
+
+    def _gap(self, t0: float, t1: float, why: str) -> Gap:
+        self.end = t1
+        return Gap(t0, t1, why)
+
+    # -- counters -------------------------------------------------------------------------
+    def _counter(self, t: float, joules: float) -> list[Piece]:
+        base_j, base_t = self._base_j, self._base_t
+        if base_j is None:
+            # A baseline whose time is unknown until the counter is seen to step.
+            self._base_j, self._base_t, self._quiet_t = joules, None, t
+            if self._first_t is None:
+                self._first_t = t
+            return []
+        delta = joules - base_j
+        since = t - (base_t if base_t is not None else self._quiet_t)
+        if delta < 0:
+            drop = -delta
+            if joules < 0.01 * base_j or drop > max(self.max_w, DEFAULT_MAX_W) * max(since, self.period):
+                return self._reset(t, joules)
+            self.steps.saw(False)
+            self._quiet_t = t  # a wobble: the baseline never moves backwards
+            return []
+        if delta == 0 or (since > 0 and delta / since < self._least_step_w()):
+            self.steps.saw(False)
+            self._quiet_t = t
+            anchor = base_t if base_t is not None else self._first_t
+            if anchor is not None and t - anchor > max(STALE_PERIODS * self.period, STALE_MIN_S):
+                self._forget()
+                return [self._gap(anchor, t, f"energy counter did not move for {t - anchor:.1f} s")]
+            return []
+        self.steps.saw(True)
+        step, stamp = self.steps.step(self._quiet_t, t)
+        self._quiet_t = t
+        if base_t is None:
+            # The first step seen: the baseline's time is now known. What came before it
+            # cannot be placed, so it is a gap rather than energy charged as exact.
+            first = self._first_t if self._first_t is not None else step
+            self._base_j, self._base_t = joules, step
+            return [self._gap(first, step, "no baseline reading yet")] if step > first else []
+        step = max(step, base_t + 1e-9)
+        dt = step - base_t
+        self._base_j, self._base_t = joules, step
+        self.max_w = max(self.max_w, delta / dt) if dt > self.period / 2 else self.max_w
+        self.end = step
+        return [Span(base_t, step, delta - (self.idle_w or 0.0) * dt, delta, stamp)]
+
+    def _least_step_w(self) -> float:
+        """A rise implying less than this is not a step (half the idle floor, if known)."""
+        return 0.5 * self.idle_w if self.idle_w else 0.0
+
+    def _reset(self, t: float, joules: float) -> list[Piece]:
+        self.resets += 1
+        start = self._base_t if self._base_t is not None else self._first_t
+        self._forget()
+        self._base_j, self._base_t, self._quiet_t, self._first_t = joules, None, t, t
+        if start is None or t <= start:
+            return []
+        return [self._gap(start, t, "energy counter went down (driver reset)")]
+
+    # -- gauges ---------------------------------------------------------------------------
+    def _gauge(self, t: float, watts: float) -> list[Piece]:
+        last = self._last_w
+        self._last_w = (t, watts)
+        if last is None:
+            return []
+        t0, w0 = last
+        dt = t - t0
+        if dt <= 0:
+            self._last_w = last
+            return []
+        if dt > self._max_gap():
+            return [self._gap(t0, t, f"no power sample for {dt:.1f} s")]
+        total = (w0 + watts) / 2 * dt
+        self.max_w = max(self.max_w, w0, watts)
+        self.end = t
+        return [Span(t0, t, total - (self.idle_w or 0.0) * dt, total, 0.0)]
+
+    # -- health ---------------------------------------------------------------------------
+    def age(self, now: float) -> float | None:
+        """Seconds since the last good reading; None before the first."""
+        return None if self._last_good is None else max(0.0, now - self._last_good)
+
+
+def finite(value: float) -> bool:
+    return math.isfinite(value)
