@@ -370,6 +370,7 @@ def build_server(
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     allow_open: bool = False,
     nvml: Any | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Any:
     """A ready ``uvicorn.Server`` for the agent (``serve`` runs it; tests run it in a thread)."""
     import uvicorn
@@ -382,8 +383,8 @@ def build_server(
         )
     if cache_s < 0 or read_timeout_s <= 0 or max_concurrency < 1:
         raise ConfigError("cache_s must be >= 0, read_timeout_s > 0 and max_concurrency >= 1")
-    source = reader if reader is not None else NvmlSource(gpus, nvml=nvml)
-    app = make_app(source, token=token, cache_s=cache_s, read_timeout_s=read_timeout_s)
+    source = reader if reader is not None else NvmlSource(gpus, nvml=nvml, clock=clock)
+    app = make_app(source, token=token, cache_s=cache_s, read_timeout_s=read_timeout_s, clock=clock)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
         limit_concurrency=max_concurrency, timeout_keep_alive=5, server_header=False,

@@ -1,0 +1,294 @@
+"""The upstream inference server's own load, and the bounded HTTP polling remote readers share.
+
+A card behind vLLM, TGI or SGLang serves requests this gateway process never sees (other
+replicas, other workers, direct clients). Those servers publish their whole load in
+Prometheus text: requests running now, and cumulative prompt/generation token counters.
+:class:`UpstreamLoad` scrapes them, so the ledger can share an interval by *our* part of
+the upstream's whole load and leave the rest unattributed as foreign, with no state shared
+between gateway replicas.
+
+Metric names (read in the servers' sources and docs):
+
+- vLLM: ``vllm:num_requests_running`` (gauge), ``vllm:generation_tokens_total`` and
+  ``vllm:prompt_tokens_total`` (counters);
+- TGI: ``tgi_batch_current_size`` (gauge); tokens only as per-request histograms,
+  ``tgi_request_generated_tokens`` and ``tgi_request_input_length``, whose ``_sum`` grows
+  when a request *ends* (so TGI's token counters lag; running counts do not);
+- SGLang: ``sglang:num_running_reqs`` (gauge), ``sglang:generation_tokens_total`` and
+  ``sglang:prompt_tokens_total`` (counters).
+
+Several models on one server: every label set is summed unless ``model`` names one (the
+``model_name`` label for vLLM and SGLang, ``model_id`` where TGI sets one).
+
+:class:`HttpPoller` is the one way remote readers (agent, dcgm, upstream) fetch a URL:
+one ``httpx.Client`` per reader, strict timeouts, a size cap, and exponential back-off
+after failures, during which a fetch fails at once without touching the network.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..errors import ConfigError
+
+DEFAULT_TIMEOUT_S = 1.0
+DEFAULT_BACKOFF_S = 0.5
+DEFAULT_BACKOFF_MAX_S = 30.0
+MAX_BYTES = 8 * 1024 * 1024
+
+
+class FetchError(Exception):
+    """A fetch that did not give a usable answer; the message says why."""
+
+
+def check_url(url: str | None, reader: str) -> httpx.URL:
+    if not url:
+        raise ConfigError(f"reader {reader!r} needs a url", remedy="set the node's url")
+    try:
+        parsed = httpx.URL(url)
+    except Exception:
+        raise ConfigError(f"reader {reader!r}: url {url!r} is not a URL") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"reader {reader!r}: url must be http(s)://host[:port]/..., got {url!r}")
+    return parsed
+
+
+class HttpPoller:
+    """GET one URL with a deadline, a size cap and back-off after failures."""
+
+    def __init__(
+        self,
+        url: str | httpx.URL,
+        *,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+        max_bytes: int = MAX_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = httpx.URL(str(url))
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.max_bytes = max_bytes
+        self.clock = clock
+        headers = {"accept": "application/json, text/plain;q=0.9, */*;q=0.1"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        half = timeout_s / 2
+        self._client = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(connect=half, read=half, write=half / 2, pool=half / 2),
+            follow_redirects=False,
+            trust_env=False,  # a metrics URL on a private network: no proxy from the environment
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            transport=transport,
+        )
+        self.failures = 0
+        self.attempts = 0
+        self.last_error: str | None = None
+        self.last_status: int | None = None
+        self._next_try = -math.inf
+
+    def waiting(self) -> str | None:
+        """Why no fetch is tried now (backing off after failures), or None."""
+        left = self._next_try - self.clock()
+        if left <= 0:
+            return None
+        return f"{self.last_error}; backing off, next try in {left:.1f} s"
+
+    def _failed(self, error: str) -> FetchError:
+        self.failures += 1
+        self.last_error = error
+        delay = min(self.backoff_max_s, self.backoff_s * 2 ** (self.failures - 1))
+        self._next_try = self.clock() + delay
+        return FetchError(error)
+
+    def get(self) -> tuple[bytes, float, float]:
+        """(body, time sent, time received) on our clock, or FetchError; bounded by the deadline."""
+        waiting = self.waiting()
+        if waiting is not None:
+            raise FetchError(waiting)
+        self.attempts += 1
+        sent = self.clock()
+        deadline = sent + self.timeout_s
+        chunks: list[bytes] = []
+        try:
+            with self._client.stream("GET", self.url) as response:
+                self.last_status = response.status_code
+                if response.status_code != 200:
+                    raise self._failed(f"HTTP {response.status_code} from {self.url}")
+                size = 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise self._failed(f"answer from {self.url} exceeds {self.max_bytes} bytes")
+                    if self.clock() > deadline:
+                        raise self._failed(f"{self.url} took more than {self.timeout_s:g} s")
+                    chunks.append(chunk)
+        except FetchError:
+            raise
+        except httpx.HTTPError as exc:
+            raise self._failed(f"{type(exc).__name__} on {self.url}: {exc or 'no detail'}") from None
+        received = self.clock()
+        self.failures = 0
+        self.last_error = None
+        self._next_try = -math.inf
+        return b"".join(chunks), sent, received
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample by its own name (``x_total``, ``y_sum``...), with labels; FetchError on bad text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    except Exception as exc:
+        raise FetchError(f"not Prometheus text ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def help_texts(text: str) -> dict[str, str]:
+    """``# HELP`` text by metric family name (the parser keeps it as ``documentation``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return {f.name: f.documentation for f in text_string_to_metric_families(text)}
+    except Exception:
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReading:
+    """The upstream's whole load at ``t`` (our clock). Unknown values are None, never 0."""
+
+    t: float
+    running: float | None = None
+    generation_tokens_total: float | None = None
+    prompt_tokens_total: float | None = None
+    error: str | None = None
+    server: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetrics:
+    """Where one kind of server keeps its load."""
+
+    server: str
+    running: tuple[str, ...]
+    generation: tuple[str, ...]
+    prompt: tuple[str, ...]
+    model_labels: tuple[str, ...]
+
+
+SERVERS: dict[str, ServerMetrics] = {
+    "vllm": ServerMetrics("vllm", ("vllm:num_requests_running",), ("vllm:generation_tokens_total",),
+                          ("vllm:prompt_tokens_total",), ("model_name",)),
+    "sglang": ServerMetrics("sglang", ("sglang:num_running_reqs",), ("sglang:generation_tokens_total",),
+                            ("sglang:prompt_tokens_total",), ("model_name",)),
+    "tgi": ServerMetrics("tgi", ("tgi_batch_current_size",), ("tgi_request_generated_tokens_sum",),
+                         ("tgi_request_input_length_sum",), ("model_id", "model_name")),
+}
+
+
+def _sum(samples: dict[str, list[tuple[dict[str, str], float]]], names: Iterable[str],
+         model: str | None, labels: tuple[str, ...]) -> float | None:
+    for name in names:
+        if name not in samples:
+            continue
+        values = [v for lab, v in samples[name]
+                  if model is None or any(lab.get(k) == model for k in labels)]
+        if not values:
+            return None
+        return float(sum(values))
+    return None
+
+
+class UpstreamLoad:
+    """Scrapes an inference server's ``/metrics`` for its whole load; :meth:`read` never raises."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        server: str = "auto",
+        model: str | None = None,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+        clock: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        parsed = check_url(url, "upstream")
+        if parsed.path in ("", "/"):
+            parsed = parsed.copy_with(path="/metrics")
+        if server != "auto" and server not in SERVERS:
+            raise ConfigError(f"upstream server must be 'auto' or one of {sorted(SERVERS)}, got {server!r}")
+        if not (timeout_s > 0):
+            raise ConfigError(f"upstream timeout_s must be > 0, got {timeout_s!r}")
+        self.url = str(parsed)
+        self.server = None if server == "auto" else server
+        self.model = model
+        self.clock = clock
+        self.notes: list[str] = []
+        self._poller = HttpPoller(parsed, token=token, timeout_s=timeout_s, backoff_s=backoff_s,
+                                  backoff_max_s=backoff_max_s, clock=clock, transport=transport)
+
+    def _which(self, samples: dict[str, Any]) -> ServerMetrics | None:
+        if self.server is not None:
+            return SERVERS[self.server]
+        for metrics in SERVERS.values():
+            if any(name in samples for name in (*metrics.running, *metrics.generation)):
+                self.server = metrics.server
+                if metrics.server == "tgi":
+                    self.notes.append("TGI counts a request's tokens when it ends: token shares lag")
+                return metrics
+        return None
+
+    def read(self) -> LoadReading:
+        try:
+            body, sent, received = self._poller.get()
+            samples = parse_prometheus(body.decode("utf-8", errors="replace"))
+        except FetchError as exc:
+            return LoadReading(t=self.clock(), error=str(exc), server=self.server)
+        t = (sent + received) / 2
+        metrics = self._which(samples)
+        if metrics is None:
+            return LoadReading(t=t, error=f"{self.url} shows no vLLM, TGI or SGLang load metrics")
+        reading = LoadReading(
+            t=t,
+            running=_sum(samples, metrics.running, self.model, metrics.model_labels),
+            generation_tokens_total=_sum(samples, metrics.generation, self.model, metrics.model_labels),
+            prompt_tokens_total=_sum(samples, metrics.prompt, self.model, metrics.model_labels),
+            server=metrics.server,
+        )
+        if reading.running is None and reading.generation_tokens_total is None:
+            which = f" for model {self.model!r}" if self.model else ""
+            return LoadReading(t=t, error=f"{metrics.server} metrics at {self.url} have no load{which}",
+                               server=metrics.server)
+        return reading
+
+    def close(self) -> None:
+        self._poller.close()
+
+
+__all__ = ["SERVERS", "FetchError", "HttpPoller", "LoadReading", "UpstreamLoad", "parse_prometheus"]
