@@ -2,44 +2,50 @@
 
 Pure ASGI (never ``BaseHTTPMiddleware``, which stops the clock at the headers and hides
 mid-stream crashes). Per request it opens a window on the node's ledger, hands the handler
-``current_meter()``, and on the way out:
+``current_meter()``, and reads the app's ``http.response.start`` once into a :class:`Head`.
+From the head it chooses a responder for the response's shape, as Starlette's
+``GZipMiddleware`` does:
 
-- a complete body (one message, or a JSON body of known length in several): the window
-  closes at its end, the ``X-Energy-*`` headers go on the response, and a JSON object gets
-  an ``"energy"`` block with ``Content-Length`` fixed. Anything else passes byte for byte.
-- a stream (``text/event-stream``, or any body sent in several messages): every chunk goes
-  out when the app sends it. At the end the energy rides in the stream (see ``report``),
-  in HTTP trailers when the client asked and the server offers them, and in the stats.
+- :class:`JSONResponder`: a JSON body to inject. It is held (within ``max_body``), the
+  window closes at its end, the ``X-Energy-*`` headers go on, the ``"energy"`` block goes in
+  and ``Content-Length`` is fixed. What cannot be parsed or spliced passes byte for byte.
+- :class:`SSEResponder`: an event stream. Every event goes out when complete; the energy
+  rides in the stream (see :class:`~giul_asgi.report.SSESplicer`), in trailers when the
+  client asked and the server offers them.
+- :class:`PassThrough`: anything else (other streams, HEAD, 204/304, compressed bodies, a
+  stream of announced length). Bytes untouched: a body in one message gets the figure in
+  its headers, a stream gets where it runs at its start and the figure in trailers.
 
-Nothing here reads a card or blocks: the ledger does that, once per node.
+The outcome is recorded in one place, ``__call__``'s ``finally``: the settled figure goes to
+the statistics. Nothing here reads a card or blocks: the ledger does that, once per node.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
+import importlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from .config import Node, Route, Tier
-from .energy import TOKEN_KINDS, Figure
+from .context import meter_var
+from .energy import TOKEN_KINDS, Energy
+from .errors import ConfigError, GiulError
 from .ledger import Ledgers, default_ledgers
-from .meter import Meter, _current
+from .meter import Meter
 from .report import (
-    SSEScanner,
-    energy_event,
+    SSESplicer,
     energy_headers,
     energy_json,
     find_usage,
-    is_usage_chunk,
     parse_object,
-    splice_event,
     splice_object,
     stream_start_headers,
     usage_tokens,
 )
 from .routing import Decider, PathSet, Router, route_template
-from .stats import EnergyStats
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -50,11 +56,63 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("giul_asgi.middleware")
 
 DEFAULT_EXCLUDE: tuple[str, ...] = (
-    "/energy", "/energy/*", "/metrics", "/health", "/healthz", "/livez", "/readyz", "/ping",
+    "/metrics", "/health", "/healthz", "/livez", "/readyz", "/ping",
 )
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _NO_BODY_STATUS = frozenset({204, 205, 304})
-_HELD, _STREAM, _DONE = 0, 1, 2
+
+
+class Stats(Protocol):
+    """What the middleware feeds: one settled figure per request, with how it ended."""
+
+    def record(self, energy: Energy, *, outcome: str, status: int | None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The app's ``http.response.start``, read once."""
+
+    message: Message
+    status: int
+    media_type: bytes  # lower-case, without parameters
+    encoded: bool  # a Content-Encoding other than identity
+    length: int | None  # the announced Content-Length (None: none, or not one number)
+    length_at: int  # where the one Content-Length header sits (-1: none, or several)
+    trailers: bool  # the app will send trailers itself
+
+    @classmethod
+    def read(cls, message: Message) -> Head:
+        media_type, encoded, length, length_at, lengths = b"", False, None, -1, 0
+        for at, (key, value) in enumerate(message.get("headers", ())):
+            name = key.lower()
+            if name == b"content-type":
+                media_type = value.split(b";", 1)[0].strip().lower()
+            elif name == b"content-encoding":
+                encoded = value.strip().lower() not in (b"", b"identity")
+            elif name == b"content-length":
+                lengths += 1
+                try:
+                    this = int(value)
+                except ValueError:
+                    this = -1
+                if lengths == 1:
+                    length, length_at = (this if this >= 0 else None), at
+                elif this != length:
+                    length = None
+                if lengths > 1:
+                    length_at = -1
+        return cls(
+            message, int(message.get("status", 200)), media_type, encoded, length, length_at,
+            bool(message.get("trailers", False)),
+        )
+
+    @property
+    def is_json(self) -> bool:
+        return self.media_type == b"application/json" or self.media_type.endswith(b"+json")
+
+    @property
+    def is_sse(self) -> bool:
+        return self.media_type == b"text/event-stream"
 
 
 class EnergyMiddleware:
@@ -63,7 +121,8 @@ class EnergyMiddleware:
     With no ``nodes`` it meters one local node over every visible GPU (``unknown`` where
     there are none). With nodes and no ``routes``, the first node takes every request.
     ``decide(scope) -> (node, tier) | None`` routes anything patterns cannot; a handler can
-    re-bind with ``current_meter().bind(node=..., tier=...)``.
+    re-bind with ``current_meter().bind(node=..., tier=...)``. Configuration is checked
+    here, once: a bad one raises :class:`ConfigError` before the app serves anything.
     """
 
     def __init__(
@@ -84,11 +143,19 @@ class EnergyMiddleware:
         trailers: bool = True,
         token_kind: str = "output",
         ledgers: Ledgers | None = None,
-        stats: EnergyStats | None = None,
+        stats: Stats | None = None,
         settle_timeout: float = 0.0,
+        startup_timeout: float = 5.0,
+        energy_path: str | None = "/energy",
+        metrics_path: str | None = None,
+        endpoint_token: str | None = None,
+        endpoint_guard: Callable[[Scope], bool] | None = None,
     ) -> None:
         if token_kind not in TOKEN_KINDS:
-            raise ValueError(f"token_kind must be one of {TOKEN_KINDS}, got {token_kind!r}")
+            raise ConfigError(
+                f"token_kind must be one of {TOKEN_KINDS}, got {token_kind!r}",
+                remedy="use output (generated tokens), input or total",
+            )
         self.app = app
         node_list = list(nodes or ())
         if not node_list:
@@ -97,7 +164,10 @@ class EnergyMiddleware:
         if isinstance(default_tier, str):
             found = [t for t in tier_list if t.name == default_tier]
             if not found:
-                raise ValueError(f"default_tier {default_tier!r} is not in tiers=[...]")
+                raise ConfigError(
+                    f"default_tier {default_tier!r} is not declared",
+                    remedy="add it to tiers=[...] or name one that is",
+                )
             default_tier = found[0]
         elif default_tier is None and len(tier_list) == 1:
             default_tier = tier_list[0]
@@ -106,7 +176,7 @@ class EnergyMiddleware:
             default_tier=default_tier, decide=decide,
         )
         self.ledgers = ledgers if ledgers is not None else default_ledgers()
-        self.stats = stats if stats is not None else EnergyStats()
+        self._stats = stats
         self.exclude = PathSet(exclude)
         self.energy_key = energy_key
         self.inject_json = inject_json
@@ -116,8 +186,52 @@ class EnergyMiddleware:
         self.trailers = trailers
         self.token_kind = token_kind
         self.settle_timeout = settle_timeout
+        self.startup_timeout = startup_timeout
+        self.energy_path = energy_path
+        self.metrics_path = metrics_path
+        self._endpoint_token = endpoint_token
+        self._endpoint_guard = endpoint_guard
+        self._endpoint: ASGIApp | None = None
+        self._endpoint_built = False
         self._catalog = self.router.catalog()
+        self._started = False  # the readers were started (lifespan, or the first request)
+        self.startup_error: GiulError | None = None
 
+    # -- the statistics and the /energy endpoint -------------------------------------------
+    @property
+    def stats(self) -> Stats | None:
+        """Where settled figures go: the ``stats`` given, else ``giul_asgi.stats.EnergyStats``."""
+        if self._stats is None:
+            try:
+                from .stats import EnergyStats
+            except ImportError:  # pragma: no cover - the module is part of the package
+                return None
+            self._stats = cast(Stats, EnergyStats())
+        return self._stats
+
+    @property
+    def endpoint(self) -> ASGIApp | None:
+        """The app that serves ``energy_path`` and ``metrics_path`` (None: not installed)."""
+        if not self._endpoint_built:
+            self._endpoint_built = True
+            try:
+                endpoint_module = importlib.import_module(".endpoint", __package__)
+            except ImportError:  # the endpoint is not part of this install
+                return None
+            self._endpoint = endpoint_module.EnergyEndpoint(
+                stats=self.stats, ledgers=self.ledgers, path=self.energy_path,
+                metrics_path=self.metrics_path, token=self._endpoint_token,
+                guard=self._endpoint_guard,
+            )
+        return self._endpoint
+
+    def _is_endpoint(self, path: str) -> bool:
+        energy = self.energy_path
+        if energy is not None and (path == energy or path.startswith(energy + "/")):
+            return True
+        return self.metrics_path is not None and path == self.metrics_path
+
+    # -- a request ---------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
@@ -125,380 +239,458 @@ class EnergyMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
-        if scope["path"] in self.exclude:  # the energy endpoint, metrics, health checks
+        path = scope["path"]
+        if self._is_endpoint(path):
+            # Hook for the /energy endpoint: served by giul_asgi.endpoint where installed.
+            endpoint = self.endpoint
+            await (endpoint or self.app)(scope, receive, send)
+            return
+        if path in self.exclude:  # metrics, health checks
             await self.app(scope, receive, send)
             return
+        if not self._started:
+            await self._start_without_lifespan()
         target = self.router.match(scope)
-        node = target.node
         meter = Meter(
-            self.ledgers.get(node) if node is not None else None, target.tier,
-            route=target.label, token_kind=self.token_kind, ledgers=self.ledgers,
-            catalog=self._catalog,
+            self.ledgers.get(target.node), target.tier, route=target.label,
+            token_kind=self.token_kind, ledgers=self.ledgers, catalog=self._catalog,
         )
         meter.open()
-        exchange = _Exchange(self, scope, meter, send)
-
-        async def receive_watch() -> Message:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                exchange.disconnected = True
-            return message
-
-        token = _current.set(meter)
+        exchange = Exchange(self, scope, meter, send, receive)
+        outcome = "incomplete"
+        token = meter_var.set(meter)
         try:
-            await self.app(scope, receive_watch, exchange.send)
+            await self.app(scope, exchange.receive, exchange.send)
+            outcome = await exchange.returned()
         except BaseException as exc:
-            exchange.failed(exc)
+            outcome = await exchange.failed(exc)
             raise
         finally:
-            _current.reset(token)
-        if exchange.mode == _HELD and exchange.start is not None:
-            # The app started a response and returned without a body: finish it empty.
-            await exchange._finish_single(b"")
-        exchange.returned()
+            meter_var.reset(token)
+            exchange.close()
+            self._record(meter, outcome, exchange.status)
+
+    def _record(self, meter: Meter, outcome: str, status: int | None) -> None:
+        stats = self.stats
+        if stats is not None:
+            meter.on_settled(lambda e: stats.record(e, outcome=outcome, status=status))
+
+    def choose(self, head: Head, exchange: Exchange) -> Responder:
+        """The responder for a response of this shape."""
+        no_body = (
+            head.status in _NO_BODY_STATUS or head.status < 200
+            or exchange.scope.get("method") == "HEAD"
+        )
+        if no_body or head.encoded:
+            return PassThrough(exchange, head)
+        if head.is_sse:
+            if head.length is None:
+                return SSEResponder(exchange, head)
+            return PassThrough(exchange, head)  # announced length: nothing may be appended
+        if self.inject_json and head.is_json and (head.length or 0) <= self.max_body:
+            return JSONResponder(exchange, head)
+        return PassThrough(exchange, head)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def receive_startup() -> Message:
+        """Start the readers at startup (a reader that cannot work fails the startup, with
+        its remedy, so ``uvicorn app:app`` stops with it); stop them at shutdown."""
+        answered = False
+
+        async def receive_lifespan() -> Message:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self.start()
+                await self.start()
             return message
 
-        async def send_shutdown(message: Message) -> None:
-            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+        async def send_lifespan(message: Message) -> None:
+            nonlocal answered
+            kind = message["type"]
+            if kind == "lifespan.startup.complete" and self.startup_error is not None:
+                answered = True
+                await send({"type": "lifespan.startup.failed", "message": self._failure()})
+                return
+            if kind in ("lifespan.startup.complete", "lifespan.startup.failed"):
+                answered = True
+            if kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
                 await self.aclose()
             await send(message)
 
-        await self.app(scope, receive_startup, send_shutdown)
+        try:
+            await self.app(scope, receive_lifespan, send_lifespan)
+        except BaseException:
+            # An app without lifespan support raises here; our own failure still stops
+            # the server rather than letting it serve figures that cannot be measured.
+            if self.startup_error is not None and not answered:
+                await send({"type": "lifespan.startup.failed", "message": self._failure()})
+                return
+            raise
 
-    def start(self) -> None:
-        """Start each node's reader on the running loop (lifespan startup does this)."""
-        for node in self.router.nodes.values():
-            self.ledgers.get(node).ensure_started()
+    def _failure(self) -> str:
+        error = self.startup_error
+        assert error is not None
+        text = f"giul-asgi: {error.message}"
+        return f"{text}. {error.remedy}" if error.remedy else text
+
+    async def start(self) -> None:
+        """Start each node's reader and wait (``startup_timeout`` at most) until built.
+        A reader asked for by name that cannot work is kept in :attr:`startup_error`."""
+        self._started = True
+        try:
+            await self.ledgers.start(
+                list(self.router.nodes.values()), timeout=self.startup_timeout
+            )
+        except GiulError as exc:
+            self.startup_error = exc
+            log.error("%s", exc)
+
+    async def _start_without_lifespan(self) -> None:
+        # No lifespan (or a server that does not send it): the first request starts the
+        # readers; a failure is logged once and figures say unknown, never a 500 from us.
+        if self._started:
+            return
+        await self.start()
 
     async def aclose(self) -> None:
         """Stop the readers and settle every figure (lifespan shutdown does this)."""
-        for node in self.router.nodes.values():
-            await self.ledgers.get(node).aclose()
-        self.stats.fold(everything=True)
+        await self.ledgers.aclose(timeout=self.startup_timeout)
 
 
-class _Exchange:
-    """One request's response as it passes through: headers, body, stream, trailers.
+class Exchange:
+    """One request as it passes through: the meter, the app's messages, the responder."""
 
-    Defaults live on the class: one exchange is built per request, and most requests
-    touch only a few of these fields.
-    """
+    __slots__ = (
+        "_app", "_block", "_closed", "disconnected", "downstream", "energy", "meter", "mw",
+        "responder", "root_path", "scope", "status", "upstream",
+    )
 
-    mode = _HELD
-    start: Message | None = None
-    status: int | None = None
-    disconnected = False
-    complete = False
-    recorded = False
-    outcome = "ok"
-    energy: Figure | None = None
-    body_parts: list[bytes] | None = None
-    buffered = 0
-    scanner: SSEScanner | None = None
-    held: bytes | None = None
-    held_obj: Any = None  # the held usage event, as the scanner parsed it
-    block: bytes | None = None  # the energy block, once written into the stream
-    spliced = False
-    our_trailers = False
-    app_trailers = False
-    sse = False
-    ctype_json = False
-    encoded = False
-    content_length: int | None = None
-    #: Where the app's one Content-Length header sits in its list (-1: none, or several).
-    length_at = -1
-
-    def __init__(self, mw: EnergyMiddleware, scope: Scope, meter: Meter, send: Send) -> None:
+    def __init__(
+        self, mw: EnergyMiddleware, scope: Scope, meter: Meter, send: Send, receive: Receive
+    ) -> None:
         self.mw = mw
         self.scope = scope
         self.meter = meter
-        self.send_ = send
+        self.downstream = send
+        self.upstream = receive
+        self.responder: Responder | None = None
+        self.status: int | None = None
+        self.disconnected = False
+        self.energy: Energy | None = None
+        self.root_path: str = scope.get("root_path", "")
+        self._app = scope.get("app") or mw.app  # whose mounts a route label is found in
+        self._block: bytes | None = None
+        self._closed = False
 
-    # -- what the app sends ----------------------------------------------------------------
+    async def receive(self) -> Message:
+        message = await self.upstream()
+        if message["type"] == "http.disconnect":
+            self.disconnected = True  # the only sign of a disconnect (send() stays silent)
+        return message
+
     async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == "http.response.body":
-            mode = self.mode
-            if mode == _HELD:
-                if not message.get("more_body", False) and self.body_parts is None:
-                    await self._finish_single(message.get("body", b""))  # the common case
-                else:
-                    await self._held_body(message)
-            elif mode == _STREAM:
-                scanner = self.scanner
-                if message.get("more_body", False) and (
-                    scanner is None
-                    or (self.held is None and scanner.quiet(message.get("body", b"")))
-                ):
-                    await self.send_(message)  # a chunk with nothing to act on, as sent
-                else:
-                    await self._stream_body(message)
-            else:
-                await self.send_(message)
-        elif kind == "http.response.start":
-            self._read_start(message)
-            if self.sse:
-                await self._start_stream()
-        elif kind == "http.response.trailers":
-            if self.our_trailers and not message.get("more_trailers", False):
-                message = {**message, "headers": [
-                    *message.get("headers", []), *self._trailer_headers()
-                ]}
-            await self.send_(message)
+        responder = self.responder
+        if responder is not None:
+            await responder.send(message)
+        elif message["type"] == "http.response.start":
+            head = Head.read(message)
+            self.status = head.status
+            self.responder = responder = self.mw.choose(head, self)
+            await responder.start()
         else:
-            await self.send_(message)
+            await self.downstream(message)
 
-    def _read_start(self, message: Message) -> None:
-        self.start = message
-        self.status = message.get("status")
-        self.app_trailers = bool(message.get("trailers", False))
-        lengths = 0
-        for at, (key, value) in enumerate(message.get("headers", ())):
-            name = key.lower()
-            if name == b"content-type":
-                ctype = value.split(b";", 1)[0].strip().lower()
-                self.sse = ctype == b"text/event-stream"
-                self.ctype_json = ctype == b"application/json" or ctype.endswith(b"+json")
-            elif name == b"content-encoding":
-                self.encoded = value.strip().lower() not in (b"", b"identity")
-            elif name == b"content-length":
-                lengths += 1
-                self.length_at = at if lengths == 1 else -1
-                try:
-                    self.content_length = int(value)
-                except ValueError:
-                    self.content_length = None
+    # -- the figure --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the window (once), labelled with the route the framework matched."""
+        if not self._closed:
+            self._closed = True
+            label = route_template(self.scope, self.root_path, self._app)
+            if label is not None:
+                self.meter.route = label
+            self.meter.close()
 
-    def _json_eligible(self, size: int) -> bool:
-        return (
-            self.mw.inject_json
-            and self.ctype_json
-            and not self.encoded
-            and size <= self.mw.max_body
-            and self.status not in _NO_BODY_STATUS
-            and self.scope.get("method") != "HEAD"
-        )
-
-    async def _held_body(self, message: Message) -> None:
-        """A body in parts (``send`` finishes a single-message body itself). A JSON body of
-        announced length is gathered, within the limit; anything else becomes a stream."""
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
-        if self.content_length is not None and self._json_eligible(self.content_length):
-            if self.body_parts is None:
-                self.body_parts = []
-            self.body_parts.append(body)
-            self.buffered += len(body)
-            if self.buffered > self.content_length:
-                await self._release_as_stream(message)
-            elif not more:
-                await self._finish_single(b"".join(self.body_parts))
-            return
-        await self._start_stream()
-        await self._stream_body(message)
-
-    async def _release_as_stream(self, message: Message) -> None:
-        """The app sent more than it announced: stop gathering, pass everything through."""
-        parts, self.body_parts = self.body_parts or [], None
-        await self._start_stream()
-        joined = b"".join(parts)
-        await self._stream_body({
-            "type": "http.response.body", "body": joined,
-            "more_body": message.get("more_body", False),
-        })
-
-    async def _finish_single(self, body: bytes) -> None:
-        """A complete body: close the window, add headers (and the JSON block), send."""
-        obj = None
-        if self._json_eligible(len(body)) and (
-            self.content_length is None or self.content_length == len(body)
-        ):
-            obj = parse_object(body)
-            if obj is not None and self.meter.token_count is None:
-                self.meter.tokens(usage_tokens(find_usage(obj), self.mw.token_kind))
-        energy = self._close_now() if self.mw.settle_timeout <= 0 else await self._close()
-        start = self.start
-        assert start is not None
-        headers = list(start.get("headers", ()))
-        if obj is not None:
-            spliced = splice_object(body, obj, self.mw.energy_key, energy_json(energy))
-            if spliced is not None:
-                body = spliced
-                length = (b"content-length", b"%d" % len(body))
-                if self.length_at >= 0:
-                    headers[self.length_at] = length  # in its place: the common case
-                else:
-                    headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-                    headers.append(length)
-        headers += energy_headers(energy)
-        self.mode = _DONE
-        self.complete = True
-        start["headers"] = headers  # as Starlette's own middleware do, in the app's message
-        await self.send_(start)
-        await self.send_({"type": "http.response.body", "body": body, "more_body": False})
-
-    async def _start_stream(self) -> None:
-        start = self.start
-        assert start is not None
-        self.mode = _STREAM
-        mw = self.mw
-        self.our_trailers = mw.trailers and self._client_wants_trailers()
-        ledger = self.meter.ledger
-        headers = list(start.get("headers", ()))
-        headers += stream_start_headers(
-            self.meter.node, self.meter.tier.name if self.meter.tier else None,
-            ledger.provenance.backend if ledger is not None else "none",
-            ledger.provenance.source if ledger is not None else "none",
-            self.our_trailers,
-        )
-        if self.sse and not self.encoded:
-            self.scanner = SSEScanner(mw.token_kind)
-        message = {**start, "headers": headers}
-        if self.our_trailers:
-            message["trailers"] = True
-        await self.send_(message)
-
-    def _client_wants_trailers(self) -> bool:
-        extensions = self.scope.get("extensions") or {}
-        if "http.response.trailers" not in extensions:
-            return False
-        for key, value in self.scope.get("headers", ()):
-            if key.lower() == b"te" and b"trailers" in value.lower():
-                return True
-        return False
-
-    async def _stream_body(self, message: Message) -> None:
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
-        out = body
-        if self.scanner is not None:
-            out = await self._watch_events(body, more)
-        if more:
-            if out is body:
-                await self.send_(message)
-            elif out:
-                await self.send_({"type": "http.response.body", "body": out, "more_body": True})
-            return
-        self.complete = True
-        self.mode = _DONE
-        if self.scanner is not None and self.scanner.tokens is not None:
-            self._set_tokens(self.scanner.tokens)
-        energy = await self._close()
-        if self.scanner is not None and self.mw.stream_event:
-            out += energy_event(energy, block=self.block)
-        await self.send_({"type": "http.response.body", "body": out, "more_body": False})
-        if self.our_trailers and not self.app_trailers:
-            await self.send_({
-                "type": "http.response.trailers", "headers": self._trailer_headers(),
-                "more_trailers": False,
-            })
-
-    async def _watch_events(self, body: bytes, more: bool) -> bytes:
-        """Pass the stream on, holding back only a final usage chunk until the stream says
-        it is done, so the energy can ride in it (``chunk.energy`` for OpenAI clients)."""
-        scanner = self.scanner
-        assert scanner is not None
-        was_done = scanner.done
-        events = scanner.feed(body)
-        out = body
-        if self.held is not None:
-            held, self.held = self.held, None
-            held_obj, self.held_obj = self.held_obj, None
-            done_now = scanner.done and not was_done
-            if done_now or (not more and not body.strip()):
-                out = await self._splice_usage(held, held_obj) + body
-            else:
-                out = held + body
-        if not self.mw.usage_energy or self.spliced or not events:
-            return out
-        if scanner.done and not was_done:
-            # Usage and [DONE] in one message: splice the usage event in place.
-            for (raw, obj), (nxt, _) in itertools.pairwise(events):
-                if is_usage_chunk(obj) and b"[DONE]" in nxt:
-                    at = out.rfind(raw)
-                    if at >= 0:
-                        spliced = await self._splice_usage(raw, obj)
-                        out = out[:at] + spliced + out[at + len(raw):]
-                    break
-        elif more and scanner.at_boundary and is_usage_chunk(events[-1][1]):
-            raw = events[-1][0]
-            if out.endswith(raw):
-                self.held, self.held_obj = raw, events[-1][1]
-                out = out[: len(out) - len(raw)]
-        return out
-
-    async def _splice_usage(self, raw: bytes, obj: Any) -> bytes:
-        assert self.scanner is not None
-        if self.scanner.tokens is not None:
-            self._set_tokens(self.scanner.tokens)
-        energy = await self._close()
-        self.block = energy_json(energy)
-        spliced = splice_event(raw, self.mw.energy_key, self.block, obj)
-        if spliced is None:
-            return raw
-        self.spliced = True
-        return spliced
-
-    def _set_tokens(self, count: int) -> None:
-        if self.meter.token_count is None:
-            self.meter.tokens(count)
-
-    def _trailer_headers(self) -> list[tuple[bytes, bytes]]:
-        return energy_headers(self._close_now())
-
-    # -- closing and recording -------------------------------------------------------------
-    def _close_now(self) -> Figure:
-        """The answer's one figure: the window is closed and graded once, and every later
-        ask gets the same (a stream's usage chunk and its closing event tell the same)."""
+    def figure(self) -> Energy:
+        """The answer's one figure: its headers, block and stream events all tell this."""
         if self.energy is None:
-            self._close_window()
+            self.close()
             self.energy = self.meter.figure()
         return self.energy
 
-    def _close_window(self) -> None:
-        # By now the framework has matched a route: label the figure with its template.
-        self.meter.route = route_template(self.scope) or self.meter.route
-        self.meter.close()
+    async def finish(self) -> Energy:
+        """:meth:`figure`, first waiting (``settle_timeout`` at most) for the reading that
+        settles the window."""
+        if self.energy is None and self.mw.settle_timeout > 0:
+            self.close()
+            self.energy = await self.meter.settled(self.mw.settle_timeout)
+        return self.figure()
 
-    async def _close(self) -> Figure:
-        """:meth:`_close_now`, first waiting (``settle_timeout`` at most) for the reading
-        that settles the window."""
+    def block(self) -> bytes:
+        """The figure as the JSON block (written once)."""
+        if self._block is None:
+            self._block = energy_json(self.figure())
+        return self._block
+
+    def tokens(self, count: int | None) -> None:
+        if count is not None and self.meter.token_count is None:
+            self.meter.tokens(count)
+
+    def stream_headers(self, trailers: bool) -> list[tuple[bytes, bytes]]:
         meter = self.meter
-        if self.energy is None and self.mw.settle_timeout > 0 and meter.ledger is not None:
-            self._close_window()
-            if meter.window is not None:
-                await meter.ledger.wait_settled(meter.window, self.mw.settle_timeout)
-        return self._close_now()
+        provenance = meter.provenance
+        return stream_start_headers(
+            meter.node, meter.tier.name if meter.tier is not None else None,
+            provenance.backend, provenance.source, meter.id, trailers,
+        )
 
-    def failed(self, exc: BaseException) -> None:
+    def client_wants_trailers(self) -> bool:
+        if not self.mw.trailers:
+            return False
+        if "http.response.trailers" not in (self.scope.get("extensions") or {}):
+            return False
+        return any(
+            key.lower() == b"te" and b"trailers" in value.lower()
+            for key, value in self.scope.get("headers", ())
+        )
+
+    # -- how it ended ------------------------------------------------------------------------
+    async def returned(self) -> str:
+        """The app returned. A response it left unfinished keeps what it sent."""
+        responder = self.responder
+        if responder is not None and responder.complete:
+            return "ok"
+        if responder is not None:
+            await responder.flush()
+        return "disconnect" if self.disconnected else "incomplete"
+
+    async def failed(self, exc: BaseException) -> str:
+        """The app raised. What the client was already promised is delivered (a held
+        chunk); a response not yet started is left to the server's 500."""
         name = type(exc).__name__
-        if self.disconnected or isinstance(exc, OSError) or name == "ClientDisconnect":
-            self.outcome = "disconnect"
+        if self.disconnected or name == "ClientDisconnect":
+            outcome = "disconnect"
         elif name in ("CancelledError", "Cancelled"):
-            self.outcome = "cancelled"  # the server stopped the request (shutdown, timeout)
+            outcome = "cancelled"  # the server stopped the request (shutdown, timeout)
         else:
-            self.outcome = "error"
-            if self.mode == _HELD:  # nothing reached the client: the server answers 500
-                self.status = 500
-        self._record()
+            outcome = "error"  # OSError included: the app's, not the client's
+        responder = self.responder
+        if responder is None or not responder.started:
+            if outcome == "error":
+                self.status = 500  # nothing reached the client: the server answers 500
+        else:
+            with contextlib.suppress(Exception):  # the connection is gone: nothing to deliver
+                await responder.flush()
+        return outcome
 
-    def returned(self) -> None:
-        """The app returned (its response finished, if it sent one in full)."""
-        if not self.complete:
-            self.outcome = "disconnect" if self.disconnected else "incomplete"
-        self._record()
 
-    def _record(self) -> None:
-        if self.recorded:
+class Responder:
+    """How one response's messages pass; built from its :class:`Head` by ``choose``."""
+
+    def __init__(self, exchange: Exchange, head: Head) -> None:
+        self.exchange = exchange
+        self.head = head
+        self.downstream = exchange.downstream
+        self.started = False  # the start message went out
+        self.complete = False  # the last body message went out
+        self.trailers = False  # we announced trailers
+
+    async def start(self) -> None:
+        """The app sent its start (the default holds it until the body decides)."""
+
+    async def send(self, message: Message) -> None:
+        raise NotImplementedError
+
+    async def flush(self) -> None:
+        """Deliver what is held, unchanged, without ending the response."""
+
+    async def send_start(self, headers: list[tuple[bytes, bytes]], trailers: bool) -> None:
+        message = {**self.head.message, "headers": headers}
+        if trailers:
+            message["trailers"] = True
+        self.started = True
+        self.trailers = trailers
+        await self.downstream(message)
+
+    async def start_stream(self) -> None:
+        """The start, with what is known before the end (where it runs), and trailers when
+        the client asked and the server offers them."""
+        ours = self.exchange.client_wants_trailers()
+        await self.send_start(
+            [*self.head.message.get("headers", ()), *self.exchange.stream_headers(ours)], ours
+        )
+
+    async def send_whole(self, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        """A complete body and its start, with the figure in the headers."""
+        await self.send_start([*headers, *energy_headers(self.exchange.figure())], False)
+        self.complete = True
+        await self.downstream({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def end_stream(self, body: bytes) -> None:
+        self.complete = True
+        await self.downstream({"type": "http.response.body", "body": body, "more_body": False})
+        if self.trailers and not self.head.trailers:
+            await self.downstream({
+                "type": "http.response.trailers", "more_trailers": False,
+                "headers": energy_headers(await self.exchange.finish()),
+            })
+
+    async def pass_trailers(self, message: Message) -> None:
+        if self.trailers and not message.get("more_trailers", False):
+            message = {**message, "headers": [
+                *message.get("headers", ()), *energy_headers(await self.exchange.finish())
+            ]}
+        await self.downstream(message)
+
+
+class PassThrough(Responder):
+    """Bytes untouched. A body in one message: the figure in its headers. A body in
+    several: the start goes out with the first, the figure in trailers where asked."""
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.body":
+            more = message.get("more_body", False)
+            if not self.started:
+                if not more:
+                    await self.exchange.finish()
+                    await self.send_whole(
+                        message.get("body", b""), list(self.head.message.get("headers", ()))
+                    )
+                    return
+                await self.start_stream()
+            if more:
+                await self.downstream(message)
+            else:
+                await self.exchange.finish()
+                await self.end_stream(message.get("body", b""))
+        elif kind == "http.response.trailers":
+            await self.pass_trailers(message)
+        else:
+            await self.downstream(message)
+
+    async def flush(self) -> None:
+        if not self.started:
+            await self.send_start(list(self.head.message.get("headers", ())), False)
+
+
+class JSONResponder(Responder):
+    """A JSON body held whole (within its announced length and ``max_body``), then sent
+    with the ``"energy"`` block in it and its length fixed."""
+
+    def __init__(self, exchange: Exchange, head: Head) -> None:
+        super().__init__(exchange, head)
+        self.parts: list[bytes] = []
+        self.size = 0
+        mw = exchange.mw
+        self.limit = min(head.length, mw.max_body) if head.length is not None else mw.max_body
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind != "http.response.body":
+            if kind == "http.response.trailers":
+                await self.pass_trailers(message)
+            else:
+                await self.downstream(message)
             return
-        self.recorded = True
-        if not self.meter.closed:
-            self._close_window()
-        self.mw.stats.defer(self.meter.route or "<unmatched>", self.status, self.outcome, self.meter)
+        body = message.get("body", b"")
+        if message.get("more_body", False):
+            self.parts.append(body)
+            self.size += len(body)
+            if self.size > self.limit:
+                await self._release(more=True)
+            return
+        if self.parts:
+            self.parts.append(body)
+            self.size += len(body)
+            if self.size > self.limit:
+                await self._release(more=False)
+                return
+            body = b"".join(self.parts)
+        await self._finish(body)
+
+    async def _finish(self, body: bytes) -> None:
+        head = self.head
+        exchange = self.exchange
+        obj = parse_object(body) if head.length is None or head.length == len(body) else None
+        if obj is not None:
+            exchange.tokens(usage_tokens(find_usage(obj), exchange.mw.token_kind))
+        await exchange.finish()
+        headers = list(head.message.get("headers", ()))
+        if obj is not None:
+            spliced = splice_object(body, obj, exchange.mw.energy_key, exchange.block())
+            if spliced is not None:
+                body = spliced
+                length = (b"content-length", b"%d" % len(body))
+                if head.length_at >= 0:
+                    headers[head.length_at] = length  # in its place: the common case
+                else:
+                    headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+                    headers.append(length)
+        await self.send_whole(body, headers)
+
+    async def _release(self, *, more: bool) -> None:
+        """More than the limit (or than announced): pass everything through as a stream."""
+        parts, self.parts = self.parts, []
+        stream = PassThrough(self.exchange, self.head)
+        self.exchange.responder = stream
+        await stream.start_stream()
+        await stream.send({
+            "type": "http.response.body", "body": b"".join(parts), "more_body": more,
+        })
+
+    async def flush(self) -> None:
+        if not self.started:
+            await self.send_start(list(self.head.message.get("headers", ())), False)
+        if self.parts:
+            parts, self.parts = self.parts, []
+            await self.downstream({
+                "type": "http.response.body", "body": b"".join(parts), "more_body": True,
+            })
+
+
+class SSEResponder(Responder):
+    """An event stream: the start at once, each event as it completes, the energy in the
+    event that ends the answer (see :class:`~giul_asgi.report.SSESplicer`)."""
+
+    def __init__(self, exchange: Exchange, head: Head) -> None:
+        super().__init__(exchange, head)
+        mw = exchange.mw
+        self.splicer = SSESplicer(
+            key=mw.energy_key, token_kind=mw.token_kind, splice=mw.usage_energy
+        )
+
+    async def start(self) -> None:
+        await self.start_stream()
+
+    async def send(self, message: Message) -> None:
+        if message["type"] != "http.response.body":
+            if message["type"] == "http.response.trailers":
+                await self.pass_trailers(message)
+            else:
+                await self.downstream(message)
+            return
+        splicer = self.splicer
+        body = message.get("body", b"")
+        out = splicer.feed(body)
+        if splicer.waiting:  # [DONE] after the event that carries the energy
+            out += splicer.resume(await self._block())
+        if message.get("more_body", False):
+            if out is body:
+                await self.downstream(message)  # as the app sent it: the common chunk
+            elif out:
+                await self.downstream(
+                    {"type": "http.response.body", "body": out, "more_body": True}
+                )
+            return
+        block = await self._block()
+        await self.end_stream(out + splicer.close(block, event=self.exchange.mw.stream_event))
+
+    async def _block(self) -> bytes:
+        exchange = self.exchange
+        exchange.tokens(self.splicer.tokens)
+        await exchange.finish()
+        return exchange.block()
+
+    async def flush(self) -> None:
+        held = self.splicer.flush()
+        if held:
+            await self.downstream({"type": "http.response.body", "body": held, "more_body": True})

@@ -5,10 +5,19 @@ so routes are matched against the path first (a template such as ``/v1/models/{i
 matches ``/v1/models/llama-3``). Once the framework has matched (Starlette and FastAPI
 write ``scope["route"]``), the label becomes the real template. A raw path is never a label:
 paths that match nothing share one label, so label count stays bounded.
+
+Mounts: Starlette writes a mount's *matched* prefix into ``root_path``
+(``app.mount("/tenants/{tid}", sub)`` gives ``/tenants/42``), so the prefix is turned back
+into the mounts' templates by walking the app's mounts; where that fails, the label stays
+what the patterns gave, never the raw prefix.
+
+Configuration is checked when the router is built (duplicate names, a route to a node or
+tier that is not declared): it fails once, at startup, with :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -17,7 +26,10 @@ from typing import Any
 from .config import Node, Route, Tier
 from .errors import ConfigError
 
+log = logging.getLogger("giul_asgi.routing")
+
 UNMATCHED = "<unmatched>"
+_MOUNT_DEPTH = 8
 _PARAM = re.compile(r"\{[^}/]+\}")
 _CACHE_SIZE = 1024
 
@@ -49,13 +61,70 @@ def _glob(text: str) -> str:
     return ".*".join(re.escape(part) for part in text.split("*"))
 
 
-def route_template(scope: Mapping[str, Any]) -> str | None:
-    """The framework's matched route template, once its router has run."""
+def route_template(
+    scope: Mapping[str, Any], root_path: str = "", app: Any = None
+) -> str | None:
+    """The framework's matched route template, once its router has run, or None.
+
+    ``root_path`` is the scope's own before the app ran (what a proxy set); ``app`` is the
+    application whose mounts are walked when the router added a prefix to it.
+    """
     route = scope.get("route")
     path_format = getattr(route, "path_format", None) or getattr(route, "path", None)
-    if isinstance(path_format, str) and path_format:
-        return scope.get("root_path", "") + path_format
-    return None
+    if not isinstance(path_format, str) or not path_format:
+        return None
+    now = scope.get("root_path", "")
+    if now == root_path:
+        return root_path + path_format  # the common case: no mount on the way
+    if not isinstance(now, str) or not now.startswith(root_path):
+        return None
+    prefix = mount_template(app, now[len(root_path):])
+    return None if prefix is None else root_path + prefix + path_format
+
+
+def mount_template(app: Any, prefix: str) -> str | None:
+    """The templates of the mounts that matched ``prefix`` (the raw part of a root_path),
+    found by walking ``app``'s routes (anything with Starlette's ``routes``, ``path_regex``
+    and ``path_format``); None when they cannot be found."""
+    out = ""
+    rest = prefix
+    routes = _routes_of(app)
+    for _ in range(_MOUNT_DEPTH):
+        if not rest:
+            return out
+        for route in routes or ():
+            regex = getattr(route, "path_regex", None)
+            path_format = getattr(route, "path_format", None)
+            sub = _routes_of(route)
+            if sub is None or regex is None or not isinstance(path_format, str):
+                continue
+            match = regex.match(rest + "/")
+            if match is None or "path" not in match.groupdict():
+                continue
+            remaining = "/" + match.group("path")
+            consumed = (rest + "/")[: len(rest) + 1 - len(remaining)]
+            if not consumed or not rest.startswith(consumed):
+                continue
+            out += path_format.rstrip("/")
+            rest = rest[len(consumed):]
+            routes = sub
+            break
+        else:
+            return None
+    return out if not rest else None
+
+
+def _routes_of(obj: Any) -> Any:
+    if obj is None:
+        return None
+    try:
+        routes = getattr(obj, "routes", None)
+        if routes is None:
+            router = getattr(obj, "router", None)
+            routes = getattr(router, "routes", None) if router is not None else None
+    except Exception:  # a property on someone else's app: not ours to break
+        return None
+    return routes if isinstance(routes, list | tuple) else None
 
 
 class Router:
@@ -71,8 +140,8 @@ class Router:
         default_tier: Tier | None,
         decide: Decider | None = None,
     ) -> None:
-        self.nodes = {n.name: n for n in nodes}
-        self.tiers = {t.name: t for t in tiers}
+        self.nodes = _unique("node", nodes)
+        self.tiers = _unique("tier", tiers)
         self.default_node = default_node
         self.default_tier = default_tier
         self.decide = decide
@@ -84,6 +153,7 @@ class Router:
             self._routes.append((compile_pattern(route.pattern), Target(node, tier, label)))
         self._default = Target(default_node, default_tier, UNMATCHED)
         self._cache: dict[str, Target] = {}
+        self._decide_failed = False
 
     def _node(self, value: Node | str) -> Node:
         return _lookup(self.nodes, Node, value, "node")
@@ -93,16 +163,26 @@ class Router:
 
     def match(self, scope: Mapping[str, Any]) -> Target:
         if self.decide is not None:
-            decided = self.decide(scope)
-            if decided is not None:
-                node, tier = decided
-                base = self._match_path(scope.get("path", ""))
-                return Target(
-                    self._node(node) if node is not None else base.node,
-                    self._tier(tier) if tier is not None else base.tier,
-                    base.label,
-                )
+            return self._decided(scope)
         return self._match_path(scope.get("path", ""))
+
+    def _decided(self, scope: Mapping[str, Any]) -> Target:
+        base = self._match_path(scope.get("path", ""))
+        try:
+            decided = self.decide(scope) if self.decide is not None else None
+            if decided is None:
+                return base
+            node, tier = decided
+            return Target(
+                self._node(node) if node is not None else base.node,
+                self._tier(tier) if tier is not None else base.tier,
+                base.label,
+            )
+        except Exception as exc:  # the user's callable: a bad answer costs the routing only
+            if not self._decide_failed:
+                self._decide_failed = True
+                log.error("decide(scope) failed (%s); requests keep their route's node", exc)
+            return base
 
     def _match_path(self, path: str) -> Target:
         """The target for ``path`` by the route patterns alone (cached, bounded)."""
@@ -125,13 +205,28 @@ class Router:
         return out
 
 
+def _unique(kind: str, items: Iterable[Any]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for item in items:
+        if item.name in table and table[item.name] != item:
+            raise ConfigError(
+                f"two {kind}s are named {item.name!r}",
+                remedy=f"give each {kind} its own name in {kind}s=[...]",
+            )
+        table[item.name] = item
+    return table
+
+
 def _lookup(table: dict[str, Any], kind: type, value: Any, what: str) -> Any:
     """An object by name from ``table``; an object given directly joins the table."""
     if isinstance(value, kind):
         table.setdefault(value.name, value)  # type: ignore[attr-defined]
         return value
     if value not in table:
-        raise ConfigError(f"route names {what} {value!r}, which is not in {what}s=[...]")
+        raise ConfigError(
+            f"a route names {what} {value!r}, which is not declared",
+            remedy=f"add it to the middleware's {what}s=[...] or fix the route",
+        )
     return table[value]
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, NamedTuple
 
 from giul_asgi import EnergyMiddleware, Ledgers, Node
+from giul_asgi.energy import Energy
 from giul_asgi.readers import Reading, SimulatedCard, SimulatedReader
 
 Message = dict[str, Any]
@@ -116,6 +117,42 @@ def header(message: Message, name: bytes) -> bytes | None:
     return None
 
 
+class Record(NamedTuple):
+    energy: Energy
+    outcome: str
+    status: int | None
+
+
+class RecordingStats:
+    """The statistics' contract (``record(energy, outcome=, status=)``), kept as a list:
+    what the middleware told the statistics, in the order the figures settled."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.lock = threading.Lock()
+
+    def record(self, energy: Energy, *, outcome: str, status: int | None) -> None:
+        with self.lock:  # settled figures may arrive from the ledger's reader thread
+            self.records.append(Record(energy, outcome, status))
+
+    def __iter__(self) -> Iterator[Record]:
+        with self.lock:
+            return iter(list(self.records))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+async def settled_records(stats: RecordingStats, n: int = 1, timeout: float = 2.0) -> list[Record]:
+    """Wait (at most ``timeout``) until ``n`` figures have settled into ``stats``."""
+    deadline = time.monotonic() + timeout
+    while len(stats) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return list(stats)
+
+
 def fresh(app: Any, *nodes: Node, **kwargs: Any) -> EnergyMiddleware:
-    """Wrap a raw ASGI app with its own ledgers, so tests never share a card."""
+    """Wrap a raw ASGI app with its own ledgers and recording statistics, so tests never
+    share a card."""
+    kwargs.setdefault("stats", RecordingStats())
     return EnergyMiddleware(app, nodes=list(nodes), ledgers=Ledgers(), **kwargs)

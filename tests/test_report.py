@@ -1,15 +1,25 @@
-"""Formatting and parsing helpers: numbers, header safety, usage, JSON and SSE splicing."""
+"""Formatting and parsing: numbers, headers, the JSON block, usage, and the SSE splicer on
+its own (bytes in, bytes out), fed well-formed and hostile streams."""
 
 from __future__ import annotations
 
 import json
+import re
 from types import MappingProxyType
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from giul_asgi import report
+from giul_asgi.energy import Energy
 from giul_asgi.report import (
-    SSEScanner,
+    SSESplicer,
+    energy_event,
+    energy_headers,
+    energy_json,
+    header_number,
     header_value,
     inject_json,
     is_usage_chunk,
@@ -20,35 +30,63 @@ from giul_asgi.report import (
     usage_tokens,
 )
 
+BLOCK = b'{"joules":1.5}'
 
+
+def chunk(content: str | None, finish: str | None = None, *, compact: bool = True,
+          usage_null: bool = False) -> bytes:
+    delta = {"content": content} if content is not None else {}
+    obj: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if usage_null:
+        obj["usage"] = None
+    separators = (",", ":") if compact else (", ", ": ")
+    return b"data: " + json.dumps(obj, separators=separators).encode() + b"\n\n"
+
+
+USAGE = b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def run(splicer: SSESplicer, pieces: list[bytes], block: bytes | None = BLOCK,
+        event: bool = True) -> bytes:
+    """Drive a splicer as the middleware does: feed, resume when waiting, close."""
+    out = b""
+    for piece in pieces:
+        out += splicer.feed(piece)
+        if splicer.waiting:
+            out += splicer.resume(block)
+    return out + splicer.close(block, event=event)
+
+
+def events(raw: bytes) -> list[bytes]:
+    return [e + b"\n\n" for e in raw.split(b"\n\n") if e]
+
+
+# -- numbers and headers --------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("value", "text"),
     [
         (None, "unknown"), (float("nan"), "unknown"), (float("inf"), "unknown"),
         (5.2537571, "5.25376"), (1234567.89, "1234568"), (4e-10, "0.0000000004"),
         (0.000123456, "0.000123456"), (12, "12"), (0.0, "0"), (-2.5, "-2.5"),
+        (-0.0, "0"), (1e-5, "0.00001"),
     ],
 )
 def test_number_is_positional_and_never_a_false_zero(value: float | None, text: str) -> None:
     assert number(value) == text
 
 
-def test_header_numbers_fast_path_agrees_with_number() -> None:
-    from hypothesis import given
-    from hypothesis import strategies as st
-
-    @given(st.floats(allow_nan=True, allow_infinity=True))
-    def check(value: float) -> None:
-        assert report._hnum(value) == number(value).encode()
-
-    check()
-    check_small = given(st.floats(min_value=1e-13, max_value=2e-4))(check.hypothesis.inner_test)
-    check_small()
-    for edge in (
-        0.0001, 0.00009999999, 0.000099999996, 1e-12, 9.9999999e-13, 1e-5, 0.0000099999996,
-        999998.9, 999999.0, 999999.4, 999999.6, -0.0001, -0.0,
-    ):
-        assert report._hnum(edge) == number(edge).encode()
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_header_number_is_a_plain_decimal_close_to_the_value(value: float) -> None:
+    text = header_number(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        assert text == b"unknown"
+        return
+    assert re.fullmatch(rb"-?\d+(\.\d+)?", text), text
+    if value != 0:
+        assert float(text) != 0  # never a rounded-away zero
+        assert float(text) == pytest.approx(value, rel=1e-5)
 
 
 def test_header_values_lose_control_bytes() -> None:
@@ -57,10 +95,59 @@ def test_header_values_lose_control_bytes() -> None:
     assert header_value("h100-a") == b"h100-a"
 
 
+def test_headers_say_unknown_never_zero_and_carry_the_id() -> None:
+    e = Energy(joules=None, method="unknown", node="n\r\n", id="42-a\n")
+    headers = dict(energy_headers(e))
+    assert headers[b"x-energy-joules"] == b"unknown" and headers[b"x-energy-tokens"] == b"unknown"
+    assert headers[b"x-energy-node"] == b"n__"
+    assert headers[b"x-energy-id"] == b"42-a_"  # not a header injection
+    assert b"x-energy-id" not in dict(energy_headers(Energy(joules=1.0, method="measured")))
+
+
+floats = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))
+texts = st.one_of(st.none(), st.text(max_size=12))
+
+
+@settings(max_examples=200)
+@given(
+    joules=floats, seconds=st.floats(0, 1e9), mean=floats, cc=floats, unc=floats,
+    per_token=floats, idle=floats, foreign=floats, node=texts, tier=texts, route=texts,
+    error=texts, energy_id=texts,
+    split=st.one_of(st.none(), st.sampled_from(["exclusive", "time", "tokens", "%s%%"])),
+    tokens=st.one_of(st.none(), st.integers(0, 10**12)),
+    settled=st.booleans(), contended=st.one_of(st.none(), st.booleans()),
+    kind=st.sampled_from(["output", "input", "total"]), staged=st.booleans(),
+)
+def test_the_fast_block_is_as_dict(
+    joules: float | None, seconds: float, mean: float | None, cc: float | None,
+    unc: float | None, per_token: float | None, idle: float | None, foreign: float | None,
+    node: str | None, tier: str | None, route: str | None, error: str | None,
+    energy_id: str | None, split: str | None, tokens: int | None, settled: bool,
+    contended: bool | None, kind: str, staged: bool,
+) -> None:
+    stage = Energy(joules=joules, method="measured", node=node, seconds=seconds)
+    e = Energy(
+        joules=joules, method="measured", backend="nvml_counter", source="local", node=node,
+        tier=tier, route=route, seconds=seconds, idle_watts=idle, idle_known=idle is not None,
+        mean_watts=mean, tokens=tokens, token_kind=kind, joules_per_token=per_token,
+        concurrency=cc, split=split, uncertainty_joules=unc, settled=settled,
+        stages={"retrieve": stage, 'q"\n': stage} if staged else {}, contended=contended,
+        foreign_watts=foreign, error=error, id=energy_id,
+    )
+    for _ in range(2):  # the first call builds the template, the second reuses it
+        assert json.loads(energy_json(e)) == e.as_dict()
+
+
+def test_energy_event_is_one_event() -> None:
+    assert energy_event(BLOCK) == b"event: energy\ndata: " + BLOCK + b"\n\n"
+
+
+# -- bodies ---------------------------------------------------------------------------------
 def test_usage_tokens_kinds_and_junk() -> None:
     usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
     assert usage_tokens(usage, "output") == 5 and usage_tokens(usage, "input") == 3
     assert usage_tokens(usage, "total") == 8
+    assert usage_tokens({"input_tokens": 2, "output_tokens": 4}, "total") == 6
     assert usage_tokens({"completion_tokens": True}, "output") is None  # a bool is no count
     assert usage_tokens({"completion_tokens": -1}, "output") is None
     assert usage_tokens("lots", "output") is None
@@ -80,103 +167,38 @@ def test_parse_object_both_parsers(fast: bool, monkeypatch: pytest.MonkeyPatch) 
     assert big is not None and big["big"] == pytest.approx(1.2345678901234568e29)
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson-if-installed", "stdlib"])
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-be"])
+def test_parse_object_reads_utf8_only(
+    encoding: str, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """json.loads accepts UTF-16/32 bytes; an ASCII block spliced into them corrupts them."""
+    if not fast:
+        monkeypatch.setattr(report, "_fast_loads", None)
+    assert parse_object('{"a": 1}'.encode(encoding)) is None
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson-if-installed", "stdlib"])
+def test_parse_object_survives_deep_nesting(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not fast:
+        monkeypatch.setattr(report, "_fast_loads", None)
+    deep = b'{"usage": {"completion_tokens": 1}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert parse_object(deep) is None  # RecursionError is the app's data, not our crash
+
+
 def test_inject_json_keeps_the_apps_bytes_and_key() -> None:
     assert inject_json(b'{"a":1}', "energy", b'{"j":2}') == b'{"a":1,"energy":{"j":2}}'
     assert inject_json(b"{ }\n", "energy", b"{}") == b'{"energy":{}}\n'
     assert inject_json(b'{"energy": 1}', "energy", b"{}") is None
 
 
-def test_sse_scanner_across_chunks_and_done() -> None:
-    scanner = SSEScanner("output")
-    usage = b'data: {"choices": [], "usage": {"completion_tokens": 7}}\n\n'
-    stream = b"data: {}\n\n" + usage + b"data: [DONE]\n\n"
-    seen = []
-    for i in range(0, len(stream), 5):
-        seen += scanner.feed(stream[i:i + 5])
-    assert scanner.tokens == 7 and scanner.done and scanner.at_boundary
-    assert [raw for raw, _ in seen] == [b"data: {}\n\n", usage, b"data: [DONE]\n\n"]
-    assert is_usage_chunk(seen[1][1])
-
-
-@pytest.mark.parametrize(
-    ("chunk", "quiet"),
-    [
-        # include_usage: every chunk carries "usage": null, in any JSON spacing.
-        (b'data: {"choices": [{"delta": {"content": "hi"}}], "usage": null}\n\n', True),
-        (b'data: {"choices":[{"delta":{"content":"hi"}}],"usage" :null}\n\n', True),
-        # The word in the answer's text: its quotes are escaped, so it is not a key.
-        (b'data: {"choices": [{"delta": {"content": "\\"usage\\": {}"}}]}\n\n', True),
-        # A usage object, however it is spaced, is something to act on.
-        (b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n', False),
-        (b'data: {"choices":[],"usage" :\t{"completion_tokens":3}}\n\n', False),
-        (b'data: {"choices": [], "usage":\ndata: {"completion_tokens": 3}}\n\n', False),
-        (b'data: {"choices": [], "usage"\ndata: : {"completion_tokens": 3}}\n\n', False),
-        (b"data: [DONE]\n\n", False),
-        (b'data: {"choices": []', False),  # an unfinished event
-    ],
-)
-def test_sse_scanner_lets_chunks_without_a_usage_object_through(chunk: bytes, quiet: bool) -> None:
-    assert SSEScanner("output").quiet(chunk) is quiet
-
-
-@pytest.mark.parametrize("split", [False, True])
-def test_sse_scanner_parses_only_the_chunk_with_usage(
-    split: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    parsed: list[bytes] = []
-    real = report.sse_data
-    monkeypatch.setattr(report, "sse_data", lambda raw: parsed.append(raw) or real(raw))
-    scanner = SSEScanner("output")
-    nulls = b'data: {"choices": [{"delta": {"content": "w"}}], "usage": null}\n\n' * 3
-    usage = b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n'
-    stream = nulls + usage
-    step = 7 if split else len(stream)  # split: every event arrives in pieces
-    for i in range(0, len(stream), step):
-        scanner.feed(stream[i:i + step])
-    assert scanner.tokens == 3
-    assert parsed == [usage]
-
-
-def test_sse_scanner_gives_up_on_an_endless_event_but_keeps_going() -> None:
-    scanner = SSEScanner("output")
-    scanner.feed(b"data: " + b"x" * (SSEScanner.MAX_PARTIAL + 10))
-    assert scanner.broken and scanner.feed(b"\n\n") == []
-
-
-def test_crlf_events_and_multiline_data() -> None:
-    scanner = SSEScanner("output")
-    events = scanner.feed(b'data: {"usage": {"completion_tokens": 2},\r\ndata: "choices": []}\r\n\r\n')
-    assert scanner.tokens == 2 and len(events) == 1
-    assert sse_data(events[0][0]) == b'{"usage": {"completion_tokens": 2},\n"choices": []}'
-    assert splice_event(events[0][0], "energy", b"{}") is None  # two data lines: left alone
-
-
-def test_splice_event_single_line() -> None:
+def test_splice_event_single_line_only() -> None:
     raw = b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\n'
-    out = splice_event(raw, "energy", b'{"joules":1.5}')
+    out = splice_event(raw, "energy", BLOCK)
     assert out is not None and out.endswith(b"\n\n")
     assert json.loads(sse_data(out))["energy"] == {"joules": 1.5}
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n\n',
-        b'data:{"choices":[],"usage":{"completion_tokens":2}}\r\n\r\n',
-        b'event: chunk\nid: 7\ndata:  {"usage": {"completion_tokens": 2}} \n\n',
-        b'data: {"usage": {"completion_tokens": 2}, "energy": "the app\'s own"}\n\n',
-        b'data: {"usage": {"completion_tokens": 2},\ndata: "choices": []}\n\n',  # two lines
-    ],
-)
-def test_splice_event_with_the_scanners_object_is_the_same_splice(raw: bytes) -> None:
-    """The middleware hands over the object the scanner already parsed; the bytes out are
-    those of parsing the event again, down to the app's own key left alone."""
-    scanner = SSEScanner("output")
-    events = scanner.feed(raw)
-    assert len(events) == 1 and scanner.tokens == 2
-    obj = events[0][1]
-    block = b'{"joules":1.5}'
-    assert splice_event(raw, "energy", block, obj) == splice_event(raw, "energy", block)
+    two_lines = b'data: {"usage": {"completion_tokens": 2},\r\ndata: "choices": []}\r\n\r\n'
+    assert splice_event(two_lines, "energy", BLOCK) is None
 
 
 @pytest.mark.parametrize(
@@ -193,3 +215,192 @@ def test_splice_event_with_the_scanners_object_is_the_same_splice(raw: bytes) ->
 )
 def test_is_usage_chunk(obj: object, expected: bool) -> None:
     assert is_usage_chunk(obj) is expected
+
+
+# -- the splicer: well-formed streams -------------------------------------------------------
+def test_ordinary_chunks_pass_as_the_same_object() -> None:
+    splicer = SSESplicer()
+    for piece in (chunk("a"), chunk("b", usage_null=True), chunk("c", compact=False)):
+        assert splicer.feed(piece) is piece
+    assert not splicer.holding
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_plain_stream_energy_rides_on_the_finish_chunk(compact: bool) -> None:
+    finish = chunk(None, "stop", compact=compact)
+    splicer = SSESplicer()
+    assert splicer.feed(chunk("a", compact=compact)) == chunk("a", compact=compact)
+    assert splicer.feed(finish) == b""  # held until the next event
+    assert splicer.feed(DONE) == b"" and splicer.waiting
+    out = splicer.resume(BLOCK)
+    first, done = events(out)
+    obj = json.loads(sse_data(first))
+    assert obj["energy"] == {"joules": 1.5}
+    assert {k: v for k, v in obj.items() if k != "energy"} == json.loads(sse_data(finish))
+    assert done == DONE and splicer.spliced and splicer.done
+    assert splicer.close(BLOCK) == energy_event(BLOCK)  # for EventSource clients, after
+
+
+def test_include_usage_energy_rides_on_the_usage_chunk() -> None:
+    finish = chunk(None, "stop", usage_null=True)
+    out = run(SSESplicer(), [chunk("a", usage_null=True), finish, USAGE, DONE])
+    parsed = events(out)
+    assert parsed[0] == chunk("a", usage_null=True) and parsed[1] == finish  # released as sent
+    usage = json.loads(sse_data(parsed[2]))
+    assert usage["energy"] == {"joules": 1.5} and usage["usage"]["completion_tokens"] == 3
+    assert parsed[3] == DONE and parsed[4] == energy_event(BLOCK)
+
+
+def test_usage_chunks_with_null_usage_are_never_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[bytes] = []
+    real = report.parse_object
+    monkeypatch.setattr(report, "parse_object", lambda raw: parsed.append(raw) or real(raw))
+    splicer = SSESplicer()
+    run(splicer, [chunk("w", usage_null=True)] * 5 + [USAGE, DONE])
+    assert splicer.tokens == 3 and len(parsed) == 1
+
+
+def test_a_held_event_not_followed_by_done_goes_unchanged() -> None:
+    finish = chunk(None, "stop")
+    later = chunk("late")
+    splicer = SSESplicer()
+    assert splicer.feed(finish) == b""
+    assert splicer.feed(later) == finish + later
+    # And the next event's first bytes are enough to know it is not [DONE].
+    splicer = SSESplicer()
+    splicer.feed(finish)
+    assert splicer.feed(later[:10]) == finish
+
+
+def test_comments_between_the_finish_and_done_keep_it_held() -> None:
+    out = run(SSESplicer(), [chunk(None, "stop"), b": keep-alive\n\n", DONE])
+    first, comment, done = events(out)[:3]
+    assert "energy" in json.loads(sse_data(first))
+    assert comment == b": keep-alive\n\n" and done == DONE
+
+
+def test_crlf_events_as_sse_starlette_writes_them() -> None:
+    finish = chunk(None, "stop").replace(b"\n\n", b"\r\n\r\n")
+    out = run(SSESplicer(), [finish, b"data: [DONE]\r\n\r\n"])
+    first = out.split(b"\r\n\r\n")[0]
+    assert json.loads(sse_data(first))["energy"] == {"joules": 1.5}
+
+
+def test_responses_api_completed_event_gets_the_energy_at_the_end() -> None:
+    completed = (
+        b'event: response.completed\ndata: {"type":"response.completed","response":'
+        b'{"id":"r","usage":{"input_tokens":4,"output_tokens":9}}}\n\n'
+    )
+    splicer = SSESplicer()
+    out = run(splicer, [b'event: response.created\ndata: {"type":"response.created"}\n\n',
+                        completed])
+    assert splicer.tokens == 9
+    last = [e for e in events(out) if b"response.completed" in e][0]
+    assert json.loads(sse_data(last))["energy"] == {"joules": 1.5}
+
+
+def test_the_apps_own_energy_key_and_multiline_events_are_left_alone() -> None:
+    own = b'data: {"choices":[{"finish_reason":"stop"}],"energy":"mine"}\n\n'
+    two = b'data: {"choices":[{"finish_reason":"stop"}],\ndata: "x": 1}\n\n'
+    for held in (own, two):
+        splicer = SSESplicer()
+        assert run(splicer, [held, DONE]) == held + DONE + energy_event(BLOCK)
+        assert not splicer.spliced
+
+
+def test_switched_off_nothing_is_held_or_added() -> None:
+    pieces = [chunk("a"), chunk(None, "stop"), USAGE, DONE]
+    splicer = SSESplicer(splice=False)
+    assert run(splicer, pieces, event=False) == b"".join(pieces)
+    assert splicer.tokens == 3
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 400), min_size=1, max_size=40), st.booleans(), st.booleans())
+def test_any_split_of_the_stream_gives_the_same_bytes(
+    cuts: list[int], usage: bool, crlf: bool
+) -> None:
+    """However the upstream's bytes are cut (a proxy re-chunks them), the output is that of
+    the stream fed whole: same splice, same events, nothing lost or reordered."""
+    pieces = [chunk("a"), chunk("b"), chunk(None, "stop")] + ([USAGE] if usage else []) + [DONE]
+    whole = b"".join(pieces)
+    if crlf:
+        whole = whole.replace(b"\n\n", b"\r\n\r\n")
+    expected = run(SSESplicer(), [whole])
+    cut_pieces, pos = [], 0
+    for size in cuts:
+        cut_pieces.append(whole[pos:pos + size])
+        pos += size
+    cut_pieces.append(whole[pos:])
+    assert run(SSESplicer(), cut_pieces) == expected
+    assert b'"energy":{"joules":1.5}' in expected
+
+
+# -- the splicer: hostile streams -----------------------------------------------------------
+class CountingPattern:
+    """A compiled pattern that counts the bytes it is asked to search."""
+
+    def __init__(self, pattern: re.Pattern[bytes]) -> None:
+        self.pattern = pattern
+        self.scanned = 0
+
+    def finditer(self, data: bytes, *args: Any) -> Any:
+        self.scanned += len(data)
+        return self.pattern.finditer(data, *args)
+
+    def search(self, data: bytes, *args: Any) -> Any:
+        self.scanned += len(data)
+        return self.pattern.search(data, *args)
+
+
+def test_an_event_that_never_ends_is_scanned_once_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """8000 lines of 100 bytes and no blank line: the old scanner rejoined and rescanned its
+    partial buffer on every chunk (24 s of CPU, and every other request waited)."""
+    counting = CountingPattern(report._EVENT_END)
+    monkeypatch.setattr(report, "_EVENT_END", counting)
+    lines = [b"data: " + b"x" * 93 + b"\r\n" for _ in range(8000)]
+    splicer = SSESplicer()
+    out = b""
+    for line in lines:
+        out += splicer.feed(line)
+        assert splicer._size <= splicer.max_event  # the buffer stays bounded
+    out += splicer.close(BLOCK)
+    stream = b"".join(lines)
+    assert out == stream  # byte for byte, and no event glued onto the unfinished one
+    assert counting.scanned <= 2 * len(stream)  # linear: each byte searched about once
+
+
+def test_a_last_event_without_its_blank_line_gets_nothing_glued_on() -> None:
+    pieces = [chunk("a"), b"data: last"]
+    out = run(SSESplicer(), pieces)
+    assert out == b"".join(pieces)  # not b"data: lastevent: energy..."
+
+
+def test_a_deeply_nested_usage_event_passes_byte_for_byte() -> None:
+    deep = (b'data: {"choices":[],"usage":{"completion_tokens":1,"x":'
+            + b"[" * 50_000 + b"]" * 50_000 + b"}}\n\n")
+    splicer = SSESplicer()
+    out = run(splicer, [chunk("a"), deep, DONE])
+    assert out == chunk("a") + deep + DONE + energy_event(BLOCK)
+
+
+def test_flush_gives_back_everything_held_unchanged() -> None:
+    splicer = SSESplicer()
+    assert splicer.feed(chunk("a")) == chunk("a")
+    assert splicer.feed(USAGE) == b"" and splicer.holding
+    assert splicer.feed(b"data: [DO") == b""
+    assert splicer.flush() == USAGE + b"data: [DO"
+    assert not splicer.holding
+
+
+def test_held_event_and_done_in_one_chunk_and_what_follows() -> None:
+    after = b"data: {}\n\n"
+    splicer = SSESplicer()
+    out = splicer.feed(chunk("a") + USAGE + DONE + after)
+    assert out == chunk("a") and splicer.waiting
+    rest = splicer.resume(BLOCK)
+    parsed = events(rest)
+    assert "energy" in json.loads(sse_data(parsed[0]))
+    assert parsed[1:] == [DONE, after]
