@@ -94,7 +94,7 @@ def mount_template(app: Any, prefix: str) -> str | None:
             return out
         for route in routes or ():
             regex = getattr(route, "path_regex", None)
-            path_format = getattr(route, "path_format", None)
+            path_format = getattr(route, "path", None)  # a Mount's own template
             sub = _routes_of(route)
             if sub is None or regex is None or not isinstance(path_format, str):
                 continue
