@@ -124,7 +124,7 @@ class _Fixed(http.server.BaseHTTPRequestHandler):
 def serving(body: bytes) -> Iterator[str]:
     handler = type("H", (_Fixed,), {"body": body})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

@@ -149,14 +149,18 @@ class HttpPoller:
 
 
 def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Every sample by its own name (``x_total``, ``y_sum``...), with labels; FetchError on bad text."""
+    """Samples by name, with labels (a counter written without _total is under both names); FetchError."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+                row = (dict(sample.labels), float(sample.value))
+                out.setdefault(sample.name, []).append(row)
+                if family.type == "counter" and sample.name == family.name + "_total":
+                    # some parser versions add _total to a counter written without it (dcgm-exporter's)
+                    out.setdefault(family.name, []).append(row)
     except Exception as exc:
         raise FetchError(f"not Prometheus text ({type(exc).__name__}: {exc})") from None
     return out
