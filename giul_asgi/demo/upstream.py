@@ -304,13 +304,13 @@ class Upstream:
         lines.append("# TYPE vllm:num_requests_waiting gauge")
         lines += [f'vllm:num_requests_waiting{{model_name="{n}"}} {e.waiting}'
                   for n, e in self.engines.items()]
-        lines.append("# TYPE vllm:prompt_tokens counter")
+        lines.append("# TYPE vllm:prompt_tokens_total counter")
         lines += [f'vllm:prompt_tokens_total{{model_name="{n}"}} {e.prompt_tokens_total}'
                   for n, e in self.engines.items()]
-        lines.append("# TYPE vllm:generation_tokens counter")
+        lines.append("# TYPE vllm:generation_tokens_total counter")
         lines += [f'vllm:generation_tokens_total{{model_name="{n}"}} {e.generation_tokens_total}'
                   for n, e in self.engines.items()]
-        lines.append("# TYPE giul_sim_energy_joules counter")
+        lines.append("# TYPE giul_sim_energy_joules_total counter")
         lines += [f'giul_sim_energy_joules_total{{gpu="{i}"}} {c.energy_mj() / 1000.0}'
                   for i, c in self.cards.items()]
         return PlainTextResponse("\n".join(lines) + "\n",

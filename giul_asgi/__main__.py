@@ -1,0 +1,7 @@
+"""`python -m giul_asgi` is the `giul-asgi` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
