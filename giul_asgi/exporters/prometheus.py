@@ -1,0 +1,139 @@
+"""Prometheus exposition: a custom collector over the statistics and the ledgers.
+
+Not a second bookkeeping: :class:`EnergyCollector` reads :meth:`EnergyStats.counters`
+(since-start counters per route, node, tier, method and outcome) and each ledger's
+``totals()`` at scrape time. Everything per request is a counter or a histogram, never
+an average, so replicas sum in Prometheus (``sum by (route) (rate(...))``). Label names
+are fixed; their values are the statistics' bounded labels (``<other>`` past the bound).
+
+A gateway registers it in its own registry (``registry.register(EnergyCollector(stats,
+ledgers))``), or lets the endpoint serve :func:`prometheus_text` at ``metrics_path``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from ..stats import JOULE_BUCKETS
+from . import ledger_totals
+
+LABELS = ["route", "node", "tier", "method"]
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: ledger totals field -> (metric name, help); counters since start, in joules or counts.
+_NODE_COUNTERS = (
+    ("measured_j", "giul_node_measured_joules", "Energy above idle the node's reader measured, J."),
+    ("charged_j", "giul_node_charged_joules", "Energy above idle charged to requests, J."),
+    ("unattributed_j", "giul_node_unattributed_joules", "Energy above idle with no request open, J."),
+    ("foreign_j", "giul_node_foreign_joules", "Energy above idle witnessed from a foreign load, J."),
+    ("reads", "giul_node_reads", "Reads of the node's reader."),
+    ("read_errors", "giul_node_reader_errors", "Reads that failed."),
+    ("resets", "giul_node_counter_resets", "Energy counter resets seen (driver reloads)."),
+)
+_NODE_GAUGES = (
+    ("idle_w", "giul_node_idle_watts", "The idle floor used for the node, W."),
+    ("foreign_watts", "giul_node_foreign_watts", "Foreign load's above-idle power last seen, W."),
+    ("in_flight_j", "giul_node_in_flight_joules", "Energy charged to windows still open, J."),
+    ("mean_concurrency", "giul_node_mean_concurrency", "Mean number of windows in flight."),
+    ("last_reading_age_s", "giul_node_last_reading_age_seconds", "Age of the last reading, s."),
+    ("period_s", "giul_node_update_period_seconds", "The reader's learnt update period, s."),
+    ("windows_open", "giul_node_windows_open", "Request windows open now."),
+)
+
+
+class EnergyCollector(Collector):
+    """``collect()`` yields the giul metric families from ``stats`` and ``ledgers``.
+
+    ``stats`` is an :class:`~giul_asgi.stats.EnergyStats` or a
+    :class:`~giul_asgi.workers.HostStats` (then the counters are the whole host's).
+    """
+
+    def __init__(self, stats: Any, ledgers: Iterable[Any] | None = None) -> None:
+        self.stats = stats
+        self.ledgers = ledgers
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.stats.view() if hasattr(self.stats, "view") else self.stats
+        joules = CounterMetricFamily(
+            "giul_energy_joules", "Energy above idle charged to requests (known figures), J.",
+            labels=LABELS)
+        requests = CounterMetricFamily(
+            "giul_requests", "Metered requests, by outcome.", labels=[*LABELS, "outcome"])
+        unknown = CounterMetricFamily(
+            "giul_requests_unknown_energy", "Metered requests whose energy is unknown.",
+            labels=LABELS)
+        tokens = CounterMetricFamily("giul_tokens", "Tokens counted on metered requests.",
+                                     labels=LABELS)
+        hist = HistogramMetricFamily(
+            "giul_request_joules", "Joules per request (known figures).", labels=LABELS)
+        by_key: dict[tuple[str, ...], list[Any]] = {}
+        for key, n, known, j, tok, buckets in view.counters():
+            labels = key[:4]
+            requests.add_metric([*labels, key[4]], n)
+            acc = by_key.setdefault(labels, [0, 0, 0.0, 0, [0] * len(buckets)])
+            acc[0] += n
+            acc[1] += known
+            acc[2] += j
+            acc[3] += tok
+            acc[4] = [a + b for a, b in zip(acc[4], buckets, strict=True)]
+        for labels, (n, known, j, tok, buckets) in sorted(by_key.items()):
+            joules.add_metric(list(labels), j)
+            unknown.add_metric(list(labels), n - known)
+            tokens.add_metric(list(labels), tok)
+            cumulative, running = [], 0
+            for bound, count in zip((*map(_le, JOULE_BUCKETS), "+Inf"), buckets, strict=True):
+                running += count
+                cumulative.append((bound, running))
+            hist.add_metric(list(labels), cumulative, sum_value=j)
+        yield from (joules, requests, unknown, tokens, hist)
+        yield from node_families(ledger_totals(self.ledgers), view)
+
+
+def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
+    """Node counters and gauges from ledger totals; a field that is None is left out."""
+    counters: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+        f: CounterMetricFamily(n, h, labels=["node"]) for f, n, h in _NODE_COUNTERS}
+    gauges: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+        f: GaugeMetricFamily(n, h, labels=["node"]) for f, n, h in _NODE_GAUGES}
+    power = GaugeMetricFamily(
+        "giul_node_power_watts",
+        "Above-idle power between the last two samples of the ledger (rate() of "
+        "giul_node_measured_joules_total is the Prometheus way), W.", labels=["node"])
+    latest = view.node_power() if view is not None and hasattr(view, "node_power") else {}
+    for t in totals:
+        node = str(getattr(t, "node", "") or "<none>")
+        for field, family in (*counters.items(), *gauges.items()):
+            value = getattr(t, field, None)
+            if isinstance(value, bool):
+                value = float(value)
+            if isinstance(value, int | float):
+                family.add_metric([node], float(value))
+        if latest.get(node) is not None:
+            power.add_metric([node], latest[node])
+    yield from counters.values()
+    yield from gauges.values()
+    yield power
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def prometheus_text(collector: Collector) -> bytes:
+    """The text exposition of one collector (what ``metrics_path`` serves)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry)
+
+
+__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "node_families", "prometheus_text"]
