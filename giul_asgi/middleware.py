@@ -56,7 +56,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("giul_asgi.middleware")
 
 DEFAULT_EXCLUDE: tuple[str, ...] = (
-    "/metrics", "/health", "/healthz", "/livez", "/readyz", "/ping",
+    "/energy", "/energy/*", "/metrics", "/health", "/healthz", "/livez", "/readyz", "/ping",
 )
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _NO_BODY_STATUS = frozenset({204, 205, 304})
@@ -341,8 +341,8 @@ class EnergyMiddleware:
                 list(self.router.nodes.values()), timeout=self.startup_timeout
             )
         except GiulError as exc:
+            # Kept for lifespan (it fails the startup with it); the ledger has logged it.
             self.startup_error = exc
-            log.error("%s", exc)
 
     async def _start_without_lifespan(self) -> None:
         # No lifespan (or a server that does not send it): the first request starts the

@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 
 from giul_asgi import EnergyMiddleware, Ledgers, Node
 from giul_asgi.energy import Energy
-from giul_asgi.readers import Reading, SimulatedCard, SimulatedReader
+from giul_asgi.readers import Reading
+from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader
 
 Message = dict[str, Any]
 

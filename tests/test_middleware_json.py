@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
+import logging
 from typing import Any
 
 import httpx
 import pytest
-from apps import WedgedReader, body_of, busy_node, drive, find_middleware, fresh, header, start_of
+from apps import (
+    RecordingStats,
+    WedgedReader,
+    body_of,
+    busy_node,
+    drive,
+    fresh,
+    header,
+    settled_records,
+    start_of,
+)
 from fastapi import FastAPI, Request
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -20,6 +32,7 @@ from starlette.routing import WebSocketRoute
 from starlette.testclient import TestClient
 
 from giul_asgi import EnergyMiddleware, Ledgers, Node, Route, Tier, current_meter
+from giul_asgi.errors import ReaderUnavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -99,17 +112,40 @@ async def test_fastapi_headers_and_energy_block() -> None:
 
 async def test_route_label_is_the_template_never_the_raw_path() -> None:
     node, _ = busy_node()
-    app = make_fastapi(node)
+    stats = RecordingStats()
+    app = make_fastapi(node, stats=stats)
     async with await client_for(app) as client:
         for name in ("llama-3", "mistral", "qwen"):
             r = await client.get(f"/v1/models/{name}")
             assert r.json()["energy"]["route"] == "/v1/models/{model_id}"
         r = await client.get("/nope/123")
         assert r.status_code == 404
-    await asyncio.sleep(0.1)
-    stats = find_middleware(app).stats.snapshot()
-    assert set(stats["routes"]) == {"/v1/models/{model_id}", "<unmatched>"}
-    assert stats["routes"]["/v1/models/{model_id}"]["requests"] == 3
+    records = await settled_records(stats, 4)
+    assert [r.energy.route for r in records].count("/v1/models/{model_id}") == 3
+    assert {r.energy.route for r in records} == {"/v1/models/{model_id}", "<unmatched>"}
+
+
+async def test_route_labels_through_a_mount_with_a_path_parameter() -> None:
+    """``app.mount("/tenants/{tid}", sub)``: Starlette writes the raw prefix into root_path,
+    so every tenant became a label (1025 buckets, then ``<other>`` swallowed the rest)."""
+    node, _ = busy_node()
+    stats = RecordingStats()
+    sub = FastAPI()
+
+    @sub.get("/items/{item_id}")
+    async def item(item_id: str) -> dict:
+        return {"id": item_id}
+
+    app = FastAPI()
+    app.mount("/tenants/{tid}", sub)
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(), stats=stats)
+    async with await client_for(app) as client:
+        for tenant in ("acme", "globex", "42"):
+            r = await client.get(f"/tenants/{tenant}/items/7")
+            assert r.status_code == 200
+            assert r.json()["energy"]["route"] == "/tenants/{tid}/items/{item_id}"
+    records = await settled_records(stats, 3)
+    assert {r.energy.route for r in records} == {"/tenants/{tid}/items/{item_id}"}
 
 
 async def test_starlette_app_and_settled_figures() -> None:
@@ -361,9 +397,14 @@ async def test_excluded_paths_and_other_scopes_pass_untouched() -> None:
             await send({"type": "http.response.body", "body": b"ok"})
 
     mw = fresh(app, node)
-    for path in ("/energy", "/metrics", "/healthz", "/energy/nodes"):
+    for path in ("/metrics", "/healthz", "/readyz"):
         sent = await drive(mw, path=path)
         assert start_of(sent)["headers"] == [] and body_of(sent) == b"ok"
+    # With energy_path=None the app keeps /energy; with a metrics_path, that path goes to
+    # the endpoint where it is installed (never metered either way).
+    mw = fresh(app, node, energy_path=None)
+    sent = await drive(mw, path="/energy")
+    assert start_of(sent)["headers"] == [] and body_of(sent) == b"ok"
 
     async def ws_receive() -> dict:
         return {"type": "websocket.connect"}
@@ -381,22 +422,40 @@ async def test_app_exception_is_reraised_and_recorded() -> None:
     async def boom(request: Any) -> Response:
         raise RuntimeError("upstream died")
 
+    stats = RecordingStats()
     app = Starlette(routes=[StarletteRoute("/boom", boom)])
-    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers())
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(), stats=stats)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
         r = await client.get("/boom")
     assert r.status_code == 500  # Starlette's error page, not ours
-    await asyncio.sleep(0.1)
-    stats = find_middleware(app).stats
-    record = list(stats)[-1]
-    assert record.outcome == "error" and record.status == 500 and record.route == "/boom"
+    record = (await settled_records(stats))[-1]
+    assert record.outcome == "error" and record.status == 500 and record.energy.route == "/boom"
 
-    raw = fresh(_raising_app, node)
+    raw_stats = RecordingStats()
+    raw = fresh(_raising_app, node, stats=raw_stats)
     with pytest.raises(KeyError, match="exact"):
         await drive(raw)
-    await asyncio.sleep(0.1)
-    assert list(raw.stats)[-1].outcome == "error"
+    assert (await settled_records(raw_stats))[-1].outcome == "error"
+
+
+@pytest.mark.parametrize(
+    "error", [TimeoutError("upstream slow"), FileNotFoundError("model.bin"),
+              ConnectionRefusedError("upstream down")],
+    ids=["timeout", "file-not-found", "connection-refused"],
+)
+async def test_os_errors_from_the_app_are_errors_not_disconnects(error: OSError) -> None:
+    """The server answers 500: these used to be recorded as client disconnects, no status."""
+    node, _ = busy_node()
+    stats = RecordingStats()
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        raise error
+
+    with pytest.raises(type(error)):
+        await drive(fresh(app, node, stats=stats))
+    record = (await settled_records(stats))[-1]
+    assert record.outcome == "error" and record.status == 500
 
 
 async def _raising_app(scope: dict, receive: Any, send: Any) -> None:
@@ -435,15 +494,73 @@ def test_lifespan_starts_and_stops_the_readers() -> None:
 
     app = Starlette(routes=[StarletteRoute("/", home), WebSocketRoute("/ws", ws)])
     ledgers = Ledgers()
-    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=ledgers)
+    stats = RecordingStats()
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=ledgers, stats=stats)
     with TestClient(app) as client:
         ledger = ledgers.get(node)
-        assert ledger._running  # started at lifespan startup, before any request
+        assert ledger.reader is not None  # built at lifespan startup, before any request
         assert client.get("/").headers["x-energy-node"] == "sim"
         with client.websocket_connect("/ws") as socket:
             assert socket.receive_text() == "hello"
-    assert not ledger._running
-    assert all(record.energy.settled for record in find_middleware(app).stats)
+    assert len(stats) == 1 and all(record.energy.settled for record in stats)
+
+
+def _unavailable(node: Node) -> Any:
+    raise ReaderUnavailable("no NVML driver on this host", remedy="install the NVIDIA driver")
+
+
+def _failing_app() -> Starlette:
+    async def home(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("hi")
+
+    app = Starlette(routes=[StarletteRoute("/", home)])
+    node = Node("gpu", reader_factory=_unavailable)
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(), stats=RecordingStats())
+    return app
+
+
+def test_a_reader_that_cannot_work_stops_uvicorn_at_startup() -> None:
+    """Under uvicorn's default ``--lifespan auto`` this used to read "ASGI 'lifespan'
+    protocol appears unsupported", then a 500 on every request."""
+    import uvicorn
+
+    config = uvicorn.Config(_failing_app(), host="127.0.0.1", port=0, log_level="critical")
+    server = uvicorn.Server(config)
+    with pytest.raises(SystemExit) as stopped:
+        server.run()
+    assert stopped.value.code == 3 and not server.started  # uvicorn's STARTUP_FAILURE
+
+
+async def test_startup_failure_is_sent_with_its_remedy() -> None:
+    app = _failing_app()
+    sent: list[dict] = []
+    inbox = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+
+    async def receive() -> dict:
+        return inbox.pop(0) if inbox else await asyncio.Event().wait()  # type: ignore[func-returns-value]
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send), 2)
+    failed = [m for m in sent if m["type"] == "lifespan.startup.failed"]
+    assert failed and "no NVML driver" in failed[0]["message"]
+    assert "install the NVIDIA driver" in failed[0]["message"]
+    assert not [m for m in sent if m["type"] == "lifespan.startup.complete"]
+
+
+async def test_without_lifespan_a_failed_reader_is_logged_once_and_never_a_500(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = _failing_app()
+    with caplog.at_level(logging.ERROR):
+        async with await client_for(app) as client:  # httpx's transport sends no lifespan
+            for _ in range(3):
+                r = await client.get("/")
+                assert r.status_code == 200 and r.text == "hi"
+                assert r.headers["x-energy-method"] in ("unknown", "estimated")
+    assert len([r for r in caplog.records if "NVML" in r.getMessage()]) == 1
 
 
 async def test_a_hung_reader_never_delays_a_response() -> None:

@@ -8,8 +8,19 @@ import time
 from typing import Any
 
 import pytest
-from apps import Message, body_of, busy_node, drive, fresh, header, start_of
+from apps import (
+    Message,
+    RecordingStats,
+    body_of,
+    busy_node,
+    drive,
+    fresh,
+    header,
+    settled_records,
+    start_of,
+)
 
+from giul_asgi import report
 from giul_asgi.report import sse_data
 
 pytestmark = pytest.mark.anyio
@@ -51,37 +62,53 @@ def events(raw: bytes) -> list[bytes]:
     return [e + b"\n\n" for e in raw.split(b"\n\n") if e]
 
 
-async def test_every_chunk_goes_out_when_the_app_sends_it() -> None:
+async def test_every_event_goes_out_before_the_app_sends_the_next() -> None:
+    """Each chunk is forwarded while the app is still on it; only the chunk that carries
+    the energy waits, and only until the next event ([DONE], sent at once)."""
     node, _ = busy_node()
-    app_times: list[float] = []
-    out_times: list[float] = []
+    app_sent = 0
+    forwarded_at: list[int] = []
 
     def on_send(message: Message) -> None:
         if message["type"] == "http.response.body" and message.get("body"):
-            out_times.append(time.perf_counter())
+            forwarded_at.append(app_sent)
 
     pieces = [chunk("Hel"), chunk("lo"), chunk(None, "stop"), DONE]
-    sent = await drive(fresh(stream_app(pieces, sent_at=app_times, delay=0.05), node),
-                       on_send=on_send)
-    assert len(out_times) >= len(pieces)
-    for t_app, t_out in zip(app_times, out_times, strict=False):
-        assert t_out - t_app < 0.01  # forwarded at once, not after the next chunk (50 ms)
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        nonlocal app_sent
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        for piece in pieces:
+            app_sent += 1
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    sent = await drive(fresh(app, node), on_send=on_send)
+    assert forwarded_at[:3] == [1, 2, 4]  # the finish chunk went out with [DONE]
     start = start_of(sent)
     assert header(start, b"x-energy-node") == b"sim"
+    assert header(start, b"x-energy-id") is not None
     assert header(start, b"x-energy-joules") is None  # not known when a stream starts
 
 
-async def test_energy_event_after_done_and_bytes_before_it_untouched() -> None:
+async def test_plain_stream_energy_on_the_finish_chunk_and_after_done() -> None:
     node, _ = busy_node()
     pieces = [chunk("a"), chunk("b"), chunk(None, "stop"), DONE]
-    sent = await drive(fresh(stream_app(pieces), node))
-    raw = body_of(sent)
-    assert raw.startswith(b"".join(pieces))
-    tail = raw[len(b"".join(pieces)):]
-    assert tail.startswith(b"event: energy\ndata: ")
-    energy = json.loads(sse_data(tail))
+    mw = fresh(stream_app(pieces), node)
+    await drive(mw)  # the ledger's first reading: a baseline, after which figures are known
+    sent = await drive(mw)
+    parsed = events(body_of(sent))
+    assert parsed[:2] == pieces[:2]
+    finish = json.loads(sse_data(parsed[2]))
+    original = json.loads(sse_data(pieces[2]))
+    assert {k: v for k, v in finish.items() if k != "energy"} == original  # untouched
+    energy = finish["energy"]
     assert energy["node"] == "sim" and energy["method"] == "simulated"
-    assert energy["joules"] is not None and energy["seconds"] >= 0.07
+    assert energy["joules"] is not None and energy["seconds"] >= 0.05
+    assert energy["id"] == header(start_of(sent), b"x-energy-id").decode()  # type: ignore[union-attr]
+    assert parsed[3] == DONE
+    assert parsed[4].startswith(b"event: energy\ndata: ")
+    assert json.loads(sse_data(parsed[4])) == energy  # one figure per answer
 
 
 async def test_usage_chunk_carries_the_energy_when_done_follows() -> None:
@@ -89,13 +116,12 @@ async def test_usage_chunk_carries_the_energy_when_done_follows() -> None:
     pieces = [chunk("a"), chunk(None, "stop"), USAGE_CHUNK, DONE]
     sent = await drive(fresh(stream_app(pieces), node))
     parsed = events(body_of(sent))
-    assert parsed[:2] == pieces[:2]
+    assert parsed[:2] == pieces[:2]  # the finish chunk released as sent: usage follows
     usage_event = json.loads(sse_data(parsed[2]))
     assert usage_event["usage"] == USAGE and usage_event["choices"] == []
     assert usage_event["energy"]["tokens"] == 3 and usage_event["energy"]["node"] == "sim"
     assert parsed[3] == DONE
     assert parsed[4].startswith(b"event: energy")
-    # One figure per answer: the usage chunk and the closing event tell the same.
     assert json.loads(sse_data(parsed[4])) == usage_event["energy"]
 
 
@@ -115,14 +141,16 @@ async def test_usage_not_followed_by_done_is_released_unchanged() -> None:
     assert body_of(sent).startswith(USAGE_CHUNK + chunk("late"))
 
 
-async def test_events_split_across_messages_still_count_tokens() -> None:
+async def test_events_split_across_messages_still_carry_the_energy() -> None:
+    """A proxy's upstream bytes do not arrive in whole events."""
     node, _ = busy_node()
     whole = chunk("x") + USAGE_CHUNK + DONE
     pieces = [whole[i:i + 17] for i in range(0, len(whole), 17)]
     sent = await drive(fresh(stream_app(pieces, delay=0.001), node))
-    raw = body_of(sent)
-    assert raw.startswith(whole)  # no splice possible mid-event: the bytes are untouched
-    assert json.loads(sse_data(raw[len(whole):]))["tokens"] == 3
+    parsed = events(body_of(sent))
+    assert parsed[0] == chunk("x")
+    assert json.loads(sse_data(parsed[1]))["energy"]["tokens"] == 3
+    assert parsed[2] == DONE and json.loads(sse_data(parsed[3]))["tokens"] == 3
 
 
 async def test_options_switch_stream_energy_off() -> None:
@@ -218,32 +246,30 @@ async def test_client_disconnect_is_recorded() -> None:
             await asyncio.sleep(0.01)
         watcher.cancel()
 
-    mw = fresh(app, node)
-    await drive(mw, disconnect_after=0.1)
-    await asyncio.sleep(0.1)
-    record = list(mw.stats)[-1]
+    stats = RecordingStats()
+    await drive(fresh(app, node, stats=stats), disconnect_after=0.1)
+    record = (await settled_records(stats))[-1]
     assert record.outcome == "disconnect" and record.status == 200
     assert record.energy.seconds >= 0.09
 
 
 async def test_crash_mid_stream_is_reraised_and_recorded() -> None:
     node, _ = busy_node()
-    mw = fresh(stream_app([chunk("a"), chunk("b"), chunk("c")], fail_after=2), node)
+    stats = RecordingStats()
+    mw = fresh(stream_app([chunk("a"), chunk("b"), chunk("c")], fail_after=2), node, stats=stats)
     sent: list[Message] = []
     with pytest.raises(RuntimeError, match="mid-stream"):
         await drive(mw, on_send=sent.append)
     assert body_of(sent) == chunk("a") + chunk("b")
-    await asyncio.sleep(0.1)
-    record = list(mw.stats)[-1]
+    record = (await settled_records(stats))[-1]
     assert record.outcome == "error" and record.status == 200
 
 
 async def test_stream_tokens_reach_the_stats_settled() -> None:
     node, _ = busy_node()
-    mw = fresh(stream_app([chunk("a"), USAGE_CHUNK, DONE]), node)
-    await drive(mw)
-    await asyncio.sleep(0.15)
-    record = list(mw.stats)[-1]
+    stats = RecordingStats()
+    await drive(fresh(stream_app([chunk("a"), USAGE_CHUNK, DONE]), node, stats=stats))
+    record = (await settled_records(stats))[-1]
     assert record.outcome == "ok" and record.energy.tokens == 3 and record.energy.settled
 
 
@@ -276,3 +302,105 @@ def test_trailers_through_starlettes_test_client() -> None:
     assert trailers[b"x-energy-method"] in (b"simulated", b"unknown")
     assert b"event: energy" in asked.content
     assert "http.response.trailers" not in plain.extensions
+
+
+# -- hostile but fair responses: each of these broke a correct answer before -------------
+def one_message_app(body: bytes, headers: list[tuple[bytes, bytes]], status: int = 200) -> Any:
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return app
+
+
+async def test_an_sse_body_of_announced_length_is_not_lengthened() -> None:
+    """Starlette's Response(content, media_type="text/event-stream") sets Content-Length:
+    the closing event used to go past it (the client saw a truncated body)."""
+    node, _ = busy_node()
+    body = chunk("a") + chunk(None, "stop") + DONE
+    headers = [*SSE, (b"content-length", str(len(body)).encode())]
+    sent = await drive(fresh(one_message_app(body, headers), node))
+    assert body_of(sent) == body
+    assert header(start_of(sent), b"content-length") == str(len(body)).encode()
+    assert header(start_of(sent), b"x-energy-node") == b"sim"
+
+
+@pytest.mark.parametrize(("method", "status"), [("HEAD", 200), ("GET", 204), ("GET", 304)])
+async def test_nothing_is_appended_where_there_is_no_body(method: str, status: int) -> None:
+    node, _ = busy_node()
+    sent = await drive(fresh(one_message_app(b"", SSE, status), node), method=method)
+    assert body_of(sent) == b""
+    assert start_of(sent)["status"] == status
+    assert header(start_of(sent), b"x-energy-method") is not None  # the figure in headers
+
+
+async def test_a_last_event_without_its_blank_line_gets_nothing_glued_on() -> None:
+    node, _ = busy_node()
+    pieces = [chunk("a"), b"data: last"]
+    sent = await drive(fresh(stream_app(pieces), node))
+    assert body_of(sent) == b"".join(pieces)  # not b"data: lastevent: energy ..."
+
+
+async def test_a_held_usage_chunk_is_delivered_when_the_app_raises() -> None:
+    """Without the middleware the client receives the usage chunk; it must with it too."""
+    node, _ = busy_node()
+    sent: list[Message] = []
+    app = stream_app([chunk("a"), USAGE_CHUNK, chunk("never")], fail_after=2, delay=0.001)
+    with pytest.raises(RuntimeError, match="mid-stream"):
+        await drive(fresh(app, node), on_send=sent.append)
+    assert body_of(sent) == chunk("a") + USAGE_CHUNK
+    assert all(m.get("more_body", True) for m in sent if m["type"] == "http.response.body")
+
+
+async def test_a_held_chunk_is_delivered_when_the_app_returns_without_ending() -> None:
+    node, _ = busy_node()
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        for piece in (chunk("a"), chunk(None, "stop")):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+
+    sent = await drive(fresh(app, node))
+    assert body_of(sent) == chunk("a") + chunk(None, "stop")
+
+
+class CountingPattern:
+    """The event-end pattern, counting the bytes it is asked to search."""
+
+    def __init__(self, pattern: Any) -> None:
+        self.pattern = pattern
+        self.scanned = 0
+
+    def finditer(self, data: bytes, *args: Any) -> Any:
+        self.scanned += len(data)
+        return self.pattern.finditer(data, *args)
+
+    def search(self, data: bytes, *args: Any) -> Any:
+        self.scanned += len(data)
+        return self.pattern.search(data, *args)
+
+
+async def test_an_event_that_never_ends_costs_linear_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """8000 lines of 100 bytes and no blank line: the scanner rescanned its partial buffer
+    on every chunk (about 24 s of CPU; concurrent requests waited 22.6 s behind it)."""
+    node, _ = busy_node()
+    counting = CountingPattern(report._EVENT_END)
+    monkeypatch.setattr(report, "_EVENT_END", counting)
+    lines = [b"data: " + b"x" * 92 + b"\r\n" for _ in range(8000)]
+    sent = await drive(fresh(stream_app(lines, delay=0), node))
+    stream = b"".join(lines)
+    assert body_of(sent) == stream
+    assert counting.scanned <= 2 * len(stream)
+
+
+async def test_a_deeply_nested_usage_event_passes_byte_for_byte() -> None:
+    """A RecursionError in the parser used to cut the stream (the app's correct 200)."""
+    node, _ = busy_node()
+    deep = (b'data: {"choices":[],"usage":{"completion_tokens":1,"x":'
+            + b"[" * 100_000 + b"]" * 100_000 + b"}}\n\n")
+    sent = await drive(fresh(stream_app([chunk("a"), deep, DONE], delay=0), node))
+    raw = body_of(sent)
+    assert raw.startswith(chunk("a") + deep + DONE)
+    assert raw[len(chunk("a") + deep + DONE):].startswith(b"event: energy")

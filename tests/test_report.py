@@ -295,7 +295,7 @@ def test_responses_api_completed_event_gets_the_energy_at_the_end() -> None:
     out = run(splicer, [b'event: response.created\ndata: {"type":"response.created"}\n\n',
                         completed])
     assert splicer.tokens == 9
-    last = [e for e in events(out) if b"response.completed" in e][0]
+    last = next(e for e in events(out) if b"response.completed" in e)
     assert json.loads(sse_data(last))["energy"] == {"joules": 1.5}
 
 

@@ -15,7 +15,7 @@ from server import serve
 
 from giul_asgi import EnergyMiddleware, Ledgers, Node, Route, Tier
 from giul_asgi.demo.upstream import Upstream
-from giul_asgi.readers import SimulatedCard, SimulatedReader
+from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader
 from giul_asgi.report import sse_data
 
 MESSAGES = [{"role": "user", "content": "what did this cost"}]
