@@ -1,0 +1,410 @@
+"""`giul-asgi probe`: what every reader this host can reach answers, measured, never assumed.
+
+For local NVML: what each GPU answers (energy counter, instant and averaged power, MIG,
+compute processes), the counter's *observed* update period (read fast for a couple of
+seconds and time its steps), the counter against integrated instant power over the same
+span, and, when asked (``idle_seconds``), the measured idle floor to paste into config.
+For an agent URL, a dcgm-exporter URL and an upstream metrics URL: whether they answer,
+what they say, and what a reader built on them reads. A host without a GPU says so.
+
+``probe_report`` returns a JSON-able dict (``--json``); ``format_probe`` prints it for
+people with sensible rounding. Nothing here invents a figure: what was not measured is
+absent or None.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from typing import Any
+
+from .errors import GiulError
+from .readers.base import ReaderSpec
+
+SCHEMA = "giul-probe/1"
+FAST_READ_S = 0.002
+
+Sample = tuple[float, float | None, float | None]  # (t, counter J, instant W)
+
+
+def _version() -> str | None:
+    try:
+        from . import __version__
+
+        return str(__version__)
+    except Exception:  # the package's own version first; the installed metadata may be older
+        pass
+    try:
+        from importlib.metadata import version
+
+        return version("giul-asgi")
+    except Exception:
+        return None
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def sample(
+    read: Callable[[], tuple[float | None, float | None]],
+    seconds: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    interval: float = FAST_READ_S,
+) -> list[Sample]:
+    """Read ``(counter J, instant W)`` as fast as ``interval`` allows for ``seconds``."""
+    out: list[Sample] = []
+    end = clock() + seconds
+    while True:
+        counter, watts = read()
+        now = clock()
+        out.append((now, counter, watts))
+        if now >= end:
+            return out
+        sleep(interval)
+
+
+def analyse(samples: list[Sample]) -> dict[str, Any]:
+    """Update period of the counter, and the counter against integrated power over one span."""
+    steps = [(t, c) for (t, c, _w), (_pt, pc, _pw) in zip(samples[1:], samples, strict=False)
+             if c is not None and pc is not None and c != pc]
+    gaps = [b[0] - a[0] for a, b in pairwise(steps)]
+    out: dict[str, Any] = {
+        "reads": len(samples),
+        "seconds": samples[-1][0] - samples[0][0] if samples else 0.0,
+        "counter_steps": len(steps),
+        "update_period_s": statistics.median(gaps) if gaps else None,
+        "update_period_p90_s": _percentile(gaps, 0.9),
+        "counter_resolution_j": min((abs(b[1] - a[1]) for a, b in pairwise(steps)), default=None),
+    }
+    if len(steps) >= 2:
+        (t0, c0), (t1, c1) = steps[0], steps[-1]
+        span = [(t, w) for t, _c, w in samples if t0 <= t <= t1 and w is not None]
+        integrated = sum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in pairwise(span))
+        out["counter_j"] = c1 - c0
+        out["counter_mean_w"] = (c1 - c0) / (t1 - t0) if t1 > t0 else None
+        if len(span) >= 2 and t1 > t0:
+            out["integrated_power_j"] = integrated
+            out["counter_over_power"] = (c1 - c0) / integrated if integrated > 0 else None
+    return out
+
+
+def _nvml_section(nvml: Any | None, gpus: Sequence[int], seconds: float, idle_seconds: float | None,
+                  clock: Callable[[], float], sleep: Callable[[float], None]) -> dict[str, Any]:
+    from .readers.nvml import NvmlReader, instant_power_mw
+
+    try:
+        reader = NvmlReader(ReaderSpec(gpus=tuple(gpus), clock=clock), nvml=nvml)
+    except GiulError as exc:
+        return {"available": False, "reason": exc.message, "remedy": exc.remedy or None}
+    try:
+        processes = reader.processes()
+        out: dict[str, Any] = {
+            "available": True, "backend": reader.backend, "kind": reader.kind,
+            "notes": list(reader.notes),
+            "processes": None if processes is None
+            else [{"pid": p.pid, "name": p.name} for p in processes],
+            "gpus": [],
+        }
+        nv = reader._nvml
+        for probe, handle in zip(reader.probes, reader._handles, strict=True):
+            gpu: dict[str, Any] = {
+                "index": probe.index, "name": probe.name, "uuid": probe.uuid,
+                "counter": probe.counter, "instant_power": probe.instant_power,
+                "average_power": probe.average_power, "mig": probe.mig,
+                "processes_listed": probe.processes,
+            }
+
+            def read_one(handle: Any = handle, probe: Any = probe) -> tuple[float | None, float | None]:
+                counter = watts = None
+                try:
+                    if probe.counter:
+                        counter = int(nv.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0
+                    if probe.instant_power:
+                        watts = instant_power_mw(nv, handle) / 1000.0
+                except Exception:
+                    pass
+                return counter, watts
+
+            if probe.average_power:
+                try:
+                    gpu["average_power_w"] = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
+                except Exception:
+                    gpu["average_power_w"] = None
+            if probe.counter or probe.instant_power:
+                gpu["sampling"] = analyse(sample(read_one, seconds, clock=clock, sleep=sleep))
+            out["gpus"].append(gpu)
+        if idle_seconds:
+            out["idle"] = _idle(reader, idle_seconds, clock, sleep)
+        return out
+    finally:
+        reader.close()
+
+
+def _idle(
+    reader: Any, seconds: float, clock: Callable[[], float], sleep: Callable[[float], None]
+) -> dict[str, Any]:
+    """Mean power over ``seconds`` of (what should be) an idle node, from the counter or the gauge."""
+    samples: list[tuple[float, float | None, float | None]] = []
+    end = clock() + seconds
+    while True:
+        reading = reader.read()
+        samples.append((reading.t, reading.joules, reading.watts))
+        if clock() >= end:
+            break
+        sleep(min(0.05, seconds / 20))
+    ok = [s for s in samples if s[1] is not None or s[2] is not None]
+    if len(ok) < 2:
+        return {"seconds": seconds, "idle_w": None, "reason": "too few good readings"}
+    if reader.kind == "counter":
+        changes = [s for s, p in zip(ok[1:], ok, strict=False) if s[1] != p[1]]
+        first = next((s for s in ok if s[1] != ok[0][1]), ok[0])
+        last = changes[-1] if changes else ok[-1]
+        if last[0] <= first[0] or first[1] is None or last[1] is None:
+            return {"seconds": seconds, "idle_w": None, "reason": "the counter did not move"}
+        idle = (last[1] - first[1]) / (last[0] - first[0])
+    else:
+        watts = [s[2] for s in ok if s[2] is not None]
+        idle = statistics.fmean(watts)
+    return {"seconds": seconds, "idle_w": idle, "readings": len(ok),
+            "note": "measured now: make sure nothing else ran on the card meanwhile"}
+
+
+def _agent_section(url: str, token: str | None, gpus: Sequence[int], seconds: float,
+                   clock: Callable[[], float], sleep: Callable[[float], None]) -> dict[str, Any]:
+    from .readers.agent import AgentReader
+
+    try:
+        reader = AgentReader(ReaderSpec(gpus=tuple(gpus), url=url, token=token, clock=clock))
+    except GiulError as exc:
+        return {"url": url, "reachable": False, "reason": exc.message, "remedy": exc.remedy or None}
+    try:
+        first = reader.read()
+        out: dict[str, Any] = {
+            "url": reader.url, "reachable": first.ok or reader.host is not None, "host": reader.host,
+            "method": reader.method, "kind": reader.kind, "notes": list(reader.notes),
+            "first_reading": {"joules": first.joules, "watts": first.watts, "error": first.error},
+            "clock_offset_s": reader.alignment.offset, "round_trip_s": reader.alignment.rtt,
+        }
+        if first.ok:
+            def read_one() -> tuple[float | None, float | None]:
+                r = reader.read()
+                return (r.joules, r.watts) if reader.kind == "counter" else (None, r.watts)
+
+            out["sampling"] = analyse(sample(read_one, seconds, clock=clock, sleep=sleep, interval=0.01))
+            out["sampling"]["note"] = "through the agent: never faster than its cache period"
+            out["round_trip_s"] = reader.alignment.rtt
+        return out
+    finally:
+        reader.close()
+
+
+def _dcgm_section(url: str, gpus: Sequence[int]) -> dict[str, Any]:
+    from .readers.dcgm import DcgmReader
+
+    try:
+        reader = DcgmReader(ReaderSpec(gpus=tuple(gpus), url=url))
+    except GiulError as exc:
+        return {"url": url, "reachable": False, "reason": exc.message}
+    try:
+        reading = reader.read()
+        return {"url": reader.url, "reachable": reading.error is None or "unit" in (reading.error or ""),
+                "kind": reader.kind, "period_s": reader.period, "mig": reader.mig,
+                "reading": {"joules": reading.joules, "watts": reading.watts, "error": reading.error},
+                "notes": list(reader.notes)}
+    finally:
+        reader.close()
+
+
+def _upstream_section(url: str) -> dict[str, Any]:
+    from .readers.upstream import UpstreamLoad
+
+    try:
+        load = UpstreamLoad(url)
+    except GiulError as exc:
+        return {"url": url, "reachable": False, "reason": exc.message}
+    try:
+        r = load.read()
+        return {"url": load.url, "reachable": r.error is None, "server": r.server, "running": r.running,
+                "generation_tokens_total": r.generation_tokens_total,
+                "prompt_tokens_total": r.prompt_tokens_total, "error": r.error, "notes": list(load.notes)}
+    finally:
+        load.close()
+
+
+def probe_report(
+    *,
+    local: bool = True,
+    nvml: Any | None = None,
+    gpus: Sequence[int] = (),
+    agent_url: str | None = None,
+    agent_token: str | None = None,
+    dcgm_url: str | None = None,
+    upstream_url: str | None = None,
+    idle_seconds: float | None = None,
+    sample_seconds: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Everything the reachable readers answer, as a JSON-able dict."""
+    report: dict[str, Any] = {
+        "schema": SCHEMA, "giul_asgi": _version(), "host": socket.gethostname(),
+        "platform": platform.platform(), "python": platform.python_version(),
+        "sample_seconds": sample_seconds,
+    }
+    if local:
+        report["nvml"] = _nvml_section(nvml, gpus, sample_seconds, idle_seconds, clock, sleep)
+    if agent_url:
+        report["agent"] = _agent_section(agent_url, agent_token, gpus, sample_seconds, clock, sleep)
+    if dcgm_url:
+        report["dcgm"] = _dcgm_section(dcgm_url, gpus)
+    if upstream_url:
+        report["upstream"] = _upstream_section(upstream_url)
+    idle = (report.get("nvml") or {}).get("idle") or {}
+    if idle.get("idle_w") is not None:
+        report["suggested_config"] = {"reader": "nvml", "idle_w": round(idle["idle_w"], 1)}
+    return report
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 1, scale: float = 1.0) -> str:
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value * scale:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def _format_sampling(s: dict[str, Any], lines: list[str]) -> None:
+    lines.append(f"    sampled {s['reads']} reads over {_fmt(s['seconds'], ' s', 2)}: "
+                 f"{s['counter_steps']} counter steps")
+    lines.append(f"    counter update period: median {_fmt(s.get('update_period_s'), ' ms', 1, 1000)}, "
+                 f"p90 {_fmt(s.get('update_period_p90_s'), ' ms', 1, 1000)}")
+    if s.get("counter_j") is not None:
+        lines.append(f"    counter {_fmt(s['counter_j'], ' J', 3)} ({_fmt(s.get('counter_mean_w'), ' W')}) "
+                     f"vs integrated instant power {_fmt(s.get('integrated_power_j'), ' J', 3)}: "
+                     f"ratio {_fmt(s.get('counter_over_power'), '', 3)}")
+    if s.get("note"):
+        lines.append(f"    ({s['note']})")
+
+
+def format_probe(report: dict[str, Any]) -> str:
+    """The report for people."""
+    lines = [f"giul-asgi {report.get('giul_asgi') or '?'} probe on {report['host']} "
+             f"({report['platform']}), python {report['python']}"]
+    nvml = report.get("nvml")
+    if nvml is not None:
+        if not nvml["available"]:
+            lines.append(f"local NVML: not available: {nvml['reason']}")
+            if nvml.get("remedy"):
+                lines.append(f"  remedy: {nvml['remedy']}")
+            lines.append("  -> no local GPU reader: figures here are estimated or unknown, never invented")
+        else:
+            lines.append(f"local NVML: backend {nvml['backend']} ({nvml['kind']})")
+            for note in nvml["notes"]:
+                lines.append(f"  note: {note}")
+            for g in nvml["gpus"]:
+                lines.append(f"  gpu {g['index']}: {g['name'] or '?'} {g['uuid'] or ''}".rstrip())
+                lines.append(f"    energy counter {_fmt(g['counter'])}, "
+                             f"instant power {_fmt(g['instant_power'])}, "
+                             f"averaged power {_fmt(g['average_power'])} "
+                             f"(now {_fmt(g.get('average_power_w'), ' W')}), MIG {_fmt(g['mig'])}")
+                if g.get("sampling"):
+                    _format_sampling(g["sampling"], lines)
+            procs = nvml["processes"]
+            lines.append("  compute processes: " + ("cannot be listed" if procs is None else (
+                ", ".join(f"{p['pid']} ({p['name'] or '?'})" for p in procs) or "none")))
+            idle = nvml.get("idle")
+            if idle:
+                lines.append(f"  idle floor over {_fmt(float(idle['seconds']), ' s')}: "
+                             f"{_fmt(idle.get('idle_w'), ' W')}"
+                             + (f" ({idle['reason']})" if idle.get("reason") else ""))
+    for key, title in (("agent", "agent"), ("dcgm", "dcgm-exporter"), ("upstream", "upstream")):
+        section = report.get(key)
+        if section is None:
+            continue
+        if not section.get("reachable"):
+            lines.append(f"{title} {section['url']}: not reachable: "
+                         f"{section.get('reason') or (section.get('first_reading') or {}).get('error')}")
+            continue
+        if key == "agent":
+            lines.append(f"agent {section['url']}: host {section['host']}, "
+                         f"{section['method']}, {section['kind']}; "
+                         f"round trip {_fmt(section['round_trip_s'], ' ms', 1, 1000)}, "
+                         f"clock offset {_fmt(section['clock_offset_s'], ' s', 3)}")
+            if section.get("sampling"):
+                _format_sampling(section["sampling"], lines)
+        elif key == "dcgm":
+            r = section["reading"]
+            lines.append(f"dcgm-exporter {section['url']}: {section['kind']}, "
+                         f"period {_fmt(section['period_s'], ' s')}, "
+                         f"joules {_fmt(r['joules'], '', 3)}, watts {_fmt(r['watts'])}"
+                         + (f", error: {r['error']}" if r["error"] else ""))
+        else:
+            lines.append(f"upstream {section['url']}: {section['server']}: "
+                         f"running {_fmt(section['running'])}, "
+                         f"generation tokens {_fmt(section['generation_tokens_total'], '', 0)}, "
+                         f"prompt tokens {_fmt(section['prompt_tokens_total'], '', 0)}")
+        for note in section.get("notes") or []:
+            lines.append(f"  note: {note}")
+    if report.get("suggested_config"):
+        cfg = report["suggested_config"]
+        lines.append(f"paste into the node's config: idle_w = {cfg['idle_w']}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``giul-asgi probe`` options."""
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--idle", type=float, metavar="SECONDS", default=None,
+                        help="measure the idle floor over SECONDS (keep the card idle meanwhile)")
+    parser.add_argument("--sample", type=float, metavar="SECONDS", default=2.0,
+                        help="how long to read fast to time the counter's steps (default 2)")
+    parser.add_argument("--gpus", default="", help="NVML (or agent/dcgm) GPU indices, e.g. 0,1")
+    parser.add_argument("--agent", metavar="URL", default=None, help="a giul-agent to probe")
+    parser.add_argument("--agent-token-file", metavar="FILE", default=None, help="that agent's bearer token")
+    parser.add_argument("--dcgm", metavar="URL", default=None, help="a dcgm-exporter /metrics URL to probe")
+    parser.add_argument("--upstream", metavar="URL", default=None,
+                        help="a vLLM/TGI/SGLang /metrics URL to probe")
+    parser.add_argument("--no-local", action="store_true", help="skip local NVML")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        gpus = tuple(int(g) for g in args.gpus.split(",") if g.strip())
+    except ValueError:
+        print(f"giul-asgi probe: --gpus must be indices like 0,1, got {args.gpus!r}", file=sys.stderr)
+        return 2
+    token = None
+    if args.agent_token_file:
+        with open(args.agent_token_file, encoding="utf-8") as fh:
+            token = fh.read().strip() or None
+    report = probe_report(local=not args.no_local, gpus=gpus, agent_url=args.agent, agent_token=token,
+                          dcgm_url=args.dcgm, upstream_url=args.upstream, idle_seconds=args.idle,
+                          sample_seconds=args.sample)
+    print(json.dumps(report, indent=2) if args.json else format_probe(report))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="giul-asgi probe", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

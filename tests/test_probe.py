@@ -1,0 +1,108 @@
+"""`giul-asgi probe`'s report: a fake card on a virtual clock, real local servers, and this GPU-less host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fake_nvml import FakeGpu, FakeNvml, LiveGpu
+from fixtures.agent_server import running_agent
+from fixtures.metrics_server import Served, serving
+
+from giul_asgi.agent import NvmlSource
+from giul_asgi.probe import analyse, format_probe, main, probe_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_host_without_a_gpu_says_so() -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this host has a working NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    report = probe_report(sample_seconds=0.1)
+    assert report["nvml"]["available"] is False and "NVML" in report["nvml"]["reason"]
+    assert "suggested_config" not in report
+    json.dumps(report)
+    text = format_probe(report)
+    assert "local NVML: not available" in text and "never invented" in text
+
+
+def test_fake_card_update_period_counter_against_power_and_idle_floor() -> None:
+    clock = Clock()
+    gpu = LiveGpu(watts=200.0, step_s=0.1, clock=clock, processes=[1])
+    nvml = FakeNvml([gpu, FakeGpu(counter=False, instant=False)])
+    report = probe_report(nvml=nvml, gpus=(0,), sample_seconds=2.0, idle_seconds=1.0,
+                          clock=clock, sleep=clock.sleep)
+    json.dumps(report)
+    section = report["nvml"]
+    assert section["available"] and section["backend"] == "nvml_counter"
+    g = section["gpus"][0]
+    assert g["counter"] and g["instant_power"] and g["average_power_w"] is not None
+    s = g["sampling"]
+    assert s["update_period_s"] == pytest.approx(0.1, abs=0.005)
+    assert s["counter_steps"] >= 15 and s["counter_resolution_j"] == pytest.approx(20.0, rel=0.05)
+    assert s["counter_over_power"] == pytest.approx(1.0, rel=0.02)
+    assert section["idle"]["idle_w"] == pytest.approx(200.0, rel=0.02)
+    assert report["suggested_config"] == {"reader": "nvml", "idle_w": pytest.approx(200.0, rel=0.02)}
+    assert section["processes"] == [{"pid": 1, "name": section["processes"][0]["name"]}]
+    text = format_probe(report)
+    assert "counter update period: median 100.0 ms" in text and "idle_w = " in text
+
+
+def test_analyse_without_steps_leaves_figures_unknown() -> None:
+    out = analyse([(0.0, 5.0, 100.0), (1.0, 5.0, 100.0)])
+    assert out["counter_steps"] == 0 and out["update_period_s"] is None and "counter_j" not in out
+
+
+def test_remote_sections_from_real_local_servers() -> None:
+    dcgm = Served((FIXTURES / "dcgm_default_mj.prom").read_text())
+    upstream = Served("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n")
+    source = NvmlSource(nvml=FakeNvml([LiveGpu(watts=120.0, step_s=0.02)]))
+    with running_agent(reader=source, cache_s=0.0) as url, serving(dcgm), serving(upstream):
+        report = probe_report(local=False, agent_url=url, dcgm_url=dcgm.url, upstream_url=upstream.url,
+                              gpus=(0,), sample_seconds=0.3)
+    json.dumps(report)
+    assert "nvml" not in report
+    agent = report["agent"]
+    assert agent["reachable"] and agent["method"] == "measured" and agent["round_trip_s"] is not None
+    assert agent["sampling"]["counter_steps"] >= 1
+    assert report["dcgm"]["reading"]["joules"] == pytest.approx(8388118.461)
+    assert report["upstream"]["server"] == "vllm" and report["upstream"]["running"] == 3
+    text = format_probe(report)
+    assert "agent http" in text and "dcgm-exporter http" in text and "upstream http" in text
+
+
+def test_unreachable_sources_are_reported_not_raised() -> None:
+    report = probe_report(local=False, agent_url="http://127.0.0.1:9/", dcgm_url="http://127.0.0.1:9/",
+                          upstream_url="http://127.0.0.1:9/metrics", sample_seconds=0.1)
+    assert report["dcgm"]["reading"]["error"] is not None
+    assert report["upstream"]["reachable"] is False
+    assert report["agent"]["first_reading"]["error"] is not None
+    assert "not reachable" in format_probe(report)
+    bad = probe_report(local=False, agent_url="ftp://nowhere", sample_seconds=0.1)
+    assert bad["agent"]["reachable"] is False and "http" in bad["agent"]["reason"]
+
+
+def test_main_prints_json_and_refuses_bad_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    with serving(Served("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 2\n")) as up:
+        assert main(["--no-local", "--json", "--upstream", up.url]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["upstream"]["server"] == "sglang" and printed["schema"] == "giul-probe/1"
+    assert main(["--gpus", "x"]) == 2
