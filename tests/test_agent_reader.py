@@ -64,6 +64,17 @@ def test_the_registry_builds_it_and_a_simulated_agent_reads_as_simulated() -> No
     assert reader.method == "simulated"
 
 
+def test_expect_simulated_labels_from_the_start_and_refuses_a_real_card() -> None:
+    with running_agent(reader=NvmlSource(nvml=FakeNvml())) as url:
+        reader = AgentReader(ReaderSpec(url=url, options={"expect_simulated": True}))
+        assert reader.method == "simulated"
+        reading = reader.read()
+        reader.close()
+    assert reading.error is not None and "expects a simulated one" in reading.error
+    with pytest.raises(ConfigError, match="'expect_simulated' must be true or false"):
+        AgentReader(ReaderSpec(url=url, options={"expect_simulated": "yes"}))
+
+
 def test_power_where_the_agent_gives_no_counter() -> None:
     with running_agent(reader=NvmlSource(nvml=FakeNvml([FakeGpu(counter=False, power_mw=200_000)]))) as url:
         reader = AgentReader(ReaderSpec(url=url))

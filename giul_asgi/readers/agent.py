@@ -28,7 +28,7 @@ from .registry import Options
 from .upstream import DEFAULT_BACKOFF_MAX_S, DEFAULT_BACKOFF_S, FetchError, HttpPoller, check_url
 
 SCHEMA = "giul-agent/1"
-OPTIONS = ("timeout_s", "backoff_s", "backoff_max_s", "kind")
+OPTIONS = ("timeout_s", "backoff_s", "backoff_max_s", "kind", "expect_simulated")
 #: Allowance for two hosts' monotonic clocks drifting apart (s/s): 100 ppm.
 DRIFT = 1e-4
 #: An offset that moves more than this beyond the round trip means the agent's clock restarted.
@@ -69,7 +69,9 @@ class AgentReader:
     ``spec.url`` is the agent (``http://gpu-host:9431``; ``/readings`` is added), ``spec.token``
     its bearer token, ``spec.gpus`` the agent's GPU indices to sum (empty: all it serves).
     Options: ``timeout_s`` (1.0), ``backoff_s`` (0.5), ``backoff_max_s`` (30), ``kind``
-    (``counter`` | ``power``; by default what the agent's first answer offers).
+    (``counter`` | ``power``; by default what the agent's first answer offers),
+    ``expect_simulated`` (the node stands for a simulated card: figures are labelled simulated
+    from the start, and an agent that does not say ``"simulated": true`` gives only gaps).
     """
 
     backend = "agent"
@@ -85,7 +87,8 @@ class AgentReader:
         self.clock: Callable[[], float] = spec.clock
         self.period = spec.period or POLL_HINT_S
         self.gpus = tuple(spec.gpus)
-        self.method: Literal["measured", "simulated"] = "measured"
+        self.expect_simulated = opts.flag("expect_simulated", False)
+        self.method: Literal["measured", "simulated"] = "simulated" if self.expect_simulated else "measured"
         self.notes: list[str] = []
         self.host: str | None = None
         self.alignment = ClockAlignment()
@@ -135,6 +138,8 @@ class AgentReader:
         self.alignment.update(sent, received, float(now))
         if payload.get("simulated") is True:
             self.method = "simulated"
+        elif self.expect_simulated:
+            return f"the agent at {self.url} reads a real card, but this node expects a simulated one"
         payload["_received"] = received
         return payload
 
