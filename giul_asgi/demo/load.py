@@ -203,7 +203,7 @@ async def settle(http: httpx.AsyncClient, outcomes: Iterable[Outcome], *, concur
                 body = r.json() if r.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
                 return None
-        record = body.get("energy", body) if isinstance(body, Mapping) else None
+        record = body.get("record", body) if isinstance(body, Mapping) else None
         return record if isinstance(record, dict) and "joules" in record else None
 
     async def one(outcome: Outcome) -> None:
@@ -213,7 +213,7 @@ async def settle(http: httpx.AsyncClient, outcomes: Iterable[Outcome], *, concur
             record = await fetch(outcome)
             if record is not None:
                 outcome.settled = record
-            if record is None or record.get("settled") or loop.time() > deadline:
+            if (record is not None and record.get("settled")) or loop.time() > deadline:
                 return
             await asyncio.sleep(0.2)
 

@@ -170,18 +170,22 @@ async def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print) 
 
     gateway = gateway_module()
     simulated = options.upstream is None
-    up_sock = bind(options.host, options.upstream_port) if simulated else None
-    gw_sock = bind(options.host, options.port)
-    upstream_url = _url(up_sock) if up_sock is not None else None
-    data = gateway_data(options, upstream_url, Path(gateway.DEFAULT_CONFIG))
-    config = gateway.load_gateway_config(data)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = asyncio.Event()
     servers: list[tuple[QuietServer, asyncio.Task[None]]] = []
+    sockets: list[socket.socket] = []
     try:
+        up_sock = bind(options.host, options.upstream_port) if simulated else None
+        if up_sock is not None:
+            sockets.append(up_sock)
+        gw_sock = bind(options.host, options.port)
+        sockets.append(gw_sock)
+        upstream_url = _url(up_sock) if up_sock is not None else None
+        data = gateway_data(options, upstream_url, Path(gateway.DEFAULT_CONFIG))
+        config = gateway.load_gateway_config(data)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
         if up_sock is not None:
             upstream = Upstream(seed=options.seed)
             server = QuietServer(_config(upstream.app))
@@ -208,9 +212,8 @@ async def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print) 
             server.should_exit = True
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 10.0)
-        for sock in (gw_sock, up_sock):
-            if sock is not None:
-                sock.close()
+        for sock in sockets:
+            sock.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)

@@ -1,0 +1,222 @@
+"""`giul-asgi demo` as a user runs it: a subprocess on free ports, driven by the real openai client.
+
+Every answer must carry its energy where a client finds it (headers, the JSON block, the
+stream's chunk), say ``simulated``, land on the node of its model, and settle into a record
+that ``/energy`` adds up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_OF = {"sim-70b": ("sim-h100", "70b"), "sim-8b": ("sim-l4", "8b"), "sim-embed": ("sim-l4", "embed")}
+
+
+class Demo:
+    """The demo process, its stdout read line by line with a deadline."""
+
+    def __init__(self, *args: str) -> None:
+        self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "giul_asgi", "demo", "--port", "0", "--upstream-port", "0", *args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=self.err, text=True, env=env)
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._pumping = threading.Thread(target=self._pump, daemon=True)
+        self._pumping.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def read_until(self, marker: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.lines.append(line)
+            if marker in line:
+                return line
+        raise AssertionError(f"no {marker!r} from the demo:\n" + "\n".join(self.lines) + self.stderr())
+
+    def rest(self) -> list[str]:
+        """Every line left, once the process has exited."""
+        while (line := self._queue.get(timeout=10)) is not None:
+            self.lines.append(line)
+        return self.lines
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return "\n--- stderr ---\n" + self.err.read()[-4000:]
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=15)
+        finally:
+            self._pumping.join(timeout=5)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.err.close()
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[str]:
+    demo = Demo("--serve")
+    try:
+        line = demo.read_until("  API ")
+        demo.read_until("ready")
+    except BaseException:
+        demo.stop(signal.SIGKILL)
+        raise
+    base = re.search(r"(http://127\.0\.0\.1:\d+)/v1", line)
+    assert base is not None
+    yield base.group(1)
+    assert demo.stop(signal.SIGINT) == 0  # Ctrl-C shuts both servers down cleanly
+
+
+SEEN: dict[str, str] = {}  # energy id -> model of every answer, for the totals
+
+
+def energy_of(obj: Any) -> dict[str, Any]:
+    extra = getattr(obj, "model_extra", None) or {}
+    assert isinstance(extra.get("energy"), dict), f"no energy on {obj!r}"
+    return extra["energy"]
+
+
+def check(energy: dict[str, Any], model: str, tokens: int | None) -> None:
+    SEEN[energy["id"]] = model  # first: the totals test adds up every answer, checked or not
+    node, tier = NODE_OF[model]
+    assert energy["method"] == "simulated", energy  # a simulated card never reads as measured
+    assert (energy["node"], energy["tier"]) == (node, tier)
+    assert energy["backend"] == "agent" and energy["source"] == "remote"
+    if tokens is not None:
+        assert energy["tokens"] == tokens
+    assert isinstance(energy["id"], str)
+
+
+def client(api: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=api + "/v1", api_key="any", max_retries=0)
+
+
+@pytest.mark.parametrize("model", ["sim-70b", "sim-8b"])
+def test_a_plain_answer_has_headers_and_a_block(api: str, model: str) -> None:
+    raw = client(api).chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "How much did this cost?"}], max_tokens=12)
+    answer = raw.parse()
+    headers = raw.headers
+    energy = energy_of(answer)
+    SEEN[energy["id"]] = model
+    assert headers["x-energy-method"] == "simulated"
+    assert (headers["x-energy-node"], headers["x-energy-tier"]) == NODE_OF[model]
+    assert headers["x-energy-backend"] == "agent" and headers["x-energy-source"] == "remote"
+    assert headers["x-energy-id"] == energy["id"]
+    assert answer.usage is not None
+    check(energy, model, answer.usage.completion_tokens)
+    float(headers["x-energy-seconds"])  # a number, whatever the figure
+
+
+def test_a_stream_with_include_usage_carries_energy_on_the_usage_chunk(api: str) -> None:
+    chunks = list(client(api).chat.completions.create(
+        model="sim-70b", messages=[{"role": "user", "content": "stream it"}], max_tokens=10,
+        stream=True, stream_options={"include_usage": True}))
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    check(energy_of(last), "sim-70b", last.usage.completion_tokens)
+
+
+def test_a_plain_stream_carries_energy_on_the_finish_reason_chunk(api: str) -> None:
+    chunks = list(client(api).chat.completions.create(
+        model="sim-8b", messages=[{"role": "user", "content": "stream it plainly"}], max_tokens=9,
+        stream=True))
+    assert all(c.usage is None for c in chunks)  # the usage the gateway asked for is not forwarded
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1
+    written = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
+    check(energy_of(finishing[0]), "sim-8b", written)  # the count came from the stripped usage
+
+
+def test_completions_and_embeddings_are_metered(api: str) -> None:
+    text = client(api).completions.create(model="sim-8b", prompt="Once upon a time", max_tokens=6)
+    assert text.usage is not None
+    check(energy_of(text), "sim-8b", text.usage.completion_tokens)
+    streamed = list(client(api).completions.create(model="sim-70b", prompt="Go on", max_tokens=5,
+                                                   stream=True, stream_options={"include_usage": True}))
+    check(energy_of(streamed[-1]), "sim-70b", 5)
+    emb = client(api).embeddings.create(model="sim-embed", input=["joules", "per", "token"])
+    check(energy_of(emb), "sim-embed", None)
+
+
+def test_settled_records_add_up_to_the_energy_totals(api: str) -> None:
+    assert len(SEEN) >= 7, "the tests above did not run first"
+    records: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 5.0
+    with httpx.Client(base_url=api, timeout=5.0) as http:
+        for ident, model in SEEN.items():
+            while True:  # a record is kept from its first figure; it settles within a few reads
+                r = http.get(f"/energy/requests/{ident}")
+                if r.status_code == 200 and r.json()["record"]["settled"]:
+                    break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert r.status_code == 200, (ident, r.status_code, r.text[:200])
+            record = r.json()["record"]
+            assert record["settled"] is True, record
+            assert record["method"] == "simulated" and record["id"] == ident
+            assert record["node"] == NODE_OF[model][0]
+            assert isinstance(record["joules"], float) and record["joules"] > 0
+            records[ident] = record
+        totals = http.get("/energy").json()
+    charged = node_totals(totals)
+    for node in {"sim-h100", "sim-l4"}:
+        ours = sum(r["joules"] for r in records.values() if r["node"] == node)
+        # Only this module's requests ran on the demo: the node charged exactly what they settled to.
+        assert charged[node] == pytest.approx(ours, rel=1e-6, abs=1e-6), (node, totals)
+
+
+def node_totals(totals: dict[str, Any]) -> dict[str, float]:
+    """Each node's charged joules from /energy's JSON (docs/energy-schema.md)."""
+    nodes = totals["nodes"]
+    assert isinstance(nodes, dict), json.dumps(totals)[:500]
+    return {name: float(section["ledger"]["charged_j"]) for name, section in nodes.items()}
+
+
+def test_load_prints_the_table_and_exits() -> None:
+    demo = Demo("--load", "12", "--concurrency", "6", "--seed", "3")
+    try:
+        demo.read_until("method mix", timeout=60)
+        code = demo.proc.wait(timeout=30)
+        out = "\n".join(demo.rest())
+    finally:
+        demo.stop(signal.SIGKILL)
+    assert code == 0, out
+    rows = [line for line in demo.lines if line.startswith("/v1/")]
+    assert rows and all("simulated" in row for row in rows), out
+    assert "12 requests in" in out and "(0 failed)" in out
+    assert {row.split()[0] for row in rows} <= {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
