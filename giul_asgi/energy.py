@@ -182,7 +182,7 @@ def grade(
         uncertainty = None
     elif share.interpolated > MOSTLY_INTERPOLATED * joules and error is None:
         error = (
-            f"provisional: {share.interpolated / joules:.0%} of this figure is interpolated "
+            f"provisional: {min(1.0, share.interpolated / joules):.0%} of this figure is interpolated "
             "from the node's measured prior; the card has not reported it yet"
         )
     per_token = joules / valid_tokens if joules is not None and valid_tokens else None

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import anyio
@@ -282,9 +282,8 @@ class Ledger:
         """Stop the poller (one last reading first, bounded) and settle every window."""
         self._stopped = True
         poller = self._poller
-        if poller is not None:
-            if not poller.stop(timeout):
-                log.warning("node %r: the reader did not stop in time; left behind", self.node.name)
+        if poller is not None and not poller.stop(timeout):
+            log.warning("node %r: the reader did not stop in time; left behind", self.node.name)
         with self._lock:
             settled = self.book.force_settle()
         _fire(settled)
@@ -326,7 +325,7 @@ def _fire(windows: list[Window]) -> None:
                 log.exception("a settled-figure callback failed")
 
 
-def _waker() -> tuple[Callable[[], object], Callable[[], None]]:
+def _waker() -> tuple[Callable[[], Awaitable[object]], Callable[[], None]]:
     """An event to await on this loop, and a setter any thread may call."""
     try:
         loop = asyncio.get_running_loop()

@@ -36,19 +36,23 @@ from .tape import Gap, Piece, Span
 PRIOR_WEIGHT = 0.1
 #: Residuals of first figures kept for the bias and spread of the interpolated part.
 RESIDUALS = 256
-#: Before this many residuals, the interpolated part is uncertain by its own size, twice.
-COLD_RESIDUALS = 8
-COLD_SPREAD = 2.0
+#: Before this many residuals, the interpolated part is uncertain by its own scale.
+COLD_RESIDUALS = 5
+COLD_SPREAD = 1.0
 #: The quantile of past residuals the interpolated part's uncertainty covers.
 COVER = 0.95
 #: Witnessed foreign power below this (W, or this share of idle) is noise, not a load.
 FOREIGN_MIN_W = 5.0
 FOREIGN_MIN_SHARE = 0.05
-#: Seconds of witnessed time before a foreign level is believed, and how long it is kept.
-FOREIGN_BELIEVE_S = 0.3
+#: Witnessed time before a foreign level is believed (in periods, at least a tenth of a
+#: second), and how long it is kept.
+FOREIGN_BELIEVE_PERIODS = 1
+FOREIGN_BELIEVE_S = 0.1
 FOREIGN_KEEP_S = 120.0
+#: The subtracted level is uncertain by this many mean absolute deviations of the witness.
+FOREIGN_SPREAD = 2.5
 #: The foreign level follows the witness with this time constant (seconds).
-FOREIGN_TAU_S = 2.0
+FOREIGN_TAU_S = 5.0
 #: Intervals waiting for an open window's weight: at most this many, for at most this long.
 MAX_WAITING = 2_000
 MAX_WAIT_S = 10.0
@@ -98,10 +102,30 @@ class Window:
     """
 
     __slots__ = (
-        "alone", "busy_close", "busy_open", "callbacks", "edge_sq", "error", "first",
-        "linear_unc", "lost_s", "marks", "measured_s", "power_j", "rules", "seen_end",
-        "settled", "share", "stage_shares", "t_close", "t_open", "tokens", "waiting",
-        "waits_on", "weight", "abandoned",
+        "abandoned",
+        "alone",
+        "busy_close",
+        "busy_open",
+        "callbacks",
+        "edge_sq",
+        "error",
+        "first",
+        "linear_unc",
+        "lost_s",
+        "marks",
+        "measured_s",
+        "power_j",
+        "rules",
+        "seen_end",
+        "settled",
+        "share",
+        "stage_shares",
+        "t_close",
+        "t_open",
+        "tokens",
+        "waiting",
+        "waits_on",
+        "weight",
     )
 
     def __init__(self, t_open: float, busy_open: float) -> None:
@@ -206,9 +230,17 @@ class Book:
         self._t_end: float | None = None  # where the last booked piece ended
         self._last_close = -math.inf
         self._prior: float | None = None  # J per window-second of settled windows
+        self._tails = False  # the last members found were ramp-down tails only
+        self._span_rate: float | None = None  # J per window-second of recent shared spans
+        self._run_rate: float | None = None  # the same, in spans windows covered whole
         self._settled_windows = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
+        # The witnessed level is a ratio of time-decayed sums: a span's stamp error moves
+        # energy to its neighbour, and over consecutive spans those errors cancel.
         self._foreign_w: float | None = None
+        self._foreign_j = 0.0
+        self._foreign_s = 0.0
+        self._foreign_dev = 0.0  # mean absolute deviation of single spans from the level
         self._foreign_seen_s = 0.0
         self._foreign_t: float | None = None  # when the foreign level was last witnessed
         self._processes_foreign: bool | None = None
@@ -265,6 +297,8 @@ class Book:
         if self.stopped:
             self._settle_uncovered(window, settled)
         self._try_settle(window, settled)
+        if window.settled:
+            self._closing.remove(window)
         return settled
 
     def abandon(self, window: Window, t: float) -> list[Window]:
@@ -292,7 +326,7 @@ class Book:
 
     def _members(self, t0: float, t1: float) -> list[tuple[Window, float]]:
         """Windows overlapping (t0, t1], with their overlap; a closed window's ramp-down
-        tail counts where no window is open."""
+        tail counts where no window is open (``self._tails`` says when it did)."""
         members: list[tuple[Window, float]] = []
         for window in self._open.values():
             overlap = t1 - max(window.t_open, t0)
@@ -302,6 +336,8 @@ class Book:
         for window in self._closing:
             t_close = window.t_close
             assert t_close is not None
+            if window.settled:
+                continue
             overlap = min(t_close, t1) - max(window.t_open, t0)
             if overlap > 0:
                 members.append((window, overlap))
@@ -309,11 +345,14 @@ class Book:
                 tail = min(t_close + self.ramp_s, t1) - max(t_close, t0)
                 if tail > 0:
                     tails.append((window, tail))
+        self._tails = not members and bool(tails)
         return members or tails
 
     def _before_start(self, t: float) -> None:
         """Windows opened before the tape's first piece: that time cannot be measured."""
         for window in [*self._open.values(), *self._closing]:
+            if window.settled:
+                continue
             end = t if window.t_close is None else min(window.t_close, t)
             if end > window.t_open:
                 window.lost_s += end - window.t_open
@@ -335,33 +374,46 @@ class Book:
                 self._witness(span)
             self.unattributed_j += above
             return
-        if self._foreign_level() is not None and self.subtract_foreign:
-            taken = min(max(above, 0.0), self._foreign_level() * seconds)  # type: ignore[operator]
+        level = self._foreign_level()
+        if level is not None and self.subtract_foreign:
+            taken = min(max(above, 0.0), level * seconds)
             self.foreign_j += taken
             self.unattributed_j += taken
             above -= taken
-        covered = 0.0
-        for _, overlap in members:
-            covered += overlap
+        covered = sum(overlap for _, overlap in members)
         self._busy_booked += covered
         self._time_booked += seconds
+        if not self._tails:
+            self._learn_rates(above / covered, 1.0 - math.exp(-covered / FOREIGN_TAU_S), seconds, members)
         open_members = 0
         if not self.split.known_at_open:
             open_members = sum(1 for w, _ in members if w.weight is None and w.t_close is None)
-        if open_members:
-            waiting = _Waiting(span, above, members, open_members)
-            for window, _ in members:
-                window.waiting += 1
-                if window.weight is None and window.t_close is None:
-                    if window.waits_on is None:
-                        window.waits_on = [waiting]
-                    else:
-                        window.waits_on.append(waiting)
-            self._waiting.append(waiting)
-            if len(self._waiting) > MAX_WAITING:
-                self._resolve(self._waiting.popleft(), settled, by_time=True)
+        if not open_members:
+            self._share(span, above, members, settled, by_time=False)
             return
-        self._share(span, above, members, settled, by_time=False)
+        # A split by weights known only at close: the span waits for its open windows.
+        waiting = _Waiting(span, above, members, open_members)
+        for window, _ in members:
+            window.waiting += 1
+            if window.weight is None and window.t_close is None:
+                if window.waits_on is None:
+                    window.waits_on = [waiting]
+                else:
+                    window.waits_on.append(waiting)
+        self._waiting.append(waiting)
+        if len(self._waiting) > MAX_WAITING:
+            self._resolve(self._waiting.popleft(), settled, by_time=True)
+
+    def _learn_rates(
+        self, rate: float, weight: float, seconds: float, members: list[tuple[Window, float]]
+    ) -> None:
+        """The node's recent joules per window-second, and the same where windows ran the
+        whole span (no edge, no tail in it): the priors of first figures."""
+        span_rate = self._span_rate
+        self._span_rate = rate if span_rate is None else span_rate + weight * (rate - span_rate)
+        if all(overlap >= seconds * (1 - 1e-9) for _, overlap in members):
+            run = self._run_rate
+            self._run_rate = rate if run is None else run + weight * (rate - run)
 
     def _share(
         self, span: Span, above: float, members: list[tuple[Window, float]],
@@ -390,7 +442,7 @@ class Book:
         foreign_unc = 0.0
         level = self._foreign_level()
         if self.subtract_foreign and level is not None:
-            foreign_unc = 0.5 * level * seconds
+            foreign_unc = FOREIGN_SPREAD * self._foreign_dev * seconds
         shared = len(members) > 1
         for i, (window, overlap) in enumerate(members):
             part = (overlap if weights is None else weights[i] * overlap) / total
@@ -402,6 +454,11 @@ class Book:
             if edge:
                 window.edge_sq += (0.5 * abs(share) * uncovered) ** 2
                 window.linear_unc += per_stamp * part
+                if shared:
+                    # Where windows come and go in a shared span, a closing window's tail
+                    # goes to the others, and theirs to it: about ramp_s / 5 at its rate.
+                    window.edge_sq += (abs(share) / overlap * self.ramp_s / 5) ** 2
+            window.linear_unc += span.unc_j * part
             window.linear_unc += foreign_unc * part
             if shared:
                 window.alone = False
@@ -447,24 +504,17 @@ class Book:
 
     def _see_ends(self, t: float, settled: list[Window]) -> None:
         """Windows whose close (and ramp-down after it) the tape has now passed settle."""
-        still: list[Window] = []
         for window in self._closing:
             assert window.t_close is not None
-            if t >= window.t_close + self.ramp_s or window.seen_end:
+            if t >= window.t_close + self.ramp_s:
                 window.seen_end = True
                 self._try_settle(window, settled)
-                if not window.settled:
-                    still.append(window)
-            else:
-                still.append(window)
-        self._closing = [w for w in still if not w.settled]
+        self._closing = [w for w in self._closing if not w.settled]
 
     def _try_settle(self, window: Window, settled: list[Window]) -> None:
         if window.settled or window.t_close is None or not window.seen_end or window.waiting:
             return
         window.settled = True
-        if window in self._closing:
-            self._closing.remove(window)
         if window.abandoned or window.lost_s > 0 or window.share <= 0 or not self.measures:
             self.unattributed_j += window.share
         else:
@@ -486,19 +536,29 @@ class Book:
             self._residuals.append((actual - first.guess) / first.scale)
 
     def _first_guess(self, window: Window) -> _First | None:
-        """What the first figure will assume about the part not reported yet."""
+        """What the first figure assumes about the part of the window not shared yet: its
+        time not yet shared (not reported, or waiting for weights) at the node's prior
+        rate, plus, if it closes alone, its ramp-down tail (about ``ramp_s / 5`` seconds at
+        that rate: ``ramp_s`` is when the tail has all but gone)."""
         assert window.t_close is not None
-        unreported = window.t_close - max(window.t_open, self._t_end if self._t_end is not None else -math.inf)
-        if not self.measures or unreported <= 0 and self._t_end is not None:
+        if not self.measures:
             return _First(window.share, 0.0, 0.0)
-        unreported = max(unreported, 0.0)
-        prior = self._prior
+        unshared = max(0.0, window.seconds - window.measured_s - window.lost_s)
+        # Where the node has run whole spans, their rate is the draw of a running window and
+        # the tail is added apart; else settled windows' rate, tails already inside it.
+        tail = 0.0
+        prior = self._run_rate
+        if prior is not None and self._n == 0:
+            tail = self.ramp_s / 5
+        if prior is None:
+            prior = self._prior if self._prior is not None else self._span_rate
         if prior is None and window.measured_s > 0:
-            prior = window.share / window.measured_s  # no window settled yet: its own rate
+            prior = window.share / window.measured_s  # nothing settled yet: its own rate
         if prior is None or prior <= 0:
             return None
         return _First(
-            window.share, prior * unreported, prior * (unreported + self.period() / 2)
+            window.share, prior * (unshared + tail),
+            prior * (unshared + tail + self.period() / 2),
         )
 
     def _bias_spread(self) -> tuple[float, float]:
@@ -518,16 +578,22 @@ class Book:
         if idle is None or seconds <= 0:
             return
         watts = span.above_j / seconds
-        weight = 1.0 - math.exp(-seconds / FOREIGN_TAU_S)
+        decay = math.exp(-seconds / FOREIGN_TAU_S)
         level = self._foreign_w
-        self._foreign_w = watts if level is None else level + weight * (watts - level)
+        if level is not None:
+            self._foreign_dev += (1 - decay) * (abs(watts - level) - self._foreign_dev)
+        self._foreign_j = self._foreign_j * decay + span.above_j
+        self._foreign_s = self._foreign_s * decay + seconds
+        self._foreign_w = self._foreign_j / self._foreign_s
         self._foreign_seen_s += seconds
         self._foreign_t = span.t1
 
     def _foreign_level(self) -> float | None:
         """The foreign load's watts above idle, when one has been witnessed and is real."""
         level = self._foreign_w
-        if level is None or self._foreign_seen_s < FOREIGN_BELIEVE_S:
+        if level is None or self._foreign_seen_s < max(
+            FOREIGN_BELIEVE_S, FOREIGN_BELIEVE_PERIODS * self.period()
+        ):
             return None
         idle = self.provenance.idle_watts or 0.0
         return level if level >= max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * idle) else 0.0

@@ -25,7 +25,7 @@ A power gauge is integrated with the trapezoid rule between its samples.
 
 from __future__ import annotations
 
-import math
+import itertools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,7 +51,9 @@ class Span:
     """Energy between ``t0`` and ``t1``: ``above_j`` over the idle floor, ``total_j`` in all.
 
     ``stamp_s`` is how far either end may be from the true step time (0 for reads stamped
-    at read time); the book turns it into uncertainty at a window's edges.
+    at read time); the book turns it into uncertainty at a window's edges. ``unc_j`` is
+    what the span's energy itself may be off by (a gauge's samples miss what happened
+    between them; a counter is exact to its millijoule).
     """
 
     t0: float
@@ -59,6 +61,7 @@ class Span:
     above_j: float
     total_j: float
     stamp_s: float = 0.0
+    unc_j: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -107,7 +110,7 @@ class StepClock:
             return b, 0.0
         mids = [(x + y) / 2 for x, y in self._brackets]
         if len(mids) >= 4:
-            gaps = sorted(y - x for x, y in zip(mids, mids[1:], strict=False) if y > x)
+            gaps = sorted(y - x for x, y in itertools.pairwise(mids) if y > x)
             if gaps:
                 self.period = gaps[len(gaps) // 2]
         half = (b - a) / 2
@@ -147,6 +150,7 @@ class Tape:
         self._quiet_t = 0.0
         self._first_t: float | None = None
         self._last_w: tuple[float, float] | None = None  # a gauge's last sample
+        self._change_t: deque[float] = deque(maxlen=BRACKETS)  # when a gauge's value changed
         self._last_good: float | None = None
         self.max_w = 0.0
         self.reads = 0
@@ -244,7 +248,7 @@ class Tape:
         self._base_j, self._base_t = joules, step
         self.max_w = max(self.max_w, delta / dt) if dt > self.period / 2 else self.max_w
         self.end = step
-        return [Span(base_t, step, delta - (self.idle_w or 0.0) * dt, delta, stamp)]
+        return [Span(base_t, step, delta - (self.idle_w or 0.0) * dt, delta, stamp, 0.001)]
 
     def _least_step_w(self) -> float:
         """A rise implying less than this is not a step (half the idle floor, if known)."""
@@ -272,16 +276,23 @@ class Tape:
             return []
         if dt > self._max_gap():
             return [self._gap(t0, t, f"no power sample for {dt:.1f} s")]
+        # A gauge's value changes once per sensor period (learnt like a counter's): a change
+        # may have happened anywhere in the last one, and the sensor may have seen only part
+        # of it, so the span is uncertain by the change over that period.
+        self.steps.saw(watts != w0)
+        if watts != w0:
+            self._change_t.append(t)
+            if len(self._change_t) >= 4:
+                gaps = sorted(b - a for a, b in itertools.pairwise(self._change_t))
+                self.steps.period = gaps[len(gaps) // 2]
+        sensor = max(dt, self.steps.period or self.period_hint)
         total = (w0 + watts) / 2 * dt
         self.max_w = max(self.max_w, w0, watts)
         self.end = t
-        return [Span(t0, t, total - (self.idle_w or 0.0) * dt, total, 0.0)]
+        return [Span(t0, t, total - (self.idle_w or 0.0) * dt, total, 0.0, abs(watts - w0) * sensor)]
 
     # -- health ---------------------------------------------------------------------------
     def age(self, now: float) -> float | None:
         """Seconds since the last good reading; None before the first."""
         return None if self._last_good is None else max(0.0, now - self._last_good)
 
-
-def finite(value: float) -> bool:
-    return math.isfinite(value)
