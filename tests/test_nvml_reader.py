@@ -204,3 +204,22 @@ def test_real_pynvml_without_a_gpu_is_honest() -> None:
         NvmlReader(ReaderSpec())
     assert probe_nvml() == []
 
+
+
+def test_the_gpu_check_runs_against_the_fake_card(tmp_path: Path) -> None:
+    """benchmarks/gpu_check.py cannot run here for real; --fake runs its code on tests/fake_nvml."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "benchmarks" / "gpu_check.py"
+    out, raw = tmp_path / "check.md", tmp_path / "check.json"
+    done = subprocess.run([sys.executable, str(script), "--fake", "--quick", "--out", str(out),
+                           "--json", str(raw)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(raw.read_text())
+    assert report["fake"] is True and "FAKE card" in out.read_text()
+    assert report["update_period_idle"]["counter_steps"] >= 1
+    assert set(report["latency"]) == {"counter", "instant_field", "averaged", "processes"}
+    assert "instant_before_w" in report["power_step"]
+    assert "windows" in report["ledger"] or "skipped" in report["ledger"]
