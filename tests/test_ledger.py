@@ -1,415 +1,382 @@
-"""The ledger: energy shared among overlapping windows, conserved, bounded, honest."""
+"""The ledger against a card that knows the truth (benchmarks/truecard.py), on a virtual
+clock so the schedule is exact, and no warm-up: the first window opens at once."""
 
 from __future__ import annotations
 
 import math
 import random
-import statistics
+import time
 
 import pytest
-from conftest import warm_up
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from truecard import Foreign, TrueCard, TrueReader
 
-from giul_asgi import Ledger, Node, TokenSplit
-from giul_asgi.readers import Reading, SimulatedCard, SimulatedReader, VirtualClock
-from giul_asgi.readers.base import NullReader
+from giul_asgi.config import Node
+from giul_asgi.ledger import Ledger, TokenSplit
+from giul_asgi.ledger.book import MAX_WAIT_S
+from giul_asgi.meter import Meter
+from giul_asgi.readers.base import Process, Reading
 
-
-def tick(ledger: Ledger, clock: VirtualClock, seconds: float, step: float = 0.05) -> None:
-    """Advance the clock, reading at a jittered poll period as the ledger's task does."""
-    jitter = random.Random(7)  # the same reads whatever ran before: tests stay independent
-    remaining = seconds
-    while remaining > 1e-12:
-        dt = min(step * jitter.uniform(0.6, 1.4), remaining)
-        clock.advance(dt)
-        remaining -= dt
-        ledger.read_now()
+IDLE = 70.0
 
 
-def test_overlapping_requests_share_the_card_not_multiply_it(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
-) -> None:
-    """The seed charged 16 concurrent requests 16x the energy; here they split it."""
-    windows = [sim_ledger.open() for _ in range(16)]
-    jobs = [card.start_job(200.0 / 16) for _ in windows]
-    tick(sim_ledger, clock, 0.5)
-    for window, job in zip(windows, jobs, strict=True):
-        card.stop_job(job)
-        sim_ledger.close(window)
-    tick(sim_ledger, clock, 0.2)
-    figures = [sim_ledger.energy(w) for w in windows]
-    total = sum(e.joules or 0.0 for e in figures)
-    truth = sum(j.true_joules for j in jobs)
-    assert truth == pytest.approx(100.0)
-    assert total == pytest.approx(truth, rel=0.05)  # not 16 x 100 J
-    for e in figures:
-        assert e.method == "simulated" and e.settled
-        assert e.concurrency == pytest.approx(16.0)
-        assert e.split == "time"
-        assert e.joules == pytest.approx(100.0 / 16, rel=0.05)
-    totals = sim_ledger.totals()
-    assert totals.conservation_error_j == pytest.approx(0.0, abs=1e-9)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_a_window_alone_is_exclusive(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
-) -> None:
-    window = sim_ledger.open()
-    job = card.start_job(150.0)
-    tick(sim_ledger, clock, 1.0)
-    card.stop_job(job)
-    sim_ledger.close(window)
-    tick(sim_ledger, clock, 0.2)
-    e = sim_ledger.energy(window)
-    assert e.split == "exclusive" and e.concurrency == pytest.approx(1.0)
-    assert e.joules == pytest.approx(150.0, rel=0.05)
-    assert e.mean_watts is not None and 150 < e.mean_watts < 230
+class Run:
+    """A ledger fed by a virtual poller: reads every ~10 ms of virtual time."""
+
+    def __init__(self, node: Node | None = None, gauge: str = "counter", seed: int = 0) -> None:
+        self.clock = Clock()
+        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed)
+        self.reader = TrueReader(self.card, gauge)  # type: ignore[arg-type]
+        self.ledger = Ledger(node or Node("n", idle_w=IDLE), self.reader, poll=False)
+        self.rng = random.Random(seed)
+
+    def advance(self, seconds: float) -> None:
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            self.clock.now = min(end, self.clock.now + 0.01 * self.rng.uniform(0.5, 1.5))
+            self.ledger.ingest(self.reader.read())
+
+    def request(self, seconds: float, watts: float, tokens: int | None = None) -> tuple[Meter, float]:
+        meter = Meter(self.ledger)
+        meter.open()
+        job = self.card.start_job(watts)
+        self.advance(seconds)
+        self.card.stop_job(job)
+        meter.tokens(tokens)
+        meter.close()
+        return meter, job.truth(self.card.ramp_up, self.card.tau)
+
+    def books(self) -> float:
+        t = self.ledger.totals()
+        return abs(t.measured_j - (t.charged_j + t.unattributed_j + t.in_flight_j))
 
 
-def test_short_windows_on_a_stepped_counter_all_get_a_figure(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
-) -> None:
-    """30 ms requests on a 100 ms counter: the seed came back 70% unknown."""
-    figures = []
-    truth = []
-    for _ in range(40):
-        window = sim_ledger.open()
-        job = card.start_job(250.0)
-        clock.advance(0.03)
-        card.stop_job(job)
-        sim_ledger.close(window)
-        clock.advance(0.02)
-        sim_ledger.read_now()
-        figures.append(window)
-        truth.append(job.true_joules)
-    tick(sim_ledger, clock, 0.3)
-    energies = [sim_ledger.energy(w) for w in figures]
-    assert all(e.joules is not None and e.settled for e in energies)
-    assert all(e.uncertainty_joules is not None and e.uncertainty_joules > 0 for e in energies)
-    assert sum(e.joules or 0 for e in energies) == pytest.approx(sum(truth), rel=0.05)
+def test_short_requests_get_an_honest_first_figure_not_a_confident_near_zero() -> None:
+    # The old ledger: 30 ms at 180 W on a 100 ms counter gave first figures of 0.15-2.9 J,
+    # "measured", for ~9 J caused. Now the unreported part comes from the measured prior.
+    run = Run()
+    run.advance(0.5)
+    hits, firsts = 0, []
+    for _ in range(30):
+        meter, truth = run.request(0.03, 180.0)
+        first = meter.figure()
+        run.advance(0.3)
+        settled = meter.figure()
+        assert settled.settled and settled.joules is not None
+        if first.joules is None:
+            continue
+        firsts.append(first.joules / truth)
+        hits += abs(first.joules - truth) <= (first.uncertainty_joules or 0)
+        assert first.method == "measured" and not first.settled
+        if first.joules < 0.5 * truth:
+            assert first.error and "interpolated" in first.error
+    assert len(firsts) >= 27 and hits >= 0.9 * len(firsts)
+    assert sorted(firsts)[len(firsts) // 2] > 0.7  # the typical first figure is not near zero
 
 
-def test_provisional_share_then_settled(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
-) -> None:
-    job = card.start_job(100.0)
-    tick(sim_ledger, clock, 0.3)  # the ledger now knows the card's above-idle power
-    window = sim_ledger.open()
-    clock.advance(0.02)
-    sim_ledger.close(window)
-    provisional = sim_ledger.energy(window)
-    assert provisional.settled is False
-    assert provisional.joules == pytest.approx(2.0, rel=0.05)  # 100 W x 20 ms
-    assert provisional.uncertainty_joules == pytest.approx(provisional.joules)
-    tick(sim_ledger, clock, 0.2)
-    card.stop_job(job)
-    settled = sim_ledger.energy(window)
-    assert settled.settled is True and settled.joules is not None
+def test_first_and_settled_come_from_one_model() -> None:
+    run = Run()
+    run.advance(0.3)
+    gaps = []
+    for _ in range(20):
+        meter, _ = run.request(0.3, 180.0)
+        first = meter.figure().joules
+        run.advance(0.4)
+        settled = meter.figure().joules
+        assert first is not None and settled is not None
+        gaps.append(abs(first - settled) / settled)
+    # The old ledger's two models disagreed by 6-12% (median) at 300 ms.
+    assert sorted(gaps)[len(gaps) // 2] < 0.05
 
 
-def test_first_window_before_any_power_is_unknown_until_settled(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
-) -> None:
-    window = sim_ledger.open()
-    job = card.start_job(100.0)
-    clock.advance(0.01)
-    sim_ledger.close(window)
-    e = sim_ledger.energy(window)
-    assert e.joules is None and e.settled is False and e.method == "unknown"
-    card.stop_job(job)
-    tick(sim_ledger, clock, 0.3)
-    settled = sim_ledger.energy(window)
-    assert settled.settled and settled.joules is not None
-    assert abs(settled.joules - job.true_joules) <= (settled.uncertainty_joules or 0)
+def test_a_steady_foreign_load_is_witnessed_flagged_and_subtracted() -> None:
+    node = Node("n", idle_w=IDLE, foreign="subtract")
+    run = Run(node)
+    run.card.add_foreign(Foreign(150.0, start=0.0))
+    run.advance(1.0)  # the card is seen busy with no window open
+    charged, caused = 0.0, 0.0
+    for _ in range(10):
+        meter, truth = run.request(0.3, 180.0)
+        run.advance(0.4)
+        e = meter.figure()
+        assert e.contended is True and e.foreign_watts is not None
+        assert abs(e.foreign_watts - 150.0) < 15.0
+        charged += e.joules or 0.0
+        caused += truth
+    assert abs(charged / caused - 1.0) < 0.1  # the old ledger charged 2.0x
+    assert run.books() < 1e-9 * run.ledger.totals().measured_j
+    assert run.ledger.totals().foreign_j > 0
 
 
-def test_no_idle_floor_charges_above_zero_and_says_so(card: SimulatedCard, clock: VirtualClock) -> None:
-    ledger = Ledger(Node("noidle"), SimulatedReader(card))
-    warm_up(ledger, clock)
-    window = ledger.open()
-    tick(ledger, clock, 1.0)
-    ledger.close(window)
-    tick(ledger, clock, 0.2)
-    e = ledger.energy(window)
-    assert e.idle_known is False and e.idle_watts is None
-    # The whole idle draw, labelled so; the edge intervals are inside the uncertainty.
-    assert abs((e.joules or 0) - 60.0) <= (e.uncertainty_joules or 0)
-    assert e.joules == pytest.approx(60.0, rel=0.15)
+def test_a_foreign_load_charged_by_choice_is_still_flagged() -> None:
+    run = Run()
+    run.card.add_foreign(Foreign(150.0, start=0.0))
+    run.advance(1.0)
+    meter, truth = run.request(0.3, 180.0)
+    run.advance(0.4)
+    e = meter.figure()
+    assert e.contended is True and (e.joules or 0) > 1.5 * truth
 
 
-def test_idle_floor_set_too_high_is_a_failed_measurement_not_zero(
-    card: SimulatedCard, clock: VirtualClock
-) -> None:
-    ledger = Ledger(Node("high", idle_w=90.0), SimulatedReader(card))
-    ledger.read_now()
-    window = ledger.open()
-    tick(ledger, clock, 0.5)
-    ledger.close(window)
-    tick(ledger, clock, 0.2)
-    e = ledger.energy(window)
-    assert e.joules is None and e.method == "unknown"
-    assert ledger.energy(window, tokens=100, hint_per_1k=500.0).method == "estimated"
-    totals = ledger.totals()
-    assert totals.charged_j == 0.0  # nothing charged that was not measured
-    assert totals.conservation_error_j == pytest.approx(0.0, abs=1e-9)
+def test_contended_is_null_only_when_nobody_could_look() -> None:
+    run = Run()
+    meter, _ = run.request(0.3, 180.0)  # no time between windows has been seen yet
+    assert meter.figure().contended is None
+    run.advance(1.0)
+    meter, _ = run.request(0.3, 180.0)
+    run.advance(0.4)
+    assert meter.figure().contended is False
 
 
-def test_brief_reader_errors_lose_nothing_on_a_counter(card: SimulatedCard, clock: VirtualClock) -> None:
-    failing = {"on": False}
-    reader = SimulatedReader(card, fail=lambda: "GPU is lost" if failing["on"] else None)
-    ledger = Ledger(Node("flaky", idle_w=60.0), reader)
-    ledger.read_now()
-    window = ledger.open()
-    job = card.start_job(100.0)
-    tick(ledger, clock, 0.2)
-    failing["on"] = True
-    tick(ledger, clock, 0.3)  # shorter than the gap limit
-    failing["on"] = False
-    tick(ledger, clock, 0.2)
-    card.stop_job(job)
-    ledger.close(window)
-    tick(ledger, clock, 0.2)
-    e = ledger.energy(window)
-    assert e.joules == pytest.approx(job.true_joules, rel=0.05)
-    assert ledger.totals().read_errors > 0
+def test_a_foreign_process_on_the_card_marks_figures_contended() -> None:
+    run = Run(Node("n", idle_w=IDLE, serving="vllm"))
+    run.ledger.note_processes([Process(10, "vllm"), Process(11, "python3")])
+    meter, _ = run.request(0.1, 100.0)
+    assert meter.figure().contended is True
+    run.ledger.note_processes([Process(10, "vllm")])
+    run.advance(0.05)
+    meter, _ = run.request(0.1, 100.0)
+    assert meter.figure().contended is False
 
 
-def test_a_reader_that_dies_mid_window_leaves_it_unknown(card: SimulatedCard, clock: VirtualClock) -> None:
-    failing = {"on": False}
-    reader = SimulatedReader(card, fail=lambda: "GPU is lost" if failing["on"] else None)
-    ledger = Ledger(Node("dies", idle_w=60.0), reader)
-    ledger.read_now()
-    window = ledger.open()
-    tick(ledger, clock, 0.2)
-    failing["on"] = True
-    tick(ledger, clock, 2.0)
-    ledger.close(window)
-    tick(ledger, clock, 0.2)
-    e = ledger.energy(window, tokens=10, hint_per_1k=1000.0)
-    assert e.method == "estimated" and e.joules == pytest.approx(10.0)
-    assert "GPU is lost" in (e.error or "")
-    assert ledger.totals().lost_s > 1.0
-    assert ledger.totals().conservation_error_j == pytest.approx(0.0, abs=1e-9)
+def test_staggered_batch_conserves_and_shares_fairly() -> None:
+    run = Run(seed=3)
+    rng = random.Random(5)
+    meters: list[tuple[Meter, object, float]] = []
+    starts = sorted(rng.uniform(0, 1.0) for _ in range(16))
+    ends = {i: s + rng.uniform(0.3, 1.2) for i, s in enumerate(starts)}
+    t0 = run.clock.now
+    jobs: dict[int, tuple[Meter, object]] = {}
+    done: list[tuple[Meter, object]] = []
+    while len(done) < 16:
+        now = run.clock.now - t0
+        for i, s in enumerate(starts):
+            if i not in jobs and s <= now:
+                m = Meter(run.ledger)
+                m.open()
+                jobs[i] = (m, run.card.start_job(20.0))
+        for i, (m, job) in list(jobs.items()):
+            if ends[i] <= now and not m.closed:
+                run.card.stop_job(job)  # type: ignore[arg-type]
+                m.close()
+                done.append((m, job))
+        run.advance(0.005)
+    run.advance(0.5)
+    errors = []
+    for m, job in done:
+        e = m.figure()
+        truth = job.truth(run.card.ramp_up, run.card.tau)  # type: ignore[attr-defined]
+        assert e.settled and e.joules is not None and e.split in ("time", "exclusive")
+        errors.append(abs(e.joules - truth) / truth)
+        meters.append((m, job, truth))
+    assert sorted(errors)[8] < 0.05
+    assert run.books() < 1e-9 * run.ledger.totals().measured_j
 
 
-def test_token_split_weights_by_tokens_per_second(card: SimulatedCard, clock: VirtualClock) -> None:
-    ledger = Ledger(Node("tok", idle_w=60.0), SimulatedReader(card), split=TokenSplit())
-    ledger.read_now()
-    a, b = ledger.open(), ledger.open()
-    ja, jb = card.start_job(150.0), card.start_job(50.0)
-    tick(ledger, clock, 1.0)
-    card.stop_job(ja)
-    card.stop_job(jb)
-    ledger.close(a, tokens=300)
-    ledger.close(b, tokens=100)
-    tick(ledger, clock, 0.2)
-    ea, eb = ledger.energy(a), ledger.energy(b)
-    assert ea.split == "tokens" and eb.split == "tokens"
-    assert (ea.joules or 0) / (eb.joules or 1) == pytest.approx(3.0, rel=0.02)
-    assert ea.joules == pytest.approx(ja.true_joules, rel=0.05)
-
-
-def test_a_node_chooses_its_split(card: SimulatedCard) -> None:
-    assert Ledger(Node("t", split="tokens"), SimulatedReader(card)).split.name == "tokens"
-    assert Ledger(Node("t"), SimulatedReader(card)).split.name == "time"
-
-
-def test_token_split_without_tokens_falls_back_to_time(card: SimulatedCard, clock: VirtualClock) -> None:
-    ledger = Ledger(Node("tok2", idle_w=60.0), SimulatedReader(card), split=TokenSplit())
-    ledger.read_now()
-    a, b = ledger.open(), ledger.open()
-    tick(ledger, clock, 0.5)
-    ledger.close(a, tokens=100)
-    ledger.close(b)  # no tokens known
-    tick(ledger, clock, 0.2)
-    assert ledger.energy(a).split == "time"
-
-
-def test_pending_intervals_are_bounded(card: SimulatedCard, clock: VirtualClock) -> None:
-    ledger = Ledger(
-        Node("bounded", idle_w=60.0), SimulatedReader(card), split=TokenSplit(), max_pending=50
-    )
-    ledger.read_now()
-    long = ledger.open()
-    card.start_job(100.0)
-    tick(ledger, clock, 20.0)  # 400 intervals wait on the long window's tokens
-    assert len(ledger._pending) <= 50
-    ledger.close(long, tokens=10)
-    tick(ledger, clock, 0.2)
-    assert ledger.energy(long).settled
-    assert ledger.totals().conservation_error_j == pytest.approx(0.0, abs=1e-6)
-
-
-def test_stages_are_graded_and_the_total_is_not_their_sum(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
-) -> None:
-    window = sim_ledger.open()
-    job = card.start_job(50.0)
-    tick(sim_ledger, clock, 0.4)
-    sim_ledger.mark(window, "retrieve")
-    card.stop_job(job)
-    job = card.start_job(300.0)
-    tick(sim_ledger, clock, 0.6)
-    sim_ledger.mark(window, "generate")
-    card.stop_job(job)
-    tick(sim_ledger, clock, 0.2)  # an unnamed tail after the last mark
-    sim_ledger.close(window)
-    tick(sim_ledger, clock, 0.2)
-    e = sim_ledger.energy(window)
-    assert set(e.stages) == {"retrieve", "generate"}
-    assert e.stages["retrieve"].seconds == pytest.approx(0.4)
-    assert e.stages["retrieve"].joules == pytest.approx(20.0, rel=0.2)
-    assert e.stages["generate"].joules == pytest.approx(180.0, rel=0.1)
-    stage_sum = sum(s.joules or 0 for s in e.stages.values())
-    assert (e.joules or 0) >= stage_sum
-
-
-def test_memory_stays_bounded_over_many_windows(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
-) -> None:
-    for i in range(3000):
-        window = sim_ledger.open()
-        clock.advance(0.01)
-        sim_ledger.close(window)
-        if i % 5 == 0:
-            sim_ledger.read_now()
-    tick(sim_ledger, clock, 0.3)
-    assert not sim_ledger._open and not sim_ledger._closed and not sim_ledger._pending
-    assert len(sim_ledger.readings) <= 512
-
-
-def test_null_reader_settles_at_once_as_unknown() -> None:
-    ledger = Ledger(Node("none", reader="none"), NullReader("nothing to read here"))
-    window = ledger.open()
-    ledger.close(window)
-    e = ledger.energy(window)
-    assert e.settled and e.joules is None and e.backend == "none" and e.source == "none"
-    assert e.error == "nothing to read here"
-
-
-# -- the property: conservation for any schedule --------------------------------------------
-
-window_spec = st.tuples(
-    st.floats(0.0, 2.0), st.floats(0.001, 1.5), st.floats(0.0, 300.0), st.integers(0, 500)
-)
-
-
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
-    specs=st.lists(window_spec, min_size=1, max_size=40),
-    gauge=st.sampled_from(["counter", "instant"]),
-    idle=st.sampled_from([60.0, 75.0, None]),
-    token_split=st.booleans(),
-    reset_at=st.one_of(st.none(), st.floats(0.1, 2.5)),
-    step=st.sampled_from([0.05, 0.03, 0.1]),
+    st.lists(
+        st.tuples(st.floats(0.0, 0.4), st.floats(0.0, 0.3), st.floats(0.0, 300.0)),
+        min_size=1, max_size=8,
+    ),
+    st.sets(st.integers(0, 200), max_size=20),
+    st.booleans(),
 )
-def test_charged_plus_unattributed_equals_measured(
-    specs: list[tuple[float, float, float, int]],
-    gauge: str,
-    idle: float | None,
-    token_split: bool,
-    reset_at: float | None,
-    step: float,
+def test_books_balance_for_any_schedule_with_failures_and_resets(
+    schedule: list[tuple[float, float, float]], failing: set[int], reset: bool
 ) -> None:
-    clock = VirtualClock()
-    card = SimulatedCard(idle_w=60.0, cap_w=400.0, counter_period=0.1, clock=clock)
-    ledger = Ledger(
-        Node("prop", idle_w=idle), SimulatedReader(card, gauge=gauge),  # type: ignore[arg-type]
-        split=TokenSplit() if token_split else None,
-    )
-    start = clock()
-    ledger.read_now()
-    events: list[tuple[float, int, int]] = []
-    for i, (t0, dur, _load, _tok) in enumerate(specs):
-        events += [(t0, 1, i), (t0 + dur, 0, i)]
-    events.sort()
-    windows: dict[int, object] = {}
-    jobs: dict[int, object] = {}
-    next_read = start + step
-    did_reset = False
-    for t, kind, i in events:
-        while next_read <= start + t:
-            clock.now = next_read
-            if reset_at is not None and not did_reset and next_read - start >= reset_at:
-                card.reset_counter()
-                did_reset = True
-            ledger.read_now()
-            next_read += step
-        clock.now = max(clock.now, start + t)
-        if kind == 1:
-            windows[i] = ledger.open()
-            jobs[i] = card.start_job(specs[i][2])
-        else:
-            card.stop_job(jobs[i])  # type: ignore[arg-type]
-            ledger.close(windows[i], tokens=specs[i][3])  # type: ignore[arg-type]
-    for _ in range(int(1.0 / step) + 2):
-        clock.advance(step)
-        ledger.read_now()
-    totals = ledger.totals()
-    assert totals.windows_open == 0 and totals.in_flight_j == pytest.approx(0.0, abs=1e-9)
-    reported = sum(
-        e.joules for w in windows.values()
-        if (e := ledger.energy(w)).method != "estimated" and e.joules is not None  # type: ignore[arg-type]
-    )
-    scale = max(abs(totals.measured_j), abs(totals.charged_j), abs(totals.unattributed_j), 1.0)
-    assert abs(totals.conservation_error_j) <= 1e-6 * scale
-    # What the requests were told adds up to what the books say was charged.
-    assert reported == pytest.approx(totals.charged_j, rel=1e-6, abs=1e-9)
-    assert all(ledger.energy(w).settled for w in windows.values())  # type: ignore[arg-type]
+    """charged + unattributed + in flight == measured above idle, to rounding."""
+    run = Run(seed=len(schedule))
+    reads = 0
+    real_read = run.reader.read
+
+    def read() -> Reading:
+        nonlocal reads
+        reads += 1
+        if reads in failing:
+            return Reading(run.clock.now, error="GPU is lost")
+        if reset and reads == 90:
+            run.card.t0 = run.clock.now  # a driver reload: the counter starts again
+            run.card.idle_w = IDLE
+        return real_read()
+
+    run.reader.read = read  # type: ignore[method-assign]
+    meters = []
+    for gap, seconds, watts in schedule:
+        run.advance(gap)
+        meter, _ = run.request(seconds, watts)
+        meters.append(meter)
+    run.advance(0.5)
+    measured = run.ledger.totals().measured_j
+    assert run.books() <= 1e-9 * max(1.0, abs(measured))
+    for meter in meters:
+        e = meter.figure()
+        assert e.joules is None or e.joules > 0  # never a measured zero
 
 
-def test_readings_stamp_steps_between_reads() -> None:
-    """The midpoint rule: a step seen at t after an unchanged read at t - dt is put at t - dt/2."""
-    clock = VirtualClock(0.0)
-    values = iter([0.0, 0.0, 10.0])
-
-    class Scripted:
-        backend, source, method, kind, period, blocking = (
-            "nvml_counter", "local", "measured", "counter", 0.1, False
-        )
-
-        def __init__(self) -> None:
-            self.clock = clock
-
-        def read(self) -> Reading:
-            return Reading(t=clock(), joules=next(values))
-
-        def close(self) -> None: ...
-
-    ledger = Ledger(Node("mid", idle_w=0.0), Scripted())  # type: ignore[arg-type]
-    ledger.read_now()
-    clock.advance(0.05)
-    ledger.read_now()
-    clock.advance(0.05)
-    ledger.read_now()
-    assert ledger._t_last == pytest.approx(0.075)
+def test_token_split_never_holds_the_book_hostage() -> None:
+    run = Run(Node("n", idle_w=IDLE, split="tokens"))
+    run.ledger.book.split = TokenSplit()
+    stream = Meter(run.ledger)
+    stream.open()
+    long_job = run.card.start_job(50.0)
+    done = []
+    for _ in range(60):
+        meter, _ = run.request(0.2, 100.0, tokens=20)
+        run.advance(0.1)
+        done.append(meter)
+    run.advance(MAX_WAIT_S + 1.0)
+    # The old ledger: 0 of 10,000 requests counted while one stream stayed open.
+    assert sum(m.settled_now for m in done) == len(done)
+    assert len(run.ledger.book._waiting) < 2_000
+    assert any("time" in (m.figure().split or "") for m in done)
+    run.card.stop_job(long_job)
+    stream.close()
+    assert run.books() < 1e-9 * run.ledger.totals().measured_j
 
 
-def test_delayed_reads_are_stamped_at_the_learnt_steps(
-    sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock
-) -> None:
-    """Under load the reader task may read only every few steps. Once the phase is learnt,
-    each interval still ends at the step the counter reflects, not at the late read."""
-    job = card.start_job(200.0)
-    tick(sim_ledger, clock, 0.5)
-    window = sim_ledger.open()
-    for _ in range(6):
-        clock.advance(0.137)  # slower than the 100 ms counter: no read sees it unchanged
-        sim_ledger.read_now()
-    sim_ledger.close(window)
+def test_windows_before_the_first_reading_are_unknown_not_zero() -> None:
+    run = Run()
+    meter, _ = run.request(0.05, 180.0)  # opens before any step has been seen
+    run.advance(0.5)
+    e = meter.figure()
+    assert e.joules is None and e.method == "unknown" and e.error
+
+
+def test_a_window_closed_after_shutdown_settles_at_once() -> None:
+    run = Run()
+    run.advance(0.5)
+    meter = Meter(run.ledger)
+    meter.open()
+    run.advance(0.2)
+    run.ledger.stop()
+    meter.close()
+    assert meter.settled_now
+    e = meter.figure()
+    assert e.joules is None and "stopped" in (e.error or "")
+    assert run.ledger._poller is None  # closing did not restart a reader
+
+
+class Wedged:
+    """A driver whose every call blocks: building it, and each read."""
+
+    backend, source, method, kind, period = "nvml_counter", "local", "measured", "counter", 0.1
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self, block_s: float) -> None:
+        self.block_s = block_s
+
+    def read(self) -> Reading:
+        time.sleep(self.block_s)
+        return Reading(time.monotonic(), joules=1.0)
+
+    def close(self) -> None:
+        time.sleep(self.block_s)
+
+
+def test_a_wedged_driver_costs_figures_never_time() -> None:
+    def build(_node: Node) -> Wedged:
+        time.sleep(3.0)  # NVML init and the probe, blocked
+        return Wedged(3.0)
+
+    ledger = Ledger(Node("w", idle_w=IDLE, reader="nvml", reader_factory=build), read_timeout=0.2)
+    started = time.monotonic()
+    meter = Meter(ledger)
+    meter.open()  # the first request starts the poller: it must not wait for the driver
+    opened = time.monotonic() - started
+    meter.close()
+    e = meter.figure()
+    assert opened < 0.05
+    assert e.joules is None and e.method == "unknown"
+    started = time.monotonic()
+    ledger.stop(timeout=0.3)
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.anyio
+async def test_startup_waits_for_a_wedged_driver_only_its_bound() -> None:
+    import anyio
+
+    def build(_node: Node) -> Wedged:
+        time.sleep(3.0)
+        return Wedged(3.0)
+
+    ledger = Ledger(Node("w2", idle_w=IDLE, reader="nvml", reader_factory=build))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await anyio.sleep(0.01)
+            ticks += 1
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(ticker)
+        started = time.monotonic()
+        await ledger.wait_ready(0.2)
+        waited = time.monotonic() - started
+        group.cancel_scope.cancel()
+    assert waited < 1.0 and ticks >= 5  # the loop ran all the while
+    ledger.stop(timeout=0.1)
+
+
+@pytest.mark.anyio
+async def test_a_reader_asked_for_by_name_that_cannot_start_fails_startup() -> None:
+    from giul_asgi.errors import ReaderUnavailable
+
+    def build(_node: Node) -> Wedged:
+        raise ReaderUnavailable("NVML would not start", remedy="check the driver")
+
+    ledger = Ledger(Node("bad", idle_w=IDLE, reader="nvml", reader_factory=build))
+    with pytest.raises(ReaderUnavailable, match="check the driver"):
+        await ledger.wait_ready(1.0)
+    meter = Meter(ledger)
+    meter.open()
+    meter.close()
+    assert meter.figure().error and "unavailable" in (meter.figure().error or "")
+
+
+def test_reads_come_from_a_real_thread_and_settle_windows_on_the_real_clock() -> None:
+    card = TrueCard(idle_w=IDLE, seed=2)
+    ledger = Ledger(Node("real", idle_w=IDLE), TrueReader(card))
+    ledger.ensure_started()  # what lifespan startup does; a lazy start loses the first window
+    meter = Meter(ledger)
+    time.sleep(0.3)
+    meter.open()
+    job = card.start_job(150.0)
+    time.sleep(0.3)
     card.stop_job(job)
-    tick(sim_ledger, clock, 0.3)
-    e = sim_ledger.energy(window)
-    assert e.settled and e.mean_watts == pytest.approx(260.0, rel=0.02)
-    assert e.joules == pytest.approx(200.0 * e.seconds, rel=0.1)
-    # And a late read's interval ends at the card's step, not at the read. (A read that lands
-    # within the phase's own few-ms error of a step can be placed a step off: rare.)
-    errors, late = [], []
-    for _ in range(11):
-        clock.advance(0.137)
-        sim_ledger.read_now()
-        step = math.floor(clock() / 0.1 + 1e-9) * 0.1
-        errors.append(abs(sim_ledger._t_last - step))
-        late.append(clock() - step)
-    assert statistics.median(errors) < 0.005 < statistics.median(late)
+    meter.close()
+    deadline = time.monotonic() + 2.0
+    while not meter.settled_now and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ledger.stop()
+    e = meter.figure()
+    truth = job.truth(card.ramp_up, card.tau)
+    assert e.settled and e.joules is not None
+    assert abs(e.joules - truth) <= max(e.uncertainty_joules or 0, 0.1 * truth)
+    assert ledger.totals().reads > 20
+
+
+def test_energy_counter_watts_match_the_card_on_every_counter_kind() -> None:
+    for gauge, period in (("counter", 0.1), ("counter", 0.02), ("every_read", 0.1)):
+        run = Run()
+        run.card.period = period
+        run.reader.gauge = gauge  # type: ignore[assignment]
+        run.advance(0.5)
+        meters = []
+        for _ in range(6):
+            meters.append(run.request(0.3, 180.0))
+            run.advance(0.3)  # isolated: a neighbour's ramp-down tail is not in its span
+        for meter, truth in meters[1:]:
+            e = meter.figure()
+            assert e.joules is not None and math.isclose(e.joules, truth, rel_tol=0.03), gauge

@@ -26,6 +26,7 @@ A power gauge is integrated with the trapezoid rule between its samples.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -83,10 +84,11 @@ Piece = Span | Gap
 class StepClock:
     """When a stepped counter steps: its update period and phase, learnt from brackets.
 
-    Each change is seen between two reads, so its step lies in ``(a, b]``. The period is the
-    median gap between consecutive changes; the phase is where most recent brackets agree
-    once folded onto the newest by that period (a sweep over their ends, so a late or early
-    step does not throw the estimate away as an intersection would).
+    Each change is seen between two reads, so its step lies in ``(a, b]``. The period is
+    first the median gap between consecutive changes; each recent bracket is then numbered
+    by how many periods it lies before the newest, and a least-squares line through the
+    brackets' middles gives the period to a fraction of a millisecond and where the newest
+    step fell, far closer than its own bracket says.
     """
 
     def __init__(self) -> None:
@@ -108,31 +110,31 @@ class StepClock:
         self._brackets.append((a, b))
         if self.every_read:
             return b, 0.0
-        mids = [(x + y) / 2 for x, y in self._brackets]
-        if len(mids) >= 4:
-            gaps = sorted(y - x for x, y in itertools.pairwise(mids) if y > x)
-            if gaps:
-                self.period = gaps[len(gaps) // 2]
         half = (b - a) / 2
-        period = self.period
-        if period is None or period <= 0 or len(self._brackets) < 6 or (b - a) < period / 8:
+        mids = [(x + y) / 2 for x, y in self._brackets]
+        if len(mids) < 4:
             return a + half, half
-        folded: list[tuple[float, int]] = []
-        for x, y in self._brackets:
-            k = round(((x + y) / 2 - (a + b) / 2) / period)
-            folded += [(x - k * period, 1), (y - k * period, -1)]
-        folded.sort()
-        best, depth, lo, hi = 0, 0, a, b
-        for i, (at, change) in enumerate(folded):
-            depth += change
-            if depth > best and i + 1 < len(folded):
-                best, lo, hi = depth, at, folded[i + 1][0]
-        if best < len(self._brackets) // 2:
-            return a + half, half  # the brackets disagree: the period drifts
-        lo, hi = max(lo, a), min(hi, b)
-        if hi <= lo:
+        gaps = sorted(y - x for x, y in itertools.pairwise(mids) if y > x)
+        rough = gaps[len(gaps) // 2] if gaps else None
+        if not rough or rough <= 0:
             return a + half, half
-        return (lo + hi) / 2, (hi - lo) / 2
+        newest = mids[-1]
+        ks = [round((m - newest) / rough) for m in mids]
+        n = len(ks)
+        mean_k, mean_m = sum(ks) / n, sum(mids) / n
+        var_k = sum((k - mean_k) ** 2 for k in ks)
+        if var_k <= 0:
+            return a + half, half
+        period = sum((k - mean_k) * (m - mean_m) for k, m in zip(ks, mids, strict=True)) / var_k
+        if not 0.5 * rough < period < 1.5 * rough:
+            return a + half, half  # the numbering is off: the period drifts or reads stalled
+        self.period = period
+        at = mean_m - period * mean_k  # where the line puts the newest step (k = 0)
+        spread = math.sqrt(sum((m - (at + period * k)) ** 2 for k, m in zip(ks, mids, strict=True)) / n)
+        # The newest step itself jitters about the line: where the line falls outside its
+        # bracket, the step was at the bracket's nearer end.
+        clamped = min(max(at, a + 1e-6), b)
+        return clamped, min(half, max(spread, abs(clamped - at), 0.0005))
 
 
 class Tape:
