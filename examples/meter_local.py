@@ -9,7 +9,7 @@ import asyncio
 import time
 
 from giul_asgi import Meter, Node, Tier
-from giul_asgi.readers import SimulatedCard, SimulatedReader
+from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader
 
 card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
 node = Node("sim", idle_w=70.0, reader_factory=lambda _n: SimulatedReader(card))
