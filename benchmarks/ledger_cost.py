@@ -1,13 +1,12 @@
 """What the ledger costs as concurrency grows: reads stay flat, per-window work stays small.
 
-For 1, 64 and 1024 windows in flight on one node (a simulated card on the real clock):
+For 1, 64 and 1024 windows in flight on one node:
 
-- ``reads/s``: reader calls per second made by the node's one background task, while
-  requests come and go for a few seconds (target: independent of concurrency);
-- ``CPU us/request``: process CPU time per request over that run, all work included
-  (the reader task, sharing each interval, settling, the requests' own open/close);
-- ``open+close us``: one window opened and closed while N others stay open, timed in a
-  tight loop (target: under 20 us);
+- ``reads/s``: reads per second made by the node's one poller thread while requests come
+  and go for a few seconds on the real clock (target: independent of concurrency);
+- ``CPU us/request``: process CPU time per request over that run, all work included (the
+  poller, sharing each span, settling, the requests' own open/close, asyncio's tasks);
+- ``open+close us``: one window opened and closed while N others stay open (tight loop);
 - ``settle us/window``: the reading that settles a batch of closed windows, per window.
 
     python benchmarks/ledger_cost.py
@@ -20,27 +19,39 @@ import os
 import platform
 import random
 import statistics
+import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
-from giul_asgi import Ledger, Ledgers, Meter, Node
-from giul_asgi.readers import SimulatedCard, SimulatedReader
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from truecard import TrueCard, TrueReader  # noqa: E402
+
+from giul_asgi import Ledgers, Meter, Node  # noqa: E402
+from giul_asgi.ledger import Ledger  # noqa: E402
 
 RUN_SECONDS = 3.0
+IDLE = 70.0
 
 
-def sim(name: str) -> tuple[Node, SimulatedCard]:
-    card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
-    card.start_job(200.0)
-    return Node(name, idle_w=70.0, reader_factory=lambda _n: SimulatedReader(card)), card
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def steady_load(concurrency: int) -> tuple[float, float, int]:
     """Keep ``concurrency`` requests in flight for RUN_SECONDS: (reads/s, CPU us/req, n)."""
-    node, _card = sim(f"load-{concurrency}")
+    card = TrueCard(idle_w=IDLE)
+    card.start_job(200.0)
+    reader = TrueReader(card)
+    node = Node(f"load-{concurrency}", idle_w=IDLE, reader_factory=lambda _n: reader)
     ledgers = Ledgers()
     ledger = ledgers.get(node)
-    reader = ledger.reader
+    ledger.ensure_started()
+    await asyncio.sleep(0.2)
     done = 0
     stop = time.monotonic() + RUN_SECONDS
     rng = random.Random(concurrency)
@@ -48,25 +59,34 @@ async def steady_load(concurrency: int) -> tuple[float, float, int]:
     async def client() -> None:
         nonlocal done
         while time.monotonic() < stop:
-            async with Meter.for_node(node, ledgers=ledgers):
+            async with Meter(ledger):
                 await asyncio.sleep(rng.uniform(0.005, 0.05))
             done += 1
 
-    Meter.for_node(node, ledgers=ledgers).open().close()  # start the reader task
-    reads0 = reader.reads  # type: ignore[attr-defined]
+    reads0 = reader.reads
     cpu0, wall0 = time.process_time(), time.monotonic()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     wall = time.monotonic() - wall0
     cpu = time.process_time() - cpu0
-    reads = reader.reads - reads0  # type: ignore[attr-defined]
-    await ledger.aclose()
+    reads = reader.reads - reads0
+    ledger.stop()
     return reads / wall, cpu / max(done, 1) * 1e6, done
 
 
+def virtual(name: str) -> tuple[Ledger, TrueCard, TrueReader, Clock]:
+    clock = Clock()
+    card = TrueCard(idle_w=IDLE, clock=clock)
+    card.start_job(200.0)
+    reader = TrueReader(card)
+    ledger = Ledger(Node(name, idle_w=IDLE), reader, poll=False)
+    for _ in range(100):
+        clock.now += 0.01
+        ledger.ingest(reader.read())
+    return ledger, card, reader, clock
+
+
 def open_close_us(concurrency: int, loops: int = 50_000) -> float:
-    node, _ = sim(f"oc-{concurrency}")
-    ledger = Ledger(node)
-    ledger.read_now()
+    ledger, _, reader, clock = virtual(f"oc-{concurrency}")
     others = [ledger.open() for _ in range(concurrency)]
     samples = []
     for _ in range(5):
@@ -74,26 +94,24 @@ def open_close_us(concurrency: int, loops: int = 50_000) -> float:
         for _ in range(loops):
             ledger.close(ledger.open())
         samples.append((time.perf_counter() - start) / loops * 1e6)
-        ledger.read_now()  # book what piled up, as the task would
+        clock.now += 0.2
+        ledger.ingest(reader.read())  # book what piled up, as the poller would
     for window in others:
         ledger.close(window)
     return min(samples)
 
 
 def settle_us(concurrency: int) -> float:
-    node, _ = sim(f"settle-{concurrency}")
-    ledger = Ledger(node)
-    ledger.read_now()
-    time.sleep(0.11)
-    ledger.read_now()
+    ledger, _, reader, clock = virtual(f"settle-{concurrency}")
     samples = []
     for _ in range(5):
         windows = [ledger.open() for _ in range(concurrency)]
+        clock.now += 0.05
         for window in windows:
             ledger.close(window)
-        time.sleep(0.11)  # let the counter step
+        clock.now += 0.25  # past the counter's next step and the ramp-down
         start = time.perf_counter()
-        ledger.read_now()
+        ledger.ingest(reader.read())
         samples.append((time.perf_counter() - start) / concurrency * 1e6)
         assert all(w.settled for w in windows)
     return statistics.median(samples)
@@ -102,8 +120,8 @@ def settle_us(concurrency: int) -> float:
 def main() -> None:
     print(f"# ledger_cost: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"\nSimulated card on the real clock, counter period 100 ms (the ledger polls it at "
-          f"50 ms, jittered). Load runs {RUN_SECONDS:.0f} s per row.\n")
+    print(f"\nTrue card (benchmarks/truecard.py), counter period 100 ms, read by the poller "
+          f"thread every ~10 ms. Load runs {RUN_SECONDS:.0f} s per row.\n")
     print("| windows in flight | requests | reads/s | CPU us/request | open+close us | "
           "settle us/window |")
     print("|---:|---:|---:|---:|---:|---:|")
@@ -113,9 +131,6 @@ def main() -> None:
         st = settle_us(concurrency)
         print(f"| {concurrency} | {n} | {reads:.1f} | {cpu:.1f} | {oc:.2f} | {st:.2f} |")
     print("\nTargets: reads/s independent of concurrency; open+close under 20 us per window.")
-    print("CPU us/request includes asyncio's own cost of the sleeping client tasks, and at 1")
-    print("window the reader's fixed 20 reads/s over few requests. settle us/window is one")
-    print("reading (taken after 110 ms asleep) divided by the windows it settles.")
 
 
 if __name__ == "__main__":

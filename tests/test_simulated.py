@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from giul_asgi.readers import SimulatedCard, SimulatedReader, VirtualClock
+from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader, VirtualClock
 
 
 def test_counter_steps_and_gauges() -> None:
