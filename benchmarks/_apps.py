@@ -26,10 +26,11 @@ PAYLOAD = {
                  "message": {"role": "assistant", "content": "word " * 48}}],
     "usage": USAGE,
 }
+_COMPACT = (",", ":")  # as OpenAI-compatible servers write their chunks
 CHUNK = b"data: " + json.dumps({
     "id": "c", "object": "chat.completion.chunk", "model": "sim-8b",
     "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": None}],
-}).encode() + b"\n\n"
+}, separators=_COMPACT).encode() + b"\n\n"
 
 
 async def chat(request: Any) -> JSONResponse:
@@ -42,24 +43,39 @@ NULL_USAGE_CHUNK = CHUNK[:-3] + b',"usage":null}\n\n'
 USAGE_CHUNK = b"data: " + json.dumps({
     "id": "c", "object": "chat.completion.chunk", "model": "sim-8b", "choices": [],
     "usage": USAGE,
-}).encode() + b"\n\n"
+}, separators=_COMPACT).encode() + b"\n\n"
 
 
-async def _events(chunk: bytes = CHUNK, last: bytes = b"") -> AsyncIterator[bytes]:
-    for _ in range(8):
+FINISH_CHUNK = CHUNK.replace(b'"delta":{"content":"word "},"finish_reason":null',
+                             b'"delta":{},"finish_reason":"stop"')
+NULL_USAGE_FINISH = FINISH_CHUNK[:-3] + b',"usage":null}\n\n'
+
+
+async def _events(n: int, chunk: bytes = CHUNK, finish: bytes = FINISH_CHUNK,
+                  last: bytes = b"") -> AsyncIterator[bytes]:
+    for _ in range(n):
         yield chunk
+    yield finish
     if last:
         yield last
     yield b"data: [DONE]\n\n"
 
 
+def _chunks(request: Any) -> int:
+    return int(request.path_params.get("n", 8))
+
+
 async def stream(request: Any) -> StreamingResponse:
-    return StreamingResponse(_events(), media_type="text/event-stream")
+    """n content chunks, the finish chunk, [DONE]: a plain OpenAI stream."""
+    return StreamingResponse(_events(_chunks(request)), media_type="text/event-stream")
 
 
 async def stream_usage(request: Any) -> StreamingResponse:
-    return StreamingResponse(_events(NULL_USAGE_CHUNK, USAGE_CHUNK),
-                             media_type="text/event-stream")
+    """The same with include_usage: "usage": null on every chunk, the usage in a last one."""
+    return StreamingResponse(
+        _events(_chunks(request), NULL_USAGE_CHUNK, NULL_USAGE_FINISH, USAGE_CHUNK),
+        media_type="text/event-stream",
+    )
 
 
 class Passthrough:
@@ -166,7 +182,7 @@ def sim_node(package: str = "giul_asgi") -> Node:
     """A busy simulated card, so every figure is a real (simulated) share; built from
     ``package``, which ``compare.py`` points at an earlier commit's copy of ours."""
     pkg = importlib.import_module(package)
-    readers = importlib.import_module(f"{package}.readers")
+    readers = importlib.import_module(f"{package}.readers.simulated")
     card = readers.SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
     card.start_job(150.0)
     node: Node = pkg.Node("sim", idle_w=70.0, reader_factory=lambda _n: readers.SimulatedReader(card))
@@ -180,14 +196,15 @@ def our_middleware(package: str = "giul_asgi", **options: Any) -> Middleware:
                       tiers=[pkg.Tier("8b", 300.0)], ledgers=pkg.Ledgers(), **options)
 
 
-#: The benchmark's endpoints by kind: the JSON answer, the plain stream, the stream with usage.
+#: The benchmark's endpoints by kind: the JSON answer, the plain stream, the stream with
+#: usage (``{n}``: the number of content chunks).
 PATHS: dict[str, str] = {
-    "json": "/v1/chat/completions", "stream": "/v1/stream", "usage": "/v1/stream-usage",
+    "json": "/v1/chat/completions", "stream": "/v1/stream/{n}", "usage": "/v1/stream-usage/{n}",
 }
 
 
 def bench_app(middleware: list[Middleware]) -> Starlette:
-    """The benchmark's app (a JSON chat answer, and an SSE stream without and with usage)
+    """The benchmark's app (a JSON chat answer, and SSE streams without and with usage)
     behind ``middleware``."""
     return Starlette(
         routes=[StarletteRoute(PATHS["json"], chat, methods=["GET", "POST"]),
@@ -210,6 +227,13 @@ def build(variant: str) -> Starlette:
 
         middleware = [Middleware(PrometheusMiddleware, app_name=f"bench_{id(middleware)}",
                                  group_paths=True)]
+    elif variant == "prometheus-fastapi-instrumentator":
+        from prometheus_client import CollectorRegistry
+        from prometheus_fastapi_instrumentator.middleware import (
+            PrometheusInstrumentatorMiddleware,
+        )
+
+        middleware = [Middleware(PrometheusInstrumentatorMiddleware, registry=CollectorRegistry())]
     elif variant == "opentelemetry":
         from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
         from opentelemetry.sdk.trace import TracerProvider
@@ -225,7 +249,7 @@ def build(variant: str) -> Starlette:
 
 
 VARIANTS: tuple[str, ...] = (
-    "bare", "passthrough", "static-headers", "floor", "starlette-exporter", "opentelemetry",
-    "giul-asgi", "giul-asgi-headers",
+    "bare", "passthrough", "static-headers", "floor", "starlette-exporter",
+    "prometheus-fastapi-instrumentator", "opentelemetry", "giul-asgi", "giul-asgi-headers",
 )
 BUILDERS: dict[str, Callable[[], Starlette]] = {v: (lambda v=v: build(v)) for v in VARIANTS}

@@ -1,23 +1,22 @@
-"""What the middleware costs a gateway, beside its peers, measured side by side in one run.
+"""What the middleware costs an app, beside its peers, measured side by side in one run.
 
-(a) In-process: microseconds per request, calling each ASGI stack directly (no server,
-    no sockets), for a JSON endpoint and two streamed (SSE) ones: plain chunks, and
-    chunks as a client with ``stream_options.include_usage`` gets them (``"usage": null``
-    on each, the usage in a last chunk, where ours puts the energy). Variants run
-    interleaved, several repeats, medians reported; "added" is over the bare app in the
-    same repeat.
-(b) Through uvicorn on 127.0.0.1: requests/s each stack keeps, as a ratio of the bare
-    app's, with wrk as the load generator (Debian package ``wrk``) when it is installed.
+(a) In process: microseconds per request, calling each ASGI stack directly (no server, no
+    sockets), for a JSON answer and for SSE streams of 10, 100 and 1000 chunks, plain and
+    with ``"usage": null`` on every chunk (what an ``include_usage`` client gets). Variants
+    run interleaved, several repeats; "added" is over the bare app in the same repeat, and
+    medians are reported. A stream's added cost is split by least squares over the three
+    lengths into a fixed part and a part per chunk.
+(b) Through uvicorn (httptools, uvloop) on 127.0.0.1: the trivial JSON app's requests/s
+    each stack keeps, as a ratio of the bare app's, and server CPU per request, with wrk
+    (Debian package ``wrk``) when installed. Streams through a server are
+    ``benchmarks/gateway.py``'s (a realistic proxying gateway).
 
     python benchmarks/overhead.py            # both parts
     python benchmarks/overhead.py --quick    # fewer repeats, for a smoke run
 
 Our variant runs with its ledger live on a busy simulated card and the energy block
-injected into every JSON body, as the issue asks; ``giul-asgi-headers`` is the same with
-``inject_json=False``, to show what the block costs. ``floor`` writes the same output
-(eleven per-request headers and a block of the same shape) without metering anything:
-what any middleware that answers like ours pays before it measures. The JSON parser is orjson when it is
-installed (``giul-asgi[fast]``), else the standard library's; the header says which.
+injected into every JSON body; ``floor`` writes the same output (eleven per-request
+headers and a block) without metering anything: the ``lean`` reference.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import BUILDERS, PATHS, VARIANTS
+from _apps import BUILDERS, PATHS
 
 
 def scope_for(path: str) -> dict[str, Any]:
@@ -79,16 +78,45 @@ async def run_requests(app: Any, path: str, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-async def in_process(repeats: int, n: int) -> dict[str, dict[str, list[float]]]:
-    apps = {v: BUILDERS[v]() for v in VARIANTS}
-    results: dict[str, dict[str, list[float]]] = {kind: {} for kind in PATHS}
-    for kind, path in PATHS.items():
-        for v in VARIANTS:  # warm each stack (route caches, ledgers started)
-            await run_requests(apps[v], path, 200)
+#: Variants timed; the reference rows first, then the peers, then ours.
+TIMED: tuple[str, ...] = (
+    "bare", "passthrough", "floor", "starlette-exporter", "prometheus-fastapi-instrumentator",
+    "giul-asgi",
+)
+PEERS: tuple[str, ...] = ("starlette-exporter", "prometheus-fastapi-instrumentator")
+LENGTHS: tuple[int, ...] = (10, 100, 1000)
+
+
+def kinds() -> dict[str, tuple[str, int]]:
+    """Each timed kind: its path and the number of requests per measurement."""
+    out = {"json": (PATHS["json"], 1)}
+    for name in ("stream", "usage"):
+        for n in LENGTHS:
+            out[f"{name}-{n}"] = (PATHS[name].replace("{n}", str(n)), n)
+    return out
+
+
+async def in_process(repeats: int, scale: int) -> dict[str, dict[str, list[float]]]:
+    """Seconds per request, per kind and variant, ``repeats`` interleaved measurements."""
+    apps = {v: BUILDERS[v]() for v in TIMED}
+    results: dict[str, dict[str, list[float]]] = {}
+    for kind, (path, chunks) in kinds().items():
+        n = max(3, scale // (chunks + 10))
+        for v in TIMED:  # warm each stack (route caches, ledgers started)
+            await run_requests(apps[v], path, max(3, n // 4))
+        results[kind] = {}
         for _ in range(repeats):
-            for v in VARIANTS:
+            for v in TIMED:
                 results[kind].setdefault(v, []).append(await run_requests(apps[v], path, n))
     return results
+
+
+def fit(lengths: list[int], added: list[float]) -> tuple[float, float]:
+    """(fixed us, us per chunk): least squares of added time against the chunk count."""
+    mx, my = statistics.fmean(lengths), statistics.fmean(added)
+    sxx = sum((x - mx) ** 2 for x in lengths)
+    slope = sum((x - mx) * (y - my) for x, y in zip(lengths, added, strict=True)) / sxx
+    return my - slope * mx, slope
 
 
 def free_port() -> int:
@@ -165,13 +193,13 @@ def through_uvicorn(
     variant for all repeats would bake that luck into the medians.
     """
     bench = str(Path(__file__).parent)
-    code_for = {v: SERVER.format(bench=bench, variant=v, port="{port}") for v in VARIANTS}
-    results: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
-    cpu: dict[str, dict[str, list[float]]] = {"json": {}, "stream": {}}
+    code_for = {v: SERVER.format(bench=bench, variant=v, port="{port}") for v in TIMED}
+    results: dict[str, dict[str, list[float]]] = {"json": {}}
+    cpu: dict[str, dict[str, list[float]]] = {"json": {}}
     for _ in range(repeats):
         servers = start_servers(code_for)
         try:
-            for kind in ("json", "stream"):
+            for kind in ("json",):
                 path = PATHS[kind]
                 for v, (proc, port) in servers.items():
                     rps, us = measure(proc, f"http://127.0.0.1:{port}{path}", seconds)
@@ -204,12 +232,24 @@ def _wait_port(port: int) -> None:
     raise RuntimeError(f"server on {port} did not start")
 
 
+def added_medians(results: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """Median over repeats of (variant - bare in the same repeat), in us."""
+    out: dict[str, dict[str, float]] = {}
+    for kind, by_variant in results.items():
+        bare = by_variant["bare"]
+        out[kind] = {
+            v: statistics.median(x - b for x, b in zip(times, bare, strict=True)) * 1e6
+            for v, times in by_variant.items()
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-server", action="store_true", help="skip part (b)")
     args = parser.parse_args()
-    repeats, n = (3, 500) if args.quick else (9, 2000)
+    repeats, scale = (3, 3000) if args.quick else (9, 20000)
 
     from giul_asgi import report
 
@@ -217,28 +257,41 @@ def main() -> None:
     print(f"# overhead: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, body parser {parser_name}")
-    print(f"\n## (a) in-process, us per request (median of {repeats} interleaved repeats of {n})\n")
-    results = asyncio.run(in_process(repeats, n))
-    print("| variant | JSON us | JSON added us | stream us | stream added us "
-          "| stream with usage us | added us |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    med: dict[str, dict[str, float]] = {}
-    for kind in ("json", "stream", "usage"):
-        bare = results[kind]["bare"]
-        med[kind] = {}
-        for v in VARIANTS:
-            added = [x - b for x, b in zip(results[kind][v], bare, strict=True)]
-            med[kind][v] = statistics.median(added) * 1e6
-    for v in VARIANTS:
-        cells = []
-        for kind in ("json", "stream", "usage"):
-            cells += [f"{statistics.median(results[kind][v]) * 1e6:.1f}", f"{med[kind][v]:.1f}"]
+    print(f"\n## (a) in process, median of {repeats} interleaved repeats\n")
+    results = asyncio.run(in_process(repeats, scale))
+    med = added_medians(results)
+    print("Added us per request over the bare app (bare: its own us per request).\n")
+    kind_names = list(kinds())
+    print("| variant | " + " | ".join(kind_names) + " |")
+    print("|---|" + "---:|" * len(kind_names))
+    for v in TIMED:
+        if v == "bare":
+            cells = [f"({statistics.median(results[k]['bare']) * 1e6:.1f})" for k in kind_names]
+        else:
+            cells = [f"{med[k][v]:.1f}" for k in kind_names]
         print(f"| {v} | " + " | ".join(cells) + " |")
-    peers = [med["json"][p] for p in ("starlette-exporter", "opentelemetry")]
-    ours = med["json"]["giul-asgi"]
-    print(f"\nJSON: ours adds {ours:.1f} us; cheapest peer adds {min(peers):.1f} us; "
-          f"ratio {ours / min(peers):.2f} (target: < 10 us and < 0.5). The floor (output "
-          f"only, no metering) adds {med['json']['floor']:.1f} us.")
+    print("\nStreams, least squares over 10/100/1000 chunks: fixed us + us per chunk added.\n")
+    print("| variant | plain fixed us | plain us/chunk | usage-null fixed us "
+          "| usage-null us/chunk | whole 1000-chunk stream added us |")
+    print("|---|---:|---:|---:|---:|---:|")
+    fits: dict[str, dict[str, tuple[float, float]]] = {}
+    for v in TIMED[1:]:
+        fits[v] = {}
+        for name in ("stream", "usage"):
+            fits[v][name] = fit(list(LENGTHS), [med[f"{name}-{n}"][v] for n in LENGTHS])
+        (pf, pc), (uf, uc) = fits[v]["stream"], fits[v]["usage"]
+        print(f"| {v} | {pf:.1f} | {pc:.3f} | {uf:.1f} | {uc:.3f} "
+              f"| {med['stream-1000'][v]:.0f} / {med['usage-1000'][v]:.0f} |")
+    ours, cheapest = med["json"]["giul-asgi"], min(med["json"][p] for p in PEERS)
+    print(f"\nJSON: ours adds {ours:.1f} us; the cheapest peer {cheapest:.1f} us: ratio "
+          f"{ours / cheapest:.2f} (target <= 0.6); floor {med['json']['floor']:.1f} us.")
+    cheapest_fixed = min(min(fits[p]["stream"][0], fits[p]["usage"][0]) for p in PEERS)
+    for name in ("stream", "usage"):
+        fixed, per = fits["giul-asgi"][name]
+        whole, exporter = med[f"{name}-1000"]["giul-asgi"], med[f"{name}-1000"]["starlette-exporter"]
+        print(f"{name}: ours {per:.3f} us a chunk (target <= 0.4), fixed {fixed:.1f} us "
+              f"(target <= the cheapest peer's, {cheapest_fixed:.1f}), whole 1000-chunk stream "
+              f"{whole:.0f} us vs starlette-exporter's {exporter:.0f} (target: below).")
 
     if args.no_server:
         return
@@ -247,25 +300,18 @@ def main() -> None:
         return
     seconds = 2 if args.quick else 3
     server_repeats = 2 if args.quick else 7
-    print(f"\n## (b) through uvicorn (httptools, uvloop) on 127.0.0.1, wrk -t1 -c16 "
-          f"{seconds}s, median of {server_repeats} interleaved repeats\n")
+    print(f"\n## (b) trivial JSON app through uvicorn (httptools, uvloop) on 127.0.0.1, "
+          f"wrk -t1 -c16 {seconds}s, median of {server_repeats} interleaved repeats\n")
     rps, cpu = through_uvicorn(server_repeats, seconds)
     print("Ratios are medians of the per-repeat ratios to the bare app measured next to it; "
           "CPU is the server process's user + system time per request served.\n")
-    print("| variant | JSON req/s | JSON vs bare | JSON server CPU us | stream req/s "
-          "| stream vs bare | stream server CPU us |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for v in VARIANTS:
-        row = [v]
-        for kind in ("json", "stream"):
-            ratios = [x / b for x, b in zip(rps[kind][v], rps[kind]["bare"], strict=True)]
-            row += [f"{statistics.median(rps[kind][v]):.0f}", f"{statistics.median(ratios):.2f}",
-                    f"{statistics.median(cpu[kind][v]):.0f}"]
-        print("| " + " | ".join(row) + " |")
-    print("\nTarget: giul-asgi keeps >= 0.90 of the bare app's JSON requests/s.")
-    print("Reference rows: passthrough wraps send and nothing more; static-headers adds eleven "
-          "fixed headers; floor adds our output (eleven per-request headers, the block) "
-          "without metering.")
+    print("| variant | JSON req/s | vs bare | server CPU us/request |")
+    print("|---|---:|---:|---:|")
+    for v in TIMED:
+        ratios = [x / b for x, b in zip(rps["json"][v], rps["json"]["bare"], strict=True)]
+        print(f"| {v} | {statistics.median(rps['json'][v]):.0f} | "
+              f"{statistics.median(ratios):.2f} | {statistics.median(cpu['json'][v]):.0f} |")
+    print("\nTarget: ours keeps at least the cheapest peer's share of the bare app's req/s.")
 
 
 if __name__ == "__main__":

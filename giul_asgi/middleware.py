@@ -60,6 +60,8 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
 )
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _NO_BODY_STATUS = frozenset({204, 205, 304})
+#: Without lifespan the first request starts the readers; it waits this long at most.
+_FIRST_REQUEST_WAIT = 0.25
 
 
 class Stats(Protocol):
@@ -332,13 +334,14 @@ class EnergyMiddleware:
         text = f"giul-asgi: {error.message}"
         return f"{text}. {error.remedy}" if error.remedy else text
 
-    async def start(self) -> None:
+    async def start(self, timeout: float | None = None) -> None:
         """Start each node's reader and wait (``startup_timeout`` at most) until built.
         A reader asked for by name that cannot work is kept in :attr:`startup_error`."""
         self._started = True
         try:
             await self.ledgers.start(
-                list(self.router.nodes.values()), timeout=self.startup_timeout
+                list(self.router.nodes.values()),
+                timeout=self.startup_timeout if timeout is None else timeout,
             )
         except GiulError as exc:
             # Kept for lifespan (it fails the startup with it); the ledger has logged it.
@@ -349,7 +352,7 @@ class EnergyMiddleware:
         # readers; a failure is logged once and figures say unknown, never a 500 from us.
         if self._started:
             return
-        await self.start()
+        await self.start(timeout=min(self.startup_timeout, _FIRST_REQUEST_WAIT))
 
     async def aclose(self) -> None:
         """Stop the readers and settle every figure (lifespan shutdown does this)."""
@@ -412,17 +415,33 @@ class Exchange:
     def figure(self) -> Energy:
         """The answer's one figure: its headers, block and stream events all tell this."""
         if self.energy is None:
-            self.close()
-            self.energy = self.meter.figure()
+            try:
+                self.close()
+                self.energy = self.meter.figure()
+            except Exception as exc:  # a bug of ours must cost the figure, not the answer
+                self.energy = self._unknown(exc)
         return self.energy
 
     async def finish(self) -> Energy:
         """:meth:`figure`, first waiting (``settle_timeout`` at most) for the reading that
         settles the window."""
         if self.energy is None and self.mw.settle_timeout > 0:
-            self.close()
-            self.energy = await self.meter.settled(self.mw.settle_timeout)
+            try:
+                self.close()
+                self.energy = await self.meter.settled(self.mw.settle_timeout)
+            except Exception as exc:
+                self.energy = self._unknown(exc)
         return self.figure()
+
+    def _unknown(self, exc: Exception) -> Energy:
+        log.exception("giul-asgi could not make this request's figure")
+        meter = self.meter
+        return Energy(
+            joules=None, method="unknown", node=meter.node, route=meter.route,
+            tier=meter.tier.name if meter.tier is not None else None,
+            token_kind=meter.token_kind, error=f"internal error: {type(exc).__name__}: {exc}",
+            id=meter.id,
+        )
 
     def block(self) -> bytes:
         """The figure as the JSON block (written once)."""

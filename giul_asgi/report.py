@@ -216,8 +216,17 @@ def energy_json(energy: Energy) -> bytes:
         json_number(e.joules_per_token), json_number(e.concurrency),
         json_number(e.uncertainty_joules), json_number(e.foreign_watts),
         b"null" if error is None else _jstr(error).encode(),
-        b"null" if energy_id is None else json.dumps(energy_id).encode(),
+        b"null" if energy_id is None else _json_id(energy_id),
     )
+
+
+def _json_id(energy_id: str) -> bytes:
+    # Our ids are hex and dashes: quoted as they are (json.dumps measured 1.5 us of 3.2).
+    if energy_id.isascii() and energy_id.isprintable() and '"' not in energy_id and (
+        "\\" not in energy_id
+    ):
+        return b'"' + energy_id.encode() + b'"'
+    return json.dumps(energy_id).encode()
 
 
 def energy_event(block: bytes, event: str = "energy") -> bytes:

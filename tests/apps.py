@@ -157,3 +157,55 @@ def fresh(app: Any, *nodes: Node, **kwargs: Any) -> EnergyMiddleware:
     share a card."""
     kwargs.setdefault("stats", RecordingStats())
     return EnergyMiddleware(app, nodes=list(nodes), ledgers=Ledgers(), **kwargs)
+
+
+def openai_chat(card: SimulatedCard, *, token_seconds: float = 0.004, load_w: float = 120.0) -> Any:
+    """A ``/v1/chat/completions`` handler shaped as OpenAI's (compact JSON, a chunk with
+    ``finish_reason``, the usage chunk with ``include_usage``, ``data: [DONE]``), which
+    loads the simulated card while it generates."""
+    import json
+
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+
+    def dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    async def chat(request: Request) -> Response:
+        payload = await request.json()
+        n = int(payload.get("max_tokens") or 16)
+        usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
+        base = {"id": "chatcmpl-sim", "created": 0, "model": payload.get("model", "sim")}
+        if not payload.get("stream"):
+            job = card.start_job(load_w)
+            try:
+                await asyncio.sleep(n * token_seconds)
+            finally:
+                card.stop_job(job)
+            return JSONResponse({**base, "object": "chat.completion", "choices": [{
+                "index": 0, "finish_reason": "length",
+                "message": {"role": "assistant", "content": " ".join(["w"] * n)},
+            }], "usage": usage})
+        include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+        extra = {"usage": None} if include_usage else {}
+
+        def event(choices: list[Any], **more: Any) -> bytes:
+            obj = {**base, "object": "chat.completion.chunk", "choices": choices, **extra, **more}
+            return b"data: " + dumps(obj) + b"\n\n"
+
+        async def tokens() -> Any:
+            job = card.start_job(load_w)
+            try:
+                for _ in range(n):
+                    await asyncio.sleep(token_seconds)
+                    yield event([{"index": 0, "delta": {"content": "w "}, "finish_reason": None}])
+                yield event([{"index": 0, "delta": {}, "finish_reason": "length"}])
+                if include_usage:
+                    yield event([], usage=usage)
+                yield b"data: [DONE]\n\n"
+            finally:
+                card.stop_job(job)
+
+        return StreamingResponse(tokens(), media_type="text/event-stream")
+
+    return chat

@@ -19,7 +19,10 @@ from _apps import PAYLOAD, VARIANTS, build
 
 pytestmark = pytest.mark.anyio
 
-NEEDS = {"starlette-exporter": "starlette_exporter", "opentelemetry": "opentelemetry.sdk"}
+NEEDS = {
+    "starlette-exporter": "starlette_exporter", "opentelemetry": "opentelemetry.sdk",
+    "prometheus-fastapi-instrumentator": "prometheus_fastapi_instrumentator",
+}
 ENERGY_HEADERS = {
     "x-energy-joules", "x-energy-method", "x-energy-backend", "x-energy-source",
     "x-energy-node", "x-energy-tier", "x-energy-seconds", "x-energy-tokens",
@@ -41,8 +44,8 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
     app = build(variant)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b") as c:
         answer = await c.get("/v1/chat/completions")
-        stream = await c.get("/v1/stream")
-        usage_stream = await c.get("/v1/stream-usage")
+        stream = await c.get("/v1/stream/8")
+        usage_stream = await c.get("/v1/stream-usage/8")
     assert answer.status_code == 200 and stream.status_code == 200
     body = answer.json()
     energy = body.pop("energy", None)
@@ -59,7 +62,7 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
 
     # The include_usage stream: its usage chunk, and in ours the energy riding in it.
     events = [e for e in usage_stream.text.split("\n\n") if e.startswith("data: {")]
-    assert len(events) == 9 and all('"usage":null' in e for e in events[:8])
+    assert len(events) == 10 and all('"usage":null' in e for e in events[:9])
     last = json.loads(events[-1][len("data: "):])
     assert last["usage"] == PAYLOAD["usage"]
     assert ("energy" in last) is variant.startswith("giul-asgi")

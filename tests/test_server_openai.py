@@ -4,17 +4,17 @@ uvicorn on 127.0.0.1, read by the real ``openai`` client, as a new user would.""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from apps import find_middleware
+from apps import RecordingStats, find_middleware, openai_chat
 from fastapi import FastAPI
 from openai import OpenAI
 from server import serve
 
 from giul_asgi import EnergyMiddleware, Ledgers, Node, Route, Tier
-from giul_asgi.demo.upstream import Upstream
 from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader
 from giul_asgi.report import sse_data
 
@@ -26,12 +26,12 @@ def gateway() -> Iterator[tuple[str, FastAPI]]:
     card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.02)
     node = Node("sim-h100", idle_w=70.0, period_s=0.02,
                 reader_factory=lambda _n: SimulatedReader(card, period=0.02))
-    upstream = Upstream(card, token_seconds=0.004)
     app = FastAPI()
-    app.add_api_route("/v1/chat/completions", upstream.chat, methods=["POST"])
+    app.add_route("/v1/chat/completions", openai_chat(card), methods=["POST"])
     app.add_middleware(
         EnergyMiddleware, nodes=[node], tiers=[Tier("8b", 300.0)],
         routes=[Route("/v1/chat/completions", node="sim-h100", tier="8b")], ledgers=Ledgers(),
+        stats=RecordingStats(),
         settle_timeout=0.5,  # settled figures in the answers: these tests check their values
     )
     with serve(app) as url:
@@ -39,8 +39,9 @@ def gateway() -> Iterator[tuple[str, FastAPI]]:
 
 
 @pytest.fixture
-def client(gateway: tuple[str, FastAPI]) -> OpenAI:
-    return OpenAI(base_url=gateway[0] + "/v1", api_key="not-needed", max_retries=0)
+def client(gateway: tuple[str, FastAPI]) -> Iterator[OpenAI]:
+    with OpenAI(base_url=gateway[0] + "/v1", api_key="not-needed", max_retries=0) as client:
+        yield client
 
 
 def test_openai_client_reads_headers_and_energy_block(client: OpenAI) -> None:
@@ -80,14 +81,41 @@ def test_streamed_chat_with_usage_carries_energy_in_its_last_chunk(client: OpenA
     assert energy["joules"] is not None and energy["seconds"] > 0.04 and energy["settled"]
 
 
-def test_streamed_chat_without_usage_loops_unchanged(client: OpenAI) -> None:
+def test_streamed_chat_without_usage_loops_unchanged_and_finds_the_energy(client: OpenAI) -> None:
+    """The plain loop stops at [DONE]: the closing ``event: energy`` comes after it, so the
+    figure rides on the chunk that carries ``finish_reason``."""
     stream = client.chat.completions.create(
         model="sim-8b", messages=MESSAGES, max_tokens=6, stream=True
     )
-    text = ""
+    text, energy, finish = "", None, None
     for chunk in stream:
         text += chunk.choices[0].delta.content or ""  # would break on an empty choices list
-    assert len(text.split()) == 6
+        if chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+            energy = (chunk.model_extra or {}).get("energy")
+    assert len(text.split()) == 6 and finish is not None
+    assert energy is not None and energy["method"] == "simulated" and energy["node"] == "sim-h100"
+    assert energy["joules"] is not None and energy["seconds"] > 0.02
+
+
+@pytest.mark.anyio
+async def test_async_openai_loop_finds_the_energy(gateway: tuple[str, FastAPI]) -> None:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=gateway[0] + "/v1", api_key="not-needed", max_retries=0)
+    try:
+        for options in (None, {"include_usage": True}):
+            extra = {"stream_options": options} if options else {}
+            stream = await client.chat.completions.create(
+                model="sim-8b", messages=MESSAGES, max_tokens=4, stream=True, **extra  # type: ignore[arg-type]
+            )
+            found = [
+                (chunk.model_extra or {})["energy"] async for chunk in stream
+                if "energy" in (chunk.model_extra or {})
+            ]
+            assert len(found) == 1 and found[0]["joules"] is not None
+    finally:
+        await client.close()
 
 
 def test_stream_headers_through_with_raw_response(client: OpenAI) -> None:
@@ -113,8 +141,13 @@ def test_raw_sse_client_finds_the_energy_event(gateway: tuple[str, FastAPI]) -> 
 
 
 def test_stats_see_every_request_settled(gateway: tuple[str, FastAPI], client: OpenAI) -> None:
+    stats = find_middleware(gateway[1]).stats
+    assert isinstance(stats, RecordingStats)
+    before = len(stats)
     client.chat.completions.create(model="sim-8b", messages=MESSAGES, max_tokens=3)
-    stats = find_middleware(gateway[1]).stats.snapshot()
-    route = stats["routes"]["/v1/chat/completions"]
-    assert route["requests"] >= 1 and route["outcomes"].get("ok", 0) >= 1
-    assert "<unmatched>" not in stats["routes"] or stats["routes"]["<unmatched>"]["requests"] == 0
+    deadline = time.monotonic() + 2
+    while len(stats) <= before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    record = list(stats)[-1]
+    assert record.outcome == "ok" and record.status == 200 and record.energy.settled
+    assert record.energy.route == "/v1/chat/completions"
