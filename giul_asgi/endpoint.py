@@ -94,6 +94,13 @@ class EnergyEndpoint:
         )
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":  # served on its own: nothing to start or stop
+            while True:
+                message = await receive()
+                kind = message["type"].rsplit(".", 1)[-1]
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
         if scope["type"] != "http":
             return
         if scope.get("method") not in ("GET", "HEAD"):

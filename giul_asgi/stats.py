@@ -446,7 +446,7 @@ class EnergyStats:
 
     ``windows`` are durations (``"1m"``, ``"15m"``, ``"1h"``) and ``"all"``; ``step_s`` is
     the finest slot; each finite window keeps at most ``points`` slots; ``max_labels``
-    bounds each group (a new label past it counts under ``<other>``).
+    bounds each group, ``<other>`` included (a new label past it counts under ``<other>``).
     """
 
     def __init__(
@@ -464,8 +464,9 @@ class EnergyStats:
         if not (isinstance(step_s, int | float) and step_s > 0):
             raise ConfigError(f"step_s={step_s!r} must be a positive number of seconds",
                               remedy="use 10")
-        if max_labels < 1 or points < 1:
-            raise ConfigError("max_labels and points must be at least 1", remedy="use the defaults")
+        if max_labels < 2 or points < 1:
+            raise ConfigError("max_labels must be at least 2 (one is <other>), points at least 1",
+                              remedy="use the defaults")
         self.step_s = float(step_s)
         self.points = points
         self.max_labels = max_labels
@@ -536,7 +537,7 @@ class EnergyStats:
         table = self._groups[group]
         label = table.get(name)
         if label is None:
-            if len(table) >= self.max_labels:
+            if len(table) >= self.max_labels - 1 and name != OTHER:
                 name = OTHER
                 label = table.get(name)
             if label is None:

@@ -1,116 +1,215 @@
-"""Statistics: each request counted once, with its settled figure, in bounded memory."""
+"""Rolling statistics: windows, quantiles, unknowns never as zeros, bounded memory, merging."""
 
 from __future__ import annotations
 
+import math
+import random
+import threading
+
 import pytest
-from test_ledger import tick
 
-from giul_asgi import EnergyStats, Ledger, Meter, Tier
-from giul_asgi.readers import SimulatedCard, VirtualClock
-
-TIER = Tier("8b", 300.0)
+from giul_asgi.energy import Energy
+from giul_asgi.errors import ConfigError
+from giul_asgi.stats import OTHER, EnergyStats, parse_window, status_class
 
 
-@pytest.fixture
-def busy(sim_ledger: Ledger, card: SimulatedCard, clock: VirtualClock) -> Ledger:
-    """The ledger of a card busy at 150 W above idle, whose power it already knows."""
-    card.start_job(150.0)
-    tick(sim_ledger, clock, 0.5)
-    return sim_ledger
+class Clock:
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
 
 
-def closed_meter(ledger: Ledger | None, clock: VirtualClock, route: str = "/v1/chat") -> Meter:
-    meter = Meter(ledger, TIER, route=route)
-    meter.open()
-    clock.advance(0.03)
-    meter.tokens(40)
-    meter.close()
-    return meter
+def energy(joules: float | None, *, route: str = "/v1/chat", node: str = "gpu0", tier: str = "8b",
+           method: str = "measured", tokens: int | None = 10, seconds: float = 0.5,
+           contended: bool | None = False) -> Energy:
+    return Energy(joules, method, node=node, tier=tier, route=route,  # type: ignore[arg-type]
+                  seconds=seconds, tokens=tokens, contended=contended)
 
 
-def test_a_deferred_request_is_counted_once_settled_with_its_settled_figure(
-    busy: Ledger, clock: VirtualClock
-) -> None:
+def test_a_window_keeps_recent_requests_and_all_keeps_everything() -> None:
+    clock = Clock()
+    stats = EnergyStats(clock=clock)
+    stats.record(energy(100.0), outcome="ok", status=200)
+    clock.t += 120  # two minutes later: out of 1m, inside 15m
+    stats.record(energy(10.0), outcome="ok", status=200)
+    one = stats.snapshot("1m")["totals"]
+    assert one["requests"] == 1 and one["joules"]["sum"] == 10.0
+    assert stats.snapshot("15m")["totals"]["joules"]["sum"] == 110.0
+    clock.t += 3 * 3600
+    assert stats.snapshot("1h")["totals"]["requests"] == 0
+    assert stats.snapshot("all")["totals"]["joules"]["sum"] == 110.0
+
+
+def test_an_unknown_figure_counts_as_a_request_never_as_zero_joules() -> None:
+    stats = EnergyStats(clock=Clock())
+    stats.record(energy(50.0), outcome="ok", status=200)
+    for bad in (None, 0.0, -3.0, math.nan, math.inf):
+        stats.record(energy(bad, method="unknown"), outcome="ok", status=200)
+    total = stats.snapshot("all")["totals"]
+    assert total["requests"] == 6
+    assert total["joules"] == {"known": 1, "sum": 50.0, "mean": 50.0, "p50": pytest.approx(50.0, rel=0.01),
+                               "p90": pytest.approx(50.0, rel=0.01), "p99": pytest.approx(50.0, rel=0.01)}
+    assert total["methods"]["unknown"] == 5 and total["method_shares"]["unknown"] == pytest.approx(5 / 6, rel=1e-4)
+    nothing = EnergyStats(clock=Clock())
+    nothing.record(energy(None, method="unknown"), outcome="ok", status=200)
+    j = nothing.snapshot("all")["totals"]["joules"]
+    assert j["sum"] is None and j["mean"] is None and j["p50"] is None  # absent, not 0
+
+
+def test_quantiles_are_within_the_sketch_accuracy_of_the_exact_ones() -> None:
+    stats = EnergyStats(clock=Clock())
+    rng = random.Random(7)
+    values = [rng.lognormvariate(3, 1.2) for _ in range(5000)]
+    for v in values:
+        stats.record(energy(v), outcome="ok", status=200)
+    values.sort()
+    j = stats.snapshot("all")["routes"]["/v1/chat"]["joules"]
+    for q in ("p50", "p90", "p99"):
+        exact = values[round(int(q[1:]) / 100 * (len(values) - 1))]
+        assert j[q] == pytest.approx(exact, rel=0.021)
+    assert j["sum"] == pytest.approx(sum(values), rel=1e-5)
+
+
+def test_joules_per_token_tokens_per_joule_and_seconds() -> None:
+    stats = EnergyStats(clock=Clock())
+    stats.record(energy(10.0, tokens=10, seconds=1.0), outcome="ok", status=200)  # 1 J/token
+    stats.record(energy(30.0, tokens=10, seconds=3.0), outcome="ok", status=200)  # 3 J/token
+    stats.record(energy(99.0, tokens=None), outcome="ok", status=200)  # no tokens: not in J/token
+    s = stats.snapshot("all")["tiers"]["8b"]
+    assert s["joules_per_token"]["aggregate"] == pytest.approx(2.0)
+    assert s["tokens_per_joule"]["aggregate"] == pytest.approx(0.5)
+    assert s["joules_per_token"]["p50"] in (pytest.approx(1.0, rel=0.02), pytest.approx(3.0, rel=0.02))
+    assert s["tokens"] == 20 and s["seconds"]["sum"] == pytest.approx(4.5)
+
+
+def test_outcomes_status_classes_and_the_method_mix() -> None:
+    stats = EnergyStats(clock=Clock())
+    stats.record(energy(1.0), outcome="ok", status=200)
+    stats.record(energy(1.0, contended=True), outcome="error", status=500)
+    stats.record(energy(2.0, method="estimated"), outcome="disconnect", status=None)
+    stats.record(energy(2.0, method="simulated"), outcome="nonsense", status=99)
+    s = stats.snapshot("all")["totals"]
+    assert s["outcomes"] == {"ok": 1, "error": 1, "disconnect": 1, "cancelled": 0, "incomplete": 1}
+    assert s["statuses"] == {"2xx": 1, "5xx": 1, "none": 2}
+    assert s["methods"] == {"measured": 2, "estimated": 1, "simulated": 1, "unknown": 0}
+    assert s["method_shares"]["contended"] == 0.25
+    assert status_class(404) == "4xx" and status_class(None) == "none" and status_class(700) == "none"
+
+
+def test_groups_are_bounded_and_overflow_counts_under_other() -> None:
+    stats = EnergyStats(clock=Clock(), max_labels=3)
+    for i in range(10):
+        stats.record(energy(1.0, route=f"/r{i}"), outcome="ok", status=200)
+    routes = stats.snapshot("all")["routes"]
+    assert len(routes) == 3 and routes[OTHER]["requests"] == 8
+    assert {k[0] for k, *_ in stats.counters()} == {"/r0", "/r1", OTHER}
+
+
+def test_memory_is_bounded_by_labels_not_requests() -> None:
+    clock = Clock()
+    stats = EnergyStats(clock=clock)
+    for i in range(20_000):
+        clock.t += 1.0  # 5.5 hours of traffic
+        stats.record(energy(float(1 + i % 50)), outcome="ok", status=200)
+    stats.snapshot("15m")
+    for label in stats._groups["route"].values():
+        for ring in label.rings:
+            assert len(ring.slots) <= ring.n
+    assert sum(len(v) for v in stats._nodes.values()) == 0
+
+
+def test_record_never_raises_and_counts_what_it_could_not_use() -> None:
+    stats = EnergyStats(clock=Clock())
+    stats.record(object(), outcome="ok", status=200)  # type: ignore[arg-type]
+    assert stats.dropped == 1 and stats.snapshot("all")["totals"]["requests"] == 0
+
+
+def test_recording_from_threads_loses_nothing() -> None:
     stats = EnergyStats()
-    meter = closed_meter(busy, clock)
-    stats.defer("/v1/chat", 200, "ok", meter)
-    assert not meter.settled_now
-    assert stats.snapshot()["total"]["requests"] == 0  # not yet: its figure may still move
-    assert list(stats) == []
 
-    tick(busy, clock, 0.3)
-    assert meter.settled_now
-    snap = stats.snapshot()
-    assert snap["total"]["requests"] == 1
-    assert snap["routes"]["/v1/chat"]["joules"]["simulated"] == pytest.approx(
-        meter.result().joules, rel=1e-6
-    )
-    assert snap["nodes"]["sim"]["tokens"] == 40 and snap["tiers"]["8b"]["requests"] == 1
-    [record] = list(stats)
-    assert record.outcome == "ok" and record.status == 200 and record.energy.settled
-    assert stats.snapshot()["total"]["requests"] == 1  # read twice, counted once
+    def work() -> None:
+        for _ in range(2000):
+            stats.record(energy(1.0), outcome="ok", status=200)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert stats.snapshot("all")["totals"]["joules"]["sum"] == 8000.0
 
 
-def test_statistics_add_up_what_the_figures_say(
-    busy: Ledger, clock: VirtualClock
-) -> None:
-    """The bucket sums come from ``Meter.tally``; the ring from ``Meter.figure``: both go
-    through the same grading, so the books agree with what the clients were told."""
-    stats = EnergyStats(batch=7)
-    meters = []
-    for i in range(40):
-        meter = closed_meter(busy, clock, route=f"/r{i % 3}")
-        stats.defer(meter.route or "", 200, "ok", meter)
-        meters.append(meter)
-        tick(busy, clock, 0.01)
-    tick(busy, clock, 0.5)
-    no_node = closed_meter(None, clock, route="/r0")  # no reader: a labelled estimate
-    stats.defer("/r0", 200, "ok", no_node)
-    meters.append(no_node)
-    snap = stats.snapshot()
-    assert snap["total"]["requests"] == 41
-    by_method: dict[str, float] = {}
-    for meter in meters:
-        energy = meter.result()
-        assert energy.joules is not None
-        by_method[energy.method] = by_method.get(energy.method, 0.0) + energy.joules
-    assert set(snap["total"]["methods"]) == set(by_method) == {"simulated", "estimated"}
-    for method, joules in by_method.items():
-        assert snap["total"]["joules"][method] == pytest.approx(joules, rel=1e-6)
-    assert sum(r.energy.joules or 0 for r in stats) == pytest.approx(sum(by_method.values()))
+def test_merged_states_equal_one_statistics_fed_everything() -> None:
+    clock = Clock()
+    one, a, b = (EnergyStats(clock=clock) for _ in range(3))
+    rng = random.Random(3)
+    for i in range(600):
+        clock.t += 7.0
+        e = energy(rng.uniform(1, 100), route=f"/r{i % 4}", node=f"gpu{i % 2}", tokens=1 + i % 9)
+        one.record(e, outcome="ok", status=200)
+        (a if i % 3 else b).record(e, outcome="ok", status=200)
+    merged = a.empty_like()
+    merged.merge_state(a.state())
+    merged.merge_state(b.state())
+    for window in ("1m", "15m", "1h", "all"):
+        want, got = one.snapshot(window), merged.snapshot(window)
+        for key in ("totals", "routes", "nodes", "tiers", "methods"):
+            assert _round(got[key]) == _round(want[key]), (window, key)
+    assert _round([list(c) for c in sorted(merged.counters())]) == _round(
+        [list(c) for c in sorted(one.counters())])
 
 
-def test_a_ledger_that_stops_reading_cannot_grow_the_queue_without_bound(
-    busy: Ledger, clock: VirtualClock
-) -> None:
-    stats = EnergyStats(batch=10, max_waiting=50)
-    for _ in range(200):  # no reading from here on: nothing settles
-        stats.defer("/x", 200, "ok", closed_meter(busy, clock))
-    assert sum(map(len, stats._waiting.values())) <= 50 + 10
-    stats.fold()
-    assert stats.snapshot()["total"]["requests"] >= 150
-    unsettled = [r for r in stats if not r.energy.settled]
-    assert unsettled  # counted as they stood, and they say so
+def test_a_state_of_another_configuration_is_refused() -> None:
+    state = EnergyStats(step_s=5).state()
+    with pytest.raises(ConfigError, match="another configuration"):
+        EnergyStats().merge_state(state)
 
 
-def test_fold_everything_counts_what_is_left_at_shutdown(
-    busy: Ledger, clock: VirtualClock
-) -> None:
-    stats = EnergyStats()
-    stats.defer("/x", 200, "ok", closed_meter(busy, clock))
-    stats.defer("/x", None, "disconnect", closed_meter(busy, clock))
-    busy.force_settle()
-    stats.fold(everything=True)
-    snap = stats.snapshot()
-    assert snap["total"]["requests"] == 2
-    assert snap["total"]["outcomes"] == {"ok": 1, "disconnect": 1}
+def test_configuration_is_checked() -> None:
+    assert parse_window("90s") == 90 and parse_window("1h") == 3600 and parse_window("all") is None
+    for bad in ("", "15", "m", "-1m", "0s", "1y"):
+        with pytest.raises(ConfigError, match="not a duration"):
+            parse_window(bad)
+    with pytest.raises(ConfigError):
+        EnergyStats(windows=())
+    with pytest.raises(ConfigError):
+        EnergyStats(step_s=0)
+    with pytest.raises(ConfigError, match="unknown window"):
+        EnergyStats().snapshot("2h")
+    custom = EnergyStats(windows=("30s", "all"), clock=Clock())
+    custom.record(energy(5.0), outcome="ok", status=200)
+    assert custom.snapshot()["window"] == "30s" and custom.snapshot("30s")["totals"]["requests"] == 1
 
 
-def test_label_sets_stay_bounded(clock: VirtualClock) -> None:
-    stats = EnergyStats(max_keys=3, recent=5)
-    for i in range(20):
-        stats.defer(f"/r{i}", 200, "ok", closed_meter(None, clock, route=f"/r{i}"))
-    snap = stats.snapshot()
-    assert len(snap["routes"]) <= 4 and "<other>" in snap["routes"]
-    assert snap["total"]["requests"] == 20
-    assert len(list(stats)) == 5
+def test_node_samples_give_power_and_series() -> None:
+    clock = Clock()
+    stats = EnergyStats(clock=clock)
+
+    class T:
+        node, measured_j, charged_j, unattributed_j, reads = "gpu0", 0.0, 0.0, 0.0, 0
+
+    t = T()
+    for _ in range(5):
+        stats.observe_nodes([t])
+        clock.t += 10
+        t.measured_j += 1000.0
+        t.charged_j += 800.0
+        t.unattributed_j += 200.0
+        t.reads += 100
+    stats.observe_nodes([t])
+    assert stats.node_rates()["gpu0"] == (100.0, 10.0)
+    power = stats.snapshot("15m")["series"]["power"]["gpu0"]
+    assert power["measured_w"][-1] == 100.0 and power["charged_w"][-1] == 80.0
+    assert power["unattributed_w"][-1] == 20.0
+
+
+def _round(obj: object) -> object:
+    if isinstance(obj, float):
+        return float(f"{obj:.4g}")
+    if isinstance(obj, dict):
+        return {k: _round(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_round(v) for v in obj]
+    return obj
