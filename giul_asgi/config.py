@@ -47,6 +47,11 @@ class Node:
     (flagged ``contended``) or ``subtract`` the witnessed level. ``serving`` names the
     node's own inference server (a process name or PID): any other compute process on the
     card marks figures ``contended``.
+    ``upstream`` is the inference server's Prometheus URL (vLLM, TGI, SGLang): its running
+    requests are the card's whole load, so each span is shared by this gateway's part of
+    it and the rest is foreign (several replicas stay right with no shared state).
+    ``workers_dir`` (or ``$GIUL_ASGI_LOAD_DIR``) is a directory where the host's worker
+    processes publish their windows in flight, so four workers on one card charge it once.
     ``reader_factory`` builds a custom reader (tests, benchmarks); it is not part of the
     node's identity.
     """
@@ -61,8 +66,10 @@ class Node:
     token: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     foreign: str = "charge"
-    ramp_s: float = 0.15
+    ramp_s: float = 0.1
     serving: str | int | None = None
+    upstream: str | None = None
+    workers_dir: str | None = None
     reader_factory: Callable[[Node], Reader] | None = field(
         default=None, compare=False, repr=False
     )
@@ -114,14 +121,16 @@ class Node:
         object.__setattr__(self, "ramp_s", ramp)
         if not isinstance(self.options, Mapping):
             raise ConfigError(f"node {self.name!r}: options must be a table of keys")
-        for key in ("url", "token"):
+        for key in ("url", "token", "upstream", "workers_dir"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"node {self.name!r}: {key} must be a non-empty string")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"node {self.name!r}: url must start with http:// or https://, got {self.url!r}"
-            )
+        for key in ("url", "upstream"):
+            value = getattr(self, key)
+            if value is not None and not value.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"node {self.name!r}: {key} must start with http:// or https://, got {value!r}"
+                )
         if self.reader in URL_READERS and self.url is None and self.reader_factory is None:
             what = (
                 "the demo upstream that loads the simulated card (giul-asgi demo prints it)"

@@ -380,3 +380,26 @@ def test_energy_counter_watts_match_the_card_on_every_counter_kind() -> None:
         for meter, truth in meters[1:]:
             e = meter.figure()
             assert e.joules is not None and math.isclose(e.joules, truth, rel_tol=0.03), gauge
+
+
+def test_the_upstreams_whole_load_shares_the_card_among_replicas() -> None:
+    """Two more requests of another replica run on the upstream: we are charged ours only."""
+    run = Run(Node("n", idle_w=IDLE, upstream="http://127.0.0.1:9/metrics"))
+    run.advance(0.5)
+    charged, caused = 0.0, 0.0
+    for _ in range(8):
+        theirs = [run.card.start_job(180.0) for _ in range(2)]  # the other replica's requests
+        run.ledger.note_total(run.clock.now, 3.0)
+        meter, truth = run.request(0.3, 180.0)
+        for job in theirs:
+            run.card.stop_job(job)
+        run.ledger.note_total(run.clock.now, 0.0)
+        run.advance(0.4)
+        run.ledger.note_total(run.clock.now, 0.0)
+        e = meter.figure()
+        assert e.contended is True
+        charged += e.joules or 0.0
+        caused += truth
+    # Without the upstream's load, this replica would have been charged about 3x.
+    assert abs(charged / caused - 1.0) < 0.1
+    assert run.books() < 1e-9 * run.ledger.totals().measured_j

@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -38,6 +40,10 @@ from .tape import Tape
 log = logging.getLogger("giul_asgi.ledger")
 
 _STARTING = "the node's reader is starting"
+#: How often the upstream's metrics and the workers' table are looked at (seconds).
+UPSTREAM_EVERY_S = 0.25
+WORKERS_EVERY_S = 0.05
+WORKERS_ENV = "GIUL_ASGI_LOAD_DIR"
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +244,29 @@ class Ledger:
         with self._lock:
             self.book.note_processes(foreign)
 
+    def _chores(self) -> list[tuple[float, Callable[[], None]]]:
+        """What the poller does beside reading the card: the load this process cannot see."""
+        chores: list[tuple[float, Callable[[], None]]] = []
+        if self.node.upstream is not None:
+            chores.append((UPSTREAM_EVERY_S, _Upstream(self, self.node.upstream)))
+        directory = self.node.workers_dir or os.environ.get(WORKERS_ENV)
+        if directory:
+            chores.append((WORKERS_EVERY_S, _Workers(self, directory)))
+        return chores
+
+    def own_load(self) -> tuple[float, int]:
+        """This process's window-seconds integral on the node so far, and windows open."""
+        with self._lock:
+            return self.book.load_at(self.clock())
+
+    def note_others(self, t: float, window_seconds: float) -> None:
+        with self._lock:
+            self.book.note_others(t, window_seconds)
+
+    def note_total(self, t: float, running: float) -> None:
+        with self._lock:
+            self.book.note_total(t, running)
+
     def _period(self) -> float:
         tape = self.tape
         return tape.period if tape is not None else (self.node.period_s or 0.1)
@@ -254,7 +283,7 @@ class Ledger:
                 return
             self._poller = Poller(
                 self.node.name, self._build if self.reader is None else (lambda: self.reader),  # type: ignore[arg-type,return-value]
-                self, read_timeout=self.read_timeout, clock=self.clock,
+                self, read_timeout=self.read_timeout, clock=self.clock, chores=self._chores(),
             )
             self._poller.start()
 
@@ -347,6 +376,43 @@ def _waker() -> tuple[Callable[[], Awaitable[object]], Callable[[], None]]:
             loop.call_soon_threadsafe(event.set)
 
     return event.wait, wake
+
+
+class _Upstream:
+    """Reads the inference server's running requests beside the card (poller thread)."""
+
+    def __init__(self, ledger: Ledger, url: str) -> None:
+        self.ledger, self.url = ledger, url
+        self.load: Any = None
+
+    def __call__(self) -> None:
+        if self.load is None:
+            from ..readers.upstream import UpstreamLoad
+
+            self.load = UpstreamLoad(self.url, clock=self.ledger.clock)
+        reading = self.load.read()
+        if reading.ok and reading.running is not None:
+            self.ledger.note_total(reading.t, reading.running)
+
+
+class _Workers:
+    """Publishes this worker's windows and reads the other workers' (poller thread)."""
+
+    def __init__(self, ledger: Ledger, directory: str) -> None:
+        self.ledger, self.directory = ledger, directory
+        self.table: Any = None
+
+    def __call__(self) -> None:
+        if self.table is None:
+            from ..shared_load import SharedLoad
+
+            self.table = SharedLoad(self.directory, clock=self.ledger.clock)
+        name = self.ledger.node.name
+        t = self.ledger.clock()
+        self.table.publish({name: self.ledger.own_load()}, t)
+        others = self.table.others(name, t)
+        if others is not None:
+            self.ledger.note_others(t, others)
 
 
 NULL_NODE = Node("<none>", reader="none")

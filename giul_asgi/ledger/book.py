@@ -36,11 +36,13 @@ from .tape import Gap, Piece, Span
 PRIOR_WEIGHT = 0.1
 #: Residuals of first figures kept for the bias and spread of the interpolated part.
 RESIDUALS = 256
-#: Before this many residuals, the interpolated part is uncertain by its own scale.
-COLD_RESIDUALS = 5
+#: The share of first figures whose interpolated part the uncertainty covers: the
+#: conformal rank ceil((n + 1) x COVER) of n past residuals, once there are enough of them;
+#: before that, the part is uncertain by its whole scale.
+COVER = 0.92
 COLD_SPREAD = 1.0
-#: The quantile of past residuals the interpolated part's uncertainty covers.
-COVER = 0.95
+#: And never less than this share of the interpolated part itself.
+FLOOR = 0.05
 #: Witnessed foreign power below this (W, or this share of idle) is noise, not a load.
 FOREIGN_MIN_W = 5.0
 FOREIGN_MIN_SHARE = 0.05
@@ -208,7 +210,7 @@ class Book:
         provenance: Provenance,
         *,
         split: Split | None = None,
-        ramp_s: float = 0.15,
+        ramp_s: float = 0.1,
         subtract_foreign: bool = False,
         period: Callable[[], float] = lambda: 0.1,
         measures: bool = True,
@@ -229,6 +231,7 @@ class Book:
         self._t_evt: float | None = None
         self._t_end: float | None = None  # where the last booked piece ended
         self._last_close = -math.inf
+        self._closes: deque[float] = deque(maxlen=64)  # recent closes, for neighbours' tails
         self._prior: float | None = None  # J per window-second of settled windows
         self._tails = False  # the last members found were ramp-down tails only
         self._span_rate: float | None = None  # J per window-second of recent shared spans
@@ -244,6 +247,13 @@ class Book:
         self._foreign_seen_s = 0.0
         self._foreign_t: float | None = None  # when the foreign level was last witnessed
         self._processes_foreign: bool | None = None
+        # What this process cannot see, as cumulative window-seconds at times: the other
+        # workers' windows on this node (``others``), or the upstream's whole running load
+        # (``total``, ours included).
+        self._others: deque[tuple[float, float]] = deque(maxlen=4096)
+        self._total: deque[tuple[float, float]] = deque(maxlen=4096)
+        self.external_j = 0.0
+        self._running = 0.0
         self.measured_j = 0.0
         self.charged_j = 0.0
         self.unattributed_j = 0.0
@@ -284,6 +294,7 @@ class Book:
         window.t_close = max(t, window.t_open)
         window.tokens = tokens
         self._last_close = max(self._last_close, window.t_close)
+        self._closes.append(window.t_close)
         if not self.split.known_at_open:
             window.weight = self.split.weight(window)
         if not self.measures:
@@ -348,6 +359,10 @@ class Book:
         self._tails = not members and bool(tails)
         return members or tails
 
+    def _closed_near(self, t: float) -> bool:
+        """Whether a window closed within a ramp-down before ``t`` (its tail may follow)."""
+        return any(t - self.ramp_s < c <= t for c in self._closes)
+
     def _before_start(self, t: float) -> None:
         """Windows opened before the tape's first piece: that time cannot be measured."""
         for window in [*self._open.values(), *self._closing]:
@@ -374,13 +389,22 @@ class Book:
                 self._witness(span)
             self.unattributed_j += above
             return
+        covered = sum(overlap for _, overlap in members)
+        unseen = self._unseen(span, covered)
+        if unseen:
+            # Load this process does not see (other workers, other replicas, direct
+            # clients) draws its part of the span: ours is covered / (covered + unseen).
+            taken = above * unseen / (covered + unseen)
+            self.external_j += taken
+            self.foreign_j += taken
+            self.unattributed_j += taken
+            above -= taken
         level = self._foreign_level()
-        if level is not None and self.subtract_foreign:
+        if level is not None and self.subtract_foreign and not unseen:
             taken = min(max(above, 0.0), level * seconds)
             self.foreign_j += taken
             self.unattributed_j += taken
             above -= taken
-        covered = sum(overlap for _, overlap in members)
         self._busy_booked += covered
         self._time_booked += seconds
         if not self._tails:
@@ -403,6 +427,39 @@ class Book:
         self._waiting.append(waiting)
         if len(self._waiting) > MAX_WAITING:
             self._resolve(self._waiting.popleft(), settled, by_time=True)
+
+    def load_at(self, t: float) -> tuple[float, int]:
+        """This book's window-seconds integral until ``t``, and its windows open now."""
+        since = t - self._t_evt if self._t_evt is not None and t > self._t_evt else 0.0
+        return self._busy + self._n * since, self._n
+
+    def note_others(self, t: float, window_seconds: float) -> None:
+        """The other workers' cumulative window-seconds on this node, as of ``t``."""
+        self._others.append((t, window_seconds))
+
+    def note_total(self, t: float, running: float) -> None:
+        """The upstream's running requests at ``t`` (its whole load, ours included)."""
+        total = self._total
+        if total:
+            t0, integral = total[-1]
+            if t > t0:
+                total.append((t, integral + self._running * (t - t0)))
+        else:
+            total.append((t, 0.0))
+        self._running = running
+
+    def _unseen(self, span: Span, covered: float) -> float:
+        """Window-seconds in the span from load this process does not see, or 0."""
+        total = _delta(self._total, span.t0, span.t1, self._running)
+        if total is not None:
+            return max(0.0, total - covered)
+        samples = self._others
+        slope = None
+        if len(samples) >= 2:
+            (ta, va), (tb, vb) = samples[-2], samples[-1]
+            slope = (vb - va) / (tb - ta) if tb > ta else 0.0
+        others = _delta(samples, span.t0, span.t1, slope)
+        return max(0.0, others) if others is not None else 0.0
 
     def _learn_rates(
         self, rate: float, weight: float, seconds: float, members: list[tuple[Window, float]]
@@ -434,9 +491,17 @@ class Book:
             total += overlap if weights is None else weights[i] * overlap
         seconds = span.seconds
         covered = sum(o for _, o in members)
-        # Energy in the part of the span no window covered may or may not be theirs (a
-        # ramp-down, a neighbour's tail): half of it is each window's edge ambiguity.
+        # Energy in the part of the span no window covered may or may not be theirs: half
+        # of it is each window's edge ambiguity, where a neighbour's ramp-down could be in
+        # it or nobody has looked at the card between windows. Where the card has been
+        # seen quiet and no window closed within a ramp-down before, only the witnessed
+        # level's own doubt remains there.
         uncovered = max(0.0, 1.0 - covered / seconds) if seconds > 0 else 0.0
+        quiet_level = self._foreign_level() if not self._closed_near(span.t0) else None
+        uncovered_j = 0.0
+        if quiet_level is not None:
+            uncovered_j = FOREIGN_SPREAD * self._foreign_dev * uncovered * seconds
+            uncovered = 0.0
         per_stamp = 2 * span.stamp_s * (abs(above) / seconds + (self.provenance.idle_watts or 0.0)) \
             if seconds > 0 else 0.0
         foreign_unc = 0.0
@@ -452,6 +517,8 @@ class Book:
             window.measured_s += overlap
             edge = overlap < seconds * (1 - 1e-9)
             if edge:
+                if quiet_level is not None:
+                    window.linear_unc += uncovered_j * part
                 window.edge_sq += (0.5 * abs(share) * uncovered) ** 2
                 window.linear_unc += per_stamp * part
                 if shared:
@@ -562,14 +629,16 @@ class Book:
         )
 
     def _bias_spread(self) -> tuple[float, float]:
+        """The learnt bias of first figures' interpolated parts (their median residual) and
+        the spread about it that covers COVER of them (split conformal)."""
         residuals = self._residuals
-        if len(residuals) < COLD_RESIDUALS:
+        n = len(residuals)
+        rank = math.ceil((n + 1) * COVER)
+        if rank > n:
             return 0.0, COLD_SPREAD
         ordered = sorted(residuals)
-        bias = ordered[len(ordered) // 2]
-        spread = sorted(abs(r - bias) for r in ordered)
-        at = min(len(spread) - 1, math.ceil(COVER * (len(spread) + 1)) - 1)
-        return bias, spread[at]
+        bias = ordered[n // 2]
+        return bias, sorted(abs(r - bias) for r in ordered)[rank - 1]
 
     # -- foreign load ---------------------------------------------------------------------
     def _witness(self, span: Span) -> None:
@@ -606,6 +675,8 @@ class Book:
         )
         by_power: bool | None = None if level is None or not recent else level > 0
         by_process = self._processes_foreign
+        if self.external_j > 0 and self._total:
+            by_process = True  # the upstream serves load this process never saw
         if by_power is None and by_process is None:
             return None, None
         contended = bool(by_power) or bool(by_process)
@@ -645,7 +716,7 @@ class Book:
         reported_since = window.share - first.reported
         filled = max(0.0, guess - reported_since) if reported_since > 0 else guess
         return Share(
-            window.share + filled, measured_unc + spread * first.scale, filled, False,
+            window.share + filled, measured_unc + spread * first.scale + FLOOR * guess, filled, False,
             error=window.error, **base,  # type: ignore[arg-type]
         )
 
@@ -720,3 +791,30 @@ def _spread(window: Window, a: float, b: float, value: float, into: list[float])
     overlap = b - max(a, prev)
     if overlap > 0:
         into[-1] += value * overlap / (b - a)
+
+
+def _delta(samples: deque[tuple[float, float]], t0: float, t1: float, rate: float | None) -> float | None:
+    """The growth of a cumulative series between ``t0`` and ``t1``, interpolated between
+    samples (and, past the last, extrapolated at ``rate`` when one is given); None when the
+    series does not cover the span."""
+    if not samples or samples[0][0] > t0:
+        return None
+    last_t = samples[-1][0]
+    if t1 > last_t and (rate is None or t1 - last_t > 1.0):
+        return None
+    return _at(samples, t1, rate) - _at(samples, t0, rate)
+
+
+def _at(samples: deque[tuple[float, float]], t: float, rate: float | None) -> float:
+    last_t, last_v = samples[-1]
+    if t >= last_t:
+        return last_v + (rate or 0.0) * (t - last_t)
+    lo, hi = 0, len(samples) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if samples[mid][0] <= t:
+            lo = mid
+        else:
+            hi = mid
+    (ta, va), (tb, vb) = samples[lo], samples[hi]
+    return va + (vb - va) * ((t - ta) / (tb - ta) if tb > ta else 0.0)

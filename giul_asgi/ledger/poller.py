@@ -98,8 +98,12 @@ class Poller:
         read_timeout: float = 1.0,
         close_timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        chores: list[tuple[float, Callable[[], None]]] | None = None,
     ) -> None:
         self.name = name
+        #: (every seconds, call): other sources beside the card (the upstream's load, the
+        #: workers' table), run on this thread between reads, each bounded like a read.
+        self.chores = list(chores or ())
         self._build = build
         self._sink = sink
         self.read_timeout = read_timeout
@@ -146,11 +150,16 @@ class Poller:
         jitter = random.Random(id(self))
         lists = isinstance(reader, ProcessLister)
         next_look = 0.0
+        due = [0.0] * len(self.chores)
         while not self._stop.is_set():
             self._read(reader)
             if lists and self._clock() >= next_look:
                 next_look = self._clock() + PROCESS_EVERY_S
                 self._look(reader)
+            for i, (every, chore) in enumerate(self.chores):
+                if self._clock() >= due[i]:
+                    due[i] = self._clock() + every
+                    self._chore(chore)
             # Jittered reads bracket the counter's steps at varied phases, so the tape
             # learns where they fall to well under a poll.
             self._stop.wait(poll_s * jitter.uniform(0.5, 1.5))
@@ -173,6 +182,12 @@ class Poller:
             self._sink.ingest(reading)
         except Exception:  # a bug in the books must not stop the reading: say it, go on
             log.exception("node %r: booking a reading failed", self.name)
+
+    def _chore(self, chore: Callable[[], None]) -> None:
+        try:
+            self._worker.call(chore, self.read_timeout)
+        except Exception as exc:
+            log.debug("node %r: %s", self.name, exc)
 
     def _look(self, reader: Any) -> None:
         try:

@@ -1,0 +1,48 @@
+"""Four real worker processes on one card charge its energy once, not four times."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import workers_card
+
+
+def run_workers(directory: Path | None) -> tuple[float, float, float]:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    t_start = time.monotonic() + 1.5  # after the children have imported and started
+    procs = [
+        ctx.Process(target=workers_card.run, args=(i, str(directory) if directory else None, t_start, 4, 4, out))
+        for i in range(4)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(10)
+    charged = sum(r[1] for r in results)
+    card = TrueCard_caused()
+    return charged, card, max(r[2] for r in results)
+
+
+def TrueCard_caused() -> float:  # noqa: N802 - the truth, from the same schedule
+    from truecard import Job, TrueCard
+
+    card = TrueCard()
+    total = 0.0
+    for _, offset, seconds, watts in workers_card.schedule(4, 4):
+        job = Job(watts, offset, offset + seconds)
+        total += job.truth(card.ramp_up, card.tau)
+    return total
+
+
+def test_four_workers_on_one_card_charge_it_once(tmp_path: Path) -> None:
+    charged, caused, _ = run_workers(tmp_path)
+    assert abs(charged / caused - 1.0) < 0.1, (charged, caused)
+
+
+def test_without_the_shared_table_each_worker_charges_what_it_saw() -> None:
+    charged, caused, _ = run_workers(None)
+    assert charged / caused > 1.5  # the defect the table fixes: every worker took the card
