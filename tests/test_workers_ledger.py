@@ -13,9 +13,9 @@ def run_workers(directory: Path | None) -> tuple[float, float, float]:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     t_start = time.monotonic() + 1.5  # after the children have imported and started
+    where = str(directory) if directory else None
     procs = [
-        ctx.Process(target=workers_card.run, args=(i, str(directory) if directory else None, t_start, 4, 4, out))
-        for i in range(4)
+        ctx.Process(target=workers_card.run, args=(i, where, t_start, 4, 4, out)) for i in range(4)
     ]
     for p in procs:
         p.start()
@@ -23,11 +23,11 @@ def run_workers(directory: Path | None) -> tuple[float, float, float]:
     for p in procs:
         p.join(10)
     charged = sum(r[1] for r in results)
-    card = TrueCard_caused()
-    return charged, card, max(r[2] for r in results)
+    return charged, caused_by_schedule(), max(r[2] for r in results)
 
 
-def TrueCard_caused() -> float:  # noqa: N802 - the truth, from the same schedule
+def caused_by_schedule() -> float:
+    """The truth, from the same schedule, in closed form."""
     from truecard import Job, TrueCard
 
     card = TrueCard()
