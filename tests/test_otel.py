@@ -48,7 +48,7 @@ def test_a_recording_span_carries_the_energy_and_unknowns_stay_absent() -> None:
 def test_metrics_match_what_was_recorded() -> None:
     reader = InMemoryMetricReader()
     recorder = otel_recorder(MeterProvider(metric_readers=[reader]))
-    for i in range(5):
+    for _ in range(5):
         recorder(Energy(2.0, "measured", node="gpu0", tier="8b", route="/v1/chat", tokens=3),
                  outcome="ok", status=200)
     recorder(Energy(None, "unknown", node="gpu0", tier="8b", route="/v1/chat"), outcome="error", status=500)

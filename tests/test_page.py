@@ -116,7 +116,7 @@ def expected(data: dict, key: str) -> str:
 
 def shown(value: object, key: str) -> str:
     if value is None:
-        return "–"
+        return "\u2013"  # the page's dash for unknown
     if "method_shares" in key:
         return f"{100 * float(value):.1f}%"  # type: ignore[arg-type]
     if isinstance(value, str):
