@@ -174,7 +174,8 @@ class _First:
 
     reported: float  # the share already reported at close
     guess: float  # the interpolated part, prior x time (before the learnt bias)
-    scale: float  # the residual's unit: prior x (time + half a period)
+    scale: float  # the residual's unit: the guess, with at least a quarter period in it
+    unc: float = 0.0  # the measured part's uncertainty at close
 
 
 @dataclass(eq=False, slots=True)
@@ -238,6 +239,7 @@ class Book:
         self._run_rate: float | None = None  # the same, in spans windows covered whole
         self._settled_windows = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
+        self._growth: deque[float] = deque(maxlen=RESIDUALS)  # settled doubt added after close
         # The witnessed level is a ratio of time-decayed sums: a span's stamp error moves
         # energy to its neighbour, and over consecutive spans those errors cancel.
         self._foreign_w: float | None = None
@@ -601,6 +603,8 @@ class Book:
         if first is not None and first.scale > 0:
             actual = window.share - first.reported
             self._residuals.append((actual - first.guess) / first.scale)
+            grown = math.sqrt(window.edge_sq) + window.linear_unc - first.unc
+            self._growth.append(max(0.0, grown) / first.scale)
 
     def _first_guess(self, window: Window) -> _First | None:
         """What the first figure assumes about the part of the window not shared yet: its
@@ -623,10 +627,19 @@ class Book:
             prior = window.share / window.measured_s  # nothing settled yet: its own rate
         if prior is None or prior <= 0:
             return None
+        # The residual's unit is the guess itself, with at least a quarter period of time
+        # in it: a window closing just after a step still waits on how the next one falls.
         return _First(
-            window.share, prior * (unshared + tail),
-            prior * (unshared + tail + self.period() / 2),
+            window.share, prior * (unshared + tail), prior * max(unshared + tail, self.period() / 4),
+            math.sqrt(window.edge_sq) + window.linear_unc,
         )
+
+    def _growth_at(self) -> float:
+        """How much the measured part's uncertainty grew from close to settling, per unit
+        of scale, for COVER of past windows (0 before there are enough)."""
+        growth = self._growth
+        rank = math.ceil((len(growth) + 1) * COVER)
+        return sorted(growth)[rank - 1] if rank <= len(growth) else 0.0
 
     def _bias_spread(self) -> tuple[float, float]:
         """The learnt bias of first figures' interpolated parts (their median residual) and
@@ -699,10 +712,10 @@ class Book:
         )
         if not self.measures or window.lost_s > 0:
             return Share(None, 0.0, 0.0, window.settled, error=window.error or self.error, **base)  # type: ignore[arg-type]
+        first = window.first
         measured_unc = math.sqrt(window.edge_sq) + window.linear_unc
         if window.settled:
             return Share(window.share, measured_unc, 0.0, True, error=window.error, **base)  # type: ignore[arg-type]
-        first = window.first
         if first is None:
             return Share(
                 None, 0.0, 0.0, False,
@@ -710,6 +723,9 @@ class Book:
                 **base,  # type: ignore[arg-type]
             )
         bias, spread = self._bias_spread()
+        # The spans still to come will add their own doubt to the settled figure (a shared
+        # last span, an edge): as much as it grew for COVER of the windows settled before.
+        measured_unc = max(measured_unc, first.unc + self._growth_at() * first.scale)
         guess = max(0.0, first.guess + bias * first.scale)
         # What has been reported since close belongs to the same part: the figure is the
         # reported share plus what of the guess is not reported yet.
