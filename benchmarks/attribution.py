@@ -33,12 +33,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from truecard import Foreign, Gauge, TrueCard, TrueReader  # noqa: E402
+from truecard import Foreign, Gauge, TrueCard, TrueReader
 
-from giul_asgi.config import Node  # noqa: E402
-from giul_asgi.energy import Energy  # noqa: E402
-from giul_asgi.ledger import Ledger  # noqa: E402
-from giul_asgi.meter import Meter  # noqa: E402
+from giul_asgi.config import Node
+from giul_asgi.energy import Energy
+from giul_asgi.ledger import Ledger
+from giul_asgi.meter import Meter
 
 IDLE_W = 70.0
 
@@ -177,7 +177,8 @@ def batch(n: int, rng: random.Random, spread_s: float, total_w: float, rounds: i
         base = r * (spread_s + 2.5)
         for _ in range(n):
             seconds = min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5)))
-            out.append(Request(base + rng.uniform(0, spread_s), seconds, total_w / n * rng.uniform(0.97, 1.03)))
+            start = base + rng.uniform(0, spread_s)
+            out.append(Request(start, seconds, total_w / n * rng.uniform(0.97, 1.03)))
     return out
 
 
@@ -199,7 +200,9 @@ def scenarios(quick: bool) -> list[Scenario]:
         Scenario("isolated 100 ms, 100 ms counter", isolated(30 // k, 0.1, rng)),
         Scenario("isolated 300 ms, 100 ms counter", isolated(24 // k, 0.3, rng)),
         Scenario("isolated 300 ms, 20 ms counter", isolated(24 // k, 0.3, rng), period=0.02),
-        Scenario("isolated 300 ms, counter moves every read", isolated(24 // k, 0.3, rng), gauge="every_read"),
+        Scenario(
+            "isolated 300 ms, counter moves every read", isolated(24 // k, 0.3, rng), gauge="every_read"
+        ),
         Scenario("isolated 1 s, 100 ms counter", isolated(12 // k, 1.0, rng)),
         Scenario("isolated 300 ms, part-time instant power", isolated(24 // k, 0.3, rng), gauge="instant"),
         Scenario("staggered batch of 16", batch(16, rng, 1.0, 320.0, rounds=3 // k or 1)),

@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from truecard import TrueCard, TrueReader  # noqa: E402
+from truecard import TrueCard, TrueReader
 
-from giul_asgi import Ledgers, Meter, Node  # noqa: E402
-from giul_asgi.ledger import Ledger  # noqa: E402
+from giul_asgi import Ledgers, Meter, Node
+from giul_asgi.ledger import Ledger
 
 RUN_SECONDS = 3.0
 IDLE = 70.0

@@ -66,4 +66,24 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = [*sorted(_WHERE), "__version__"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Energy",
+    "EnergyMiddleware",
+    "EnergyStats",
+    "GiulError",
+    "Ledger",
+    "Ledgers",
+    "Meter",
+    "Node",
+    "ReaderUnavailable",
+    "Route",
+    "Tier",
+    "TimeSplit",
+    "TokenSplit",
+    "__version__",
+    "current_meter",
+    "default_ledgers",
+    "load_config",
+]

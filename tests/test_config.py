@@ -41,7 +41,7 @@ def test_tier_and_route() -> None:
 
 def test_load_from_dicts() -> None:
     cfg = load_config({
-        "node": [{"name": "h100-a", "gpus": [0, 1], "idle_w": 140.0, "reader": "simulated"}],
+        "node": [{"name": "h100-a", "gpus": [0, 1], "idle_w": 140.0, "reader": "simulated", "url": "http://127.0.0.1:8001"}],
         "tier": [{"name": "70b", "joules_per_1k_hint": 4100}],
         "route": [{"pattern": "/v1/chat/completions", "node": "h100-a", "tier": "70b"}],
     })
@@ -83,3 +83,23 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_new_node_keys_are_checked_with_their_remedy() -> None:
+    import pytest
+
+    from giul_asgi import ConfigError, Node
+
+    with pytest.raises(ConfigError, match="needs a url") as caught:
+        Node("sim", reader="simulated")
+    assert "demo upstream" in caught.value.remedy
+    with pytest.raises(ConfigError, match="foreign must be one of"):
+        Node("a", foreign="ignore")
+    with pytest.raises(ConfigError, match="ramp_s must be >= 0"):
+        Node("a", ramp_s=-0.1)
+    with pytest.raises(ConfigError, match="upstream must start with http"):
+        Node("a", upstream="vllm:8000/metrics")
+    with pytest.raises(ConfigError, match="serving must be a process name or a PID"):
+        Node("a", serving=True)  # type: ignore[arg-type]
+    node = Node("a", reader="agent", url="http://gpu-7:9431", foreign="subtract", serving="vllm")
+    assert node.foreign == "subtract" and node.ramp_s == 0.1 and hash(node) == hash(node)
