@@ -12,14 +12,17 @@ import workers_card
 def run_workers(directory: Path | None) -> tuple[float, float, float]:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    t_start = time.monotonic() + 1.5  # after the children have imported and started
+    start = ctx.Value("d", 0.0)
     where = str(directory) if directory else None
     procs = [
-        ctx.Process(target=workers_card.run, args=(i, where, t_start, 4, 4, out)) for i in range(4)
+        ctx.Process(target=workers_card.run, args=(i, where, start, 4, 4, out)) for i in range(4)
     ]
     for p in procs:
         p.start()
-    results = [out.get(timeout=30) for _ in procs]
+    for _ in procs:  # every worker has imported everything: the schedule starts together
+        assert out.get(timeout=60)[0] == "ready"
+    start.value = time.monotonic() + 0.5  # time for each poller to see the counter step
+    results = [out.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(10)
     charged = sum(r[1] for r in results)

@@ -27,15 +27,22 @@ def schedule(workers: int, per_worker: int, seed: int = 11) -> list[tuple[int, f
     ]
 
 
-def run(index: int, directory: str | None, t_start: float, workers: int, per_worker: int, out: Any) -> None:
+def run(index: int, directory: str | None, start: Any, workers: int, per_worker: int, out: Any) -> None:
+    """``start`` is a shared value the parent sets once every worker is reading."""
     plan = schedule(workers, per_worker)
     card = TrueCard(idle_w=IDLE, seed=5)
+    out.put(("ready", index))
+    while start.value == 0.0:
+        time.sleep(0.005)
+    t_start = start.value
     card.t0 = t_start
     card._phase = 0.041  # every process's card steps at the same times
     for _, offset, seconds, watts in plan:
         card.jobs.append(Job(watts, t_start + offset, t_start + offset + seconds))
     ledger = Ledger(Node("shared-card", idle_w=IDLE, workers_dir=directory), TrueReader(card))
     ledger.ensure_started()
+    while ledger.totals().reads < 5 and time.monotonic() < t_start:
+        time.sleep(0.005)
     mine = sorted((o, s) for w, o, s, _ in plan if w == index)
     meters = []
     for offset, seconds in mine:
