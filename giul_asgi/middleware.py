@@ -33,8 +33,10 @@ from .config import Node, Route, Tier
 from .context import meter_var
 from .energy import TOKEN_KINDS, Energy
 from .errors import ConfigError, GiulError
+from .exporters.sink import RecordSink
 from .ledger import Ledgers, default_ledgers
 from .meter import Meter
+from .records import RecordStore
 from .report import (
     SSESplicer,
     energy_headers,
@@ -61,7 +63,6 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _NO_BODY_STATUS = frozenset({204, 205, 304})
 #: Without lifespan the first request starts the readers; it waits this long at most.
-_FIRST_REQUEST_WAIT = 0.25
 
 
 class Stats(Protocol):
@@ -117,6 +118,14 @@ class Head:
         return self.media_type == b"text/event-stream"
 
 
+class OtelSpans(RecordSink, Protocol):
+    """What the middleware asks of OpenTelemetry (``exporters.otel.otel_recorder()``)."""
+
+    def current_span(self) -> Any | None: ...
+
+    def annotate(self, span: Any | None, energy: Energy) -> None: ...
+
+
 class EnergyMiddleware:
     """Meters every HTTP request of ``app`` on the node its route runs on.
 
@@ -147,11 +156,14 @@ class EnergyMiddleware:
         ledgers: Ledgers | None = None,
         stats: Stats | None = None,
         settle_timeout: float = 0.0,
-        startup_timeout: float = 5.0,
+        startup_timeout: float = 0.5,
         energy_path: str | None = "/energy",
         metrics_path: str | None = None,
         endpoint_token: str | None = None,
         endpoint_guard: Callable[[Scope], bool] | None = None,
+        records: RecordStore | None = None,
+        sinks: Iterable[RecordSink] = (),
+        otel: OtelSpans | None = None,
     ) -> None:
         if token_kind not in TOKEN_KINDS:
             raise ConfigError(
@@ -195,6 +207,14 @@ class EnergyMiddleware:
         self._endpoint_guard = endpoint_guard
         self._endpoint: ASGIApp | None = None
         self._endpoint_built = False
+        #: Every figure by request id (first, then settled), for /energy/requests/{id}.
+        self.records = records if records is not None else RecordStore()
+        #: Called with every settled figure (JSON lines, a callback, OpenTelemetry metrics).
+        self.sinks = list(sinks)
+        #: Puts giul.energy.* on the request's recording span (OpenTelemetry, optional).
+        self.otel = otel
+        if otel is not None and otel not in self.sinks:
+            self.sinks.append(otel)
         self._catalog = self.router.catalog()
         self._started = False  # the readers were started (lifespan, or the first request)
         self.startup_error: GiulError | None = None
@@ -223,7 +243,7 @@ class EnergyMiddleware:
             self._endpoint = endpoint_module.EnergyEndpoint(
                 stats=self.stats, ledgers=self.ledgers, path=self.energy_path,
                 metrics_path=self.metrics_path, token=self._endpoint_token,
-                guard=self._endpoint_guard,
+                guard=self._endpoint_guard, records=self.records,
             )
         return self._endpoint
 
@@ -259,6 +279,7 @@ class EnergyMiddleware:
         )
         meter.open()
         exchange = Exchange(self, scope, meter, send, receive)
+        span = self.otel.current_span() if self.otel is not None else None
         outcome = "incomplete"
         token = meter_var.set(meter)
         try:
@@ -270,12 +291,24 @@ class EnergyMiddleware:
         finally:
             meter_var.reset(token)
             exchange.close()
+            first = exchange.figure()
+            self.records.put(first)
+            if span is not None and self.otel is not None:
+                self.otel.annotate(span, first)
             self._record(meter, outcome, exchange.status)
 
     def _record(self, meter: Meter, outcome: str, status: int | None) -> None:
-        stats = self.stats
-        if stats is not None:
-            meter.on_settled(lambda e: stats.record(e, outcome=outcome, status=status))
+        """Once the figure settles: the statistics, the record by id, and every sink."""
+        stats, records, sinks = self.stats, self.records, self.sinks
+
+        def settled(energy: Energy) -> None:
+            records.put(energy)
+            if stats is not None:
+                stats.record(energy, outcome=outcome, status=status)
+            for sink in sinks:
+                sink(energy, outcome=outcome, status=status)
+
+        meter.on_settled(settled)
 
     def choose(self, head: Head, exchange: Exchange) -> Responder:
         """The responder for a response of this shape."""
@@ -349,14 +382,20 @@ class EnergyMiddleware:
 
     async def _start_without_lifespan(self) -> None:
         # No lifespan (or a server that does not send it): the first request starts the
-        # readers; a failure is logged once and figures say unknown, never a 500 from us.
+        # readers and does not wait for them (a wedged driver must not hold it); a failure
+        # is logged once by the ledger and figures say unknown, never a 500 from us.
         if self._started:
             return
-        await self.start(timeout=min(self.startup_timeout, _FIRST_REQUEST_WAIT))
+        self._started = True
+        for node in self.router.nodes.values():
+            self.ledgers.get(node).ensure_started()
 
     async def aclose(self) -> None:
-        """Stop the readers and settle every figure (lifespan shutdown does this)."""
+        """Stop the readers and settle every figure, then flush the sinks (lifespan
+        shutdown does this): no settled record is lost on a clean shutdown."""
         await self.ledgers.aclose(timeout=self.startup_timeout)
+        for sink in self.sinks:
+            await sink.aclose()
 
 
 class Exchange:

@@ -291,6 +291,8 @@ class Ledger:
         """Wait (at most ``timeout``) for the reader to be built. Raises the build's error
         when the operator asked for this reader by name; a slow driver is logged, not
         waited for."""
+        if not self.book.measures and self.failure is None:
+            return  # reader="none": nothing to wait for
         self.ensure_started()
         with anyio.move_on_after(timeout):
             while self.reader is None and self.failure is None and self._poller is not None:
