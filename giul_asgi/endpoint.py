@@ -20,7 +20,6 @@ worker thread, off the event loop.
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import inspect
 import ipaddress
@@ -214,10 +213,8 @@ class EnergyEndpoint:
 
 
 def _ledger_dict(totals: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(totals) and not isinstance(totals, type):
-        raw = dataclasses.asdict(totals)
-    else:
-        raw = {f: getattr(totals, f, None) for f in LEDGER_FIELDS}
+    # getattr, not dataclasses.asdict: conservation_error_j is a property of the totals.
+    raw = {f: getattr(totals, f, None) for f in LEDGER_FIELDS}
     out = {}
     for field in LEDGER_FIELDS:
         value = raw.get(field)

