@@ -115,8 +115,8 @@ def test_memory_is_bounded_by_labels_not_requests() -> None:
         clock.t += 1.0  # 5.5 hours of traffic
         stats.record(energy(float(1 + i % 50)), outcome="ok", status=200)
     stats.snapshot("15m")
-    for label in stats._groups["route"].values():
-        for ring in label.rings:
+    for series in stats._series.values():
+        for ring in series.rings:
             assert len(ring.slots) <= ring.n
     assert sum(len(v) for v in stats._nodes.values()) == 0
 
