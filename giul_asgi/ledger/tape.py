@@ -130,7 +130,12 @@ class StepClock:
             return a + half, half  # the numbering is off: the period drifts or reads stalled
         self.period = period
         at = mean_m - period * mean_k  # where the line puts the newest step (k = 0)
-        spread = math.sqrt(sum((m - (at + period * k)) ** 2 for k, m in zip(ks, mids, strict=True)) / n)
+        # The brackets' middles scatter about the line by the steps' own jitter and by where
+        # in its bracket each step fell (uniform: width^2 / 12). Take the second out: what
+        # is left is how far one step strays from the line, plus the line's own error.
+        scatter = sum((m - (at + period * k)) ** 2 for k, m in zip(ks, mids, strict=True)) / n
+        widths = sum((y - x) ** 2 for x, y in self._brackets) / (12 * n)
+        spread = math.sqrt(max(0.0, scatter - widths) + scatter / n)
         # The newest step itself jitters about the line: where the line falls outside its
         # bracket, the step was at the bracket's nearer end.
         clamped = min(max(at, a + 1e-6), b)
