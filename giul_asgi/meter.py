@@ -61,6 +61,7 @@ class Meter:
         self._window: Window | None = None
         self._tokens: int | None = None
         self._listeners: list[Callable[[Energy], None]] | None = None
+        self._final: Energy | None = None  # the settled figure, graded once
 
     @classmethod
     def for_node(
@@ -130,6 +131,7 @@ class Meter:
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
             raise TypeError(f"tokens must be an int, got {type(count).__name__}")
         self._tokens = count
+        self._final = None
 
     @property
     def token_count(self) -> int | None:
@@ -200,9 +202,14 @@ class Meter:
         """The closed window's figure now: settled, or first (``settled=False``) with the
         part the card has not reported filled from the node's measured prior."""
         window = self._closed_window()
-        if tokens is not None:
+        if tokens is not None and tokens != self._tokens:
             self.tokens(tokens)
-        return self._grade(self.ledger.share(window), window)
+        if self._final is not None:
+            return self._final  # settled: nothing can change it, and it was graded once
+        energy = self._grade(self.ledger.share(window), window)
+        if energy.settled:
+            self._final = energy
+        return energy
 
     result = figure
 
@@ -250,9 +257,7 @@ class Meter:
                 self.ledger.when_settled(window, self._settled_now)
 
     def _settled_now(self, only: Callable[[Energy], None] | None = None) -> None:
-        window = self._window
-        assert window is not None
-        energy = self._grade(self.ledger.share(window), window)
+        energy = self.figure()
         for callback in [only] if only is not None else list(self._listeners or ()):
             try:
                 callback(energy)

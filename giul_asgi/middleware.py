@@ -295,14 +295,15 @@ class EnergyMiddleware:
             self.records.put(first)
             if span is not None and self.otel is not None:
                 self.otel.annotate(span, first)
-            self._record(meter, outcome, exchange.status)
+            self._record(meter, outcome, exchange.status, first.settled)
 
-    def _record(self, meter: Meter, outcome: str, status: int | None) -> None:
+    def _record(self, meter: Meter, outcome: str, status: int | None, first_settled: bool) -> None:
         """Once the figure settles: the statistics, the record by id, and every sink."""
         stats, records, sinks = self.stats, self.records, self.sinks
 
         def settled(energy: Energy) -> None:
-            records.put(energy)
+            if not first_settled:  # the first figure, already kept, was not the settled one
+                records.put(energy)
             if stats is not None:
                 stats.record(energy, outcome=outcome, status=status)
             for sink in sinks:
