@@ -25,7 +25,7 @@ import httpx
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
 from .registry import Options
-from .upstream import DEFAULT_BACKOFF_MAX_S, DEFAULT_BACKOFF_S, FetchError, HttpPoller, check_url
+from .upstream import FetchError, HttpPoller, check_url
 
 SCHEMA = "giul-agent/1"
 OPTIONS = ("timeout_s", "backoff_s", "backoff_max_s", "kind", "expect_simulated")
@@ -92,11 +92,8 @@ class AgentReader:
         self.notes: list[str] = []
         self.host: str | None = None
         self.alignment = ClockAlignment()
-        self._poller = HttpPoller(
-            url, token=spec.token, timeout_s=opts.number("timeout_s", 1.0),
-            backoff_s=opts.number("backoff_s", DEFAULT_BACKOFF_S),
-            backoff_max_s=opts.number("backoff_max_s", DEFAULT_BACKOFF_MAX_S),
-            clock=self.clock, transport=transport,
+        self._poller = HttpPoller.for_reader(
+            url, spec.token, opts, timeout_s=1.0, clock=self.clock, transport=transport
         )
         forced = opts.raw.get("kind")
         wanted = opts.choice("kind", ("counter", "power"), "counter")

@@ -31,8 +31,6 @@ import httpx
 from .base import Kind, ReaderSpec, Reading
 from .registry import Options
 from .upstream import (
-    DEFAULT_BACKOFF_MAX_S,
-    DEFAULT_BACKOFF_S,
     FetchError,
     HttpPoller,
     check_url,
@@ -101,11 +99,8 @@ class DcgmReader:
             self.notes.append(f"the node stands for MIG instances {list(self.mig_slices)}: "
                               "dcgm-exporter's energy and power are the whole board's")
         self.mig = False
-        self._poller = HttpPoller(
-            url, token=spec.token, timeout_s=opts.number("timeout_s", 2.0),
-            backoff_s=opts.number("backoff_s", DEFAULT_BACKOFF_S),
-            backoff_max_s=opts.number("backoff_max_s", DEFAULT_BACKOFF_MAX_S),
-            clock=self.clock, transport=transport,
+        self._poller = HttpPoller.for_reader(
+            url, spec.token, opts, timeout_s=2.0, clock=self.clock, transport=transport
         )
         forced = opts.raw.get("kind")
         wanted = opts.choice("kind", ("counter", "power"), "counter")

@@ -98,6 +98,20 @@ class HttpPoller:
         self.last_status: int | None = None
         self._next_try = -math.inf
 
+    @classmethod
+    def for_reader(
+        cls, url: str | httpx.URL, token: str | None, opts: Any, *, timeout_s: float,
+        clock: Callable[[], float], transport: httpx.BaseTransport | None,
+    ) -> HttpPoller:
+        """The poller of a remote reader, its timeout and back-off from the reader's options
+        (``timeout_s``, ``backoff_s``, ``backoff_max_s``)."""
+        return cls(
+            url, token=token, timeout_s=opts.number("timeout_s", timeout_s),
+            backoff_s=opts.number("backoff_s", DEFAULT_BACKOFF_S),
+            backoff_max_s=opts.number("backoff_max_s", DEFAULT_BACKOFF_MAX_S),
+            clock=clock, transport=transport,
+        )
+
     def waiting(self) -> str | None:
         """Why no fetch is tried now (backing off after failures), or None."""
         left = self._next_try - self.clock()
