@@ -20,7 +20,7 @@ from _apps import PAYLOAD, VARIANTS, build
 pytestmark = pytest.mark.anyio
 
 NEEDS = {
-    "starlette-exporter": "starlette_exporter", "opentelemetry": "opentelemetry.sdk",
+    "starlette-exporter": "starlette_exporter", "opentelemetry": "opentelemetry.instrumentation.asgi",
     "prometheus-fastapi-instrumentator": "prometheus_fastapi_instrumentator",
 }
 ENERGY_HEADERS = {
