@@ -24,7 +24,7 @@ import httpx
 
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
-from .registry import Options
+from .options import Options
 from .upstream import FetchError, HttpPoller, check_url
 
 SCHEMA = "giul-agent/1"

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
-from .registry import Options
+from .options import Options
 
 OPTIONS = ("prefer",)
 POLL_HINT_S = 0.1

@@ -29,7 +29,7 @@ from typing import Literal
 import httpx
 
 from .base import Kind, ReaderSpec, Reading
-from .registry import Options
+from .options import Options
 from .upstream import (
     FetchError,
     HttpPoller,

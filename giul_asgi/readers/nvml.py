@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from ..errors import ReaderUnavailable
 from .base import Kind, Process, ReaderSpec, Reading
-from .registry import Options
+from .options import Options
 
 NVML_FI_DEV_POWER_INSTANT = 186
 NVML_ERROR_NOT_SUPPORTED = 3

@@ -24,7 +24,7 @@ from typing import Literal
 
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
-from .registry import Options
+from .options import Options
 
 OPTIONS = ("root", "domain", "packages")
 DEFAULT_ROOT = "/sys/class/powercap"

@@ -25,7 +25,7 @@ from typing import Literal
 
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
-from .registry import Options
+from .options import Options
 
 OPTIONS = ("binary", "interval_ms", "backoff_s", "backoff_max_s", "stale_s")
 WITH_INSTANT = "index,power.draw.instant,power.draw"

@@ -1,0 +1,198 @@
+"""What metering costs a realistic gateway: a FastAPI proxy in front of an OpenAI-shaped upstream.
+
+The gateway proxies ``/v1/chat/completions`` to a local upstream with one shared
+``httpx.AsyncClient``, passing a streamed answer through chunk by chunk as the upstream sends
+it (so the SSE scanner sees the upstream's bytes, not whole events). It runs under uvicorn with
+httptools and uvloop, one process per variant, load from ``wrk``, the upstream in a process of
+its own. Variants: two bare gateways (the second is the noise control: how far two identical
+processes differ), ours, starlette-exporter and prometheus-fastapi-instrumentator (bench
+extra). Every repeat starts fresh gateway processes, in turn, interleaved.
+
+Per variant: requests/s and the gateway process's CPU (user + system) per request, for a JSON
+answer and for a 200-chunk stream; medians of repeats, and each as a ratio to the first bare
+gateway measured beside it.
+
+    python benchmarks/gateway.py [--quick]        (apt-get install wrk)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import _wait_port, free_port, measure, stop
+
+UPSTREAM = """
+import asyncio, json, uvicorn
+from starlette.applications import Starlette
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+ANSWER = json.dumps({{"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+    "choices": [{{"index": 0, "message": {{"role": "assistant", "content": "hi " * 40}},
+                 "finish_reason": "stop"}}],
+    "usage": {{"prompt_tokens": 12, "completion_tokens": 40, "total_tokens": 52}}}}).encode()
+
+def chunk(i, finish=None):
+    delta = {{}} if finish else {{"content": "tok%d " % i}}
+    return ("data: " + json.dumps({{"id": "chatcmpl-1", "object": "chat.completion.chunk",
+        "model": "m", "choices": [{{"index": 0, "delta": delta, "finish_reason": finish}}]}},
+        separators=(",", ":")) + "\\n\\n").encode()
+
+CHUNKS = [chunk(i) for i in range(200)] + [chunk(200, "stop"), b"data: [DONE]\\n\\n"]
+
+async def chat(request):
+    return Response(ANSWER, media_type="application/json")
+
+async def stream(request):
+    async def body():
+        for c in CHUNKS:
+            yield c
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+app = Starlette(routes=[Route("/v1/chat/completions", chat), Route("/v1/stream", stream)])
+uvicorn.run(app, host="127.0.0.1", port={port}, log_level="error", access_log=False,
+            http="httptools", loop="uvloop")
+"""
+
+GATEWAY = """
+import contextlib, sys, httpx, uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+sys.path.insert(0, {bench!r})
+UP = "http://127.0.0.1:{upstream}"
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    app.state.client = httpx.AsyncClient(base_url=UP, timeout=30.0,
+                                         limits=httpx.Limits(max_connections=64))
+    yield
+    await app.state.client.aclose()
+
+app = FastAPI(lifespan=lifespan)
+
+@app.get("/v1/chat/completions")
+async def chat(request: Request):
+    r = await request.app.state.client.get("/v1/chat/completions")
+    return Response(r.content, status_code=r.status_code,
+                    media_type=r.headers.get("content-type"))
+
+@app.get("/v1/stream")
+async def stream(request: Request):
+    client = request.app.state.client
+    upstream = await client.send(client.build_request("GET", "/v1/stream"), stream=True)
+    async def body():
+        try:
+            async for piece in upstream.aiter_raw():
+                yield piece
+        finally:
+            await upstream.aclose()
+    return StreamingResponse(body(), media_type=upstream.headers.get("content-type"))
+
+{middleware}
+uvicorn.run(app, host="127.0.0.1", port={port}, log_level="error", access_log=False,
+            http="httptools", loop="uvloop")
+"""
+
+MIDDLEWARE = {
+    "bare": "",
+    "bare-2": "",
+    "giul-asgi": (
+        "from _apps import our_middleware\n"
+        "m = our_middleware()\n"
+        "app.add_middleware(m.cls, *m.args, **m.kwargs)"
+    ),
+    "starlette-exporter": (
+        "from starlette_exporter import PrometheusMiddleware\n"
+        "app.add_middleware(PrometheusMiddleware, app_name='gw', group_paths=True)"
+    ),
+    "prometheus-fastapi-instrumentator": (
+        "from prometheus_client import CollectorRegistry\n"
+        "from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware\n"
+        "app.add_middleware(PrometheusInstrumentatorMiddleware, registry=CollectorRegistry())"
+    ),
+}
+PATHS = {"json": "/v1/chat/completions", "stream-200": "/v1/stream"}
+
+
+def available() -> list[str]:
+    import importlib.util
+
+    out = []
+    for name in MIDDLEWARE:
+        module = {"starlette-exporter": "starlette_exporter",
+                  "prometheus-fastapi-instrumentator": "prometheus_fastapi_instrumentator"}.get(name)
+        if module is None or importlib.util.find_spec(module) is not None:
+            out.append(name)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    repeats, seconds = (3, 2) if args.quick else (7, 3)
+    bench = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    up_port = free_port()
+    upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM.format(port=up_port)], env=env)
+    variants = available()
+    rps: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in PATHS}
+    cpu: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in PATHS}
+    ratio: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in PATHS}
+    try:
+        _wait_port(up_port)
+        for _ in range(repeats):
+            procs = {}
+            try:
+                for v in variants:
+                    port = free_port()
+                    code = GATEWAY.format(bench=bench, upstream=up_port, port=port,
+                                          middleware=MIDDLEWARE[v])
+                    procs[v] = (subprocess.Popen([sys.executable, "-c", code], env=env), port)
+                for proc, port in procs.values():
+                    _wait_port(port)
+                    for path in PATHS.values():
+                        measure(proc, f"http://127.0.0.1:{port}{path}", 1)  # warm
+                for kind, path in PATHS.items():
+                    for v, (proc, port) in procs.items():
+                        r, us = measure(proc, f"http://127.0.0.1:{port}{path}", seconds)
+                        rps[kind][v].append(r)
+                        cpu[kind][v].append(us)
+                    for v in variants:
+                        ratio[kind][v].append(rps[kind][v][-1] / rps[kind]["bare"][-1])
+            finally:
+                stop(p for p, _ in procs.values())
+    finally:
+        stop([upstream])
+    print(f"# gateway.py: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}"
+          f"{' --quick' if args.quick else ''}\n")
+    print(f"FastAPI proxy, one shared httpx.AsyncClient, to a local upstream (separate process); "
+          f"uvicorn httptools + uvloop; wrk -t1 -c16 {seconds}s; medians of {repeats} repeats, "
+          f"fresh processes each.\n")
+    print("| variant | JSON req/s | vs bare | JSON CPU us/req | added | 200-chunk streams/s | vs bare "
+          "| stream CPU us | added |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    base_json = statistics.median(cpu["json"]["bare"])
+    base_stream = statistics.median(cpu["stream-200"]["bare"])
+    for v in variants:
+        j, s = statistics.median(cpu["json"][v]), statistics.median(cpu["stream-200"][v])
+        print(f"| {v} | {statistics.median(rps['json'][v]):.0f} | {statistics.median(ratio['json'][v]):.2f} "
+              f"| {j:.0f} | {j - base_json:+.0f} | {statistics.median(rps['stream-200'][v]):.0f} "
+              f"| {statistics.median(ratio['stream-200'][v]):.2f} | {s:.0f} | {s - base_stream:+.0f} |")
+    print("\nTargets (issue 9): streams/s >= 0.95 of the bare gateway's and stream CPU added at most "
+          "starlette-exporter's; JSON CPU added at most the cheapest peer's. bare-2 against bare "
+          "is the noise.")
+
+
+if __name__ == "__main__":
+    main()
