@@ -16,8 +16,9 @@ From the head it chooses a responder for the response's shape, as Starlette's
   stream of announced length). Bytes untouched: a body in one message gets the figure in
   its headers, a stream gets where it runs at its start and the figure in trailers.
 
-The outcome is recorded in one place, ``__call__``'s ``finally``: the settled figure goes to
-the statistics. Nothing here reads a card or blocks: the ledger does that, once per node.
+The outcome is recorded in one place, ``__call__``'s ``finally``: the first figure is kept by
+its id, and the settled one goes to the records, the statistics and the sinks when it
+settles. Nothing here reads a card or blocks: the ledger does that, once per node.
 """
 
 from __future__ import annotations
