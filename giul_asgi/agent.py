@@ -45,7 +45,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import ConfigError, ReaderUnavailable
-from .readers.nvml import describe, instant_power_mw, load_nvml, probe_gpu
+from .readers.nvml import describe, instant_power_mw, load_nvml, open_gpus
 
 SCHEMA = "giul-agent/1"
 DEFAULT_PORT = 9431
@@ -85,32 +85,12 @@ class NvmlSource:
     ) -> None:
         self._nvml = nvml = load_nvml(nvml)
         self.clock = clock
-        try:
-            nvml.nvmlInit()
-        except Exception as exc:
-            raise ReaderUnavailable(
-                f"NVML would not start ({describe(exc)})",
-                remedy="run the agent on a host with the NVIDIA driver loaded (check nvidia-smi)",
-            ) from None
+        indices, self._handles, self.probes = open_gpus(
+            nvml, gpus,
+            start_remedy="run the agent on a host with the NVIDIA driver loaded (check nvidia-smi)",
+            index_remedy="fix --gpus (NVML indices; CUDA_VISIBLE_DEVICES does not renumber them)",
+        )
         self._open = True
-        try:
-            count = nvml.nvmlDeviceGetCount()
-            indices = tuple(gpus) or tuple(range(count))
-            missing = [g for g in indices if g >= count]
-            if missing or not indices:
-                raise ReaderUnavailable(
-                    f"GPU index {missing[0]} not present: NVML sees {count} GPU(s)" if missing
-                    else "NVML sees no GPU on this host",
-                    remedy="fix --gpus (NVML indices; CUDA_VISIBLE_DEVICES does not renumber them)",
-                )
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(g) for g in indices]
-            self.probes = [probe_gpu(nvml, g, h) for g, h in zip(indices, self._handles, strict=True)]
-        except ReaderUnavailable:
-            self.close()
-            raise
-        except Exception as exc:
-            self.close()
-            raise ReaderUnavailable(f"NVML failed while probing: {describe(exc)}") from None
         self._indices = indices
 
     @property

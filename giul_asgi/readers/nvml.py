@@ -202,6 +202,37 @@ def compute_pids(nvml: Any, handle: Any, mig: bool | None) -> set[int]:
     return pids
 
 
+def open_gpus(
+    nvml: Any, gpus: Sequence[int], *, start_remedy: str, index_remedy: str
+) -> tuple[tuple[int, ...], list[Any], list[GpuProbe]]:
+    """Start NVML and probe the GPUs asked for (all, when none is named): their indices,
+    handles and probes. Raises :class:`ReaderUnavailable`, with NVML shut again, when it
+    cannot. Shared by the reader and giul-agent, which meet the same driver."""
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        raise ReaderUnavailable(f"NVML would not start ({describe(exc)})", remedy=start_remedy) from None
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        indices = tuple(gpus) or tuple(range(count))  # an empty list: every GPU this host shows
+        if not indices:
+            raise ReaderUnavailable("NVML sees no GPU on this host", remedy=index_remedy)
+        missing = [g for g in indices if g >= count]
+        if missing:
+            raise ReaderUnavailable(
+                f"GPU index {missing[0]} not present: NVML sees {count} GPU(s)", remedy=index_remedy
+            )
+        handles = [nvml.nvmlDeviceGetHandleByIndex(g) for g in indices]
+        probes = [probe_gpu(nvml, g, h) for g, h in zip(indices, handles, strict=True)]
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+        if isinstance(exc, ReaderUnavailable):
+            raise
+        raise ReaderUnavailable(f"NVML failed while probing: {describe(exc)}") from None
+    return indices, handles, probes
+
+
 class NvmlReader:
     """Reads a node's GPUs through NVML and sums them: one counter, or one power gauge.
 
@@ -239,34 +270,12 @@ class NvmlReader:
         self.clock: Callable[[], float] = clock or spec.clock
         self.gpus = tuple(spec.gpus)
         self._open = False
-        try:
-            nvml.nvmlInit()
-        except Exception as exc:
-            raise ReaderUnavailable(
-                f"NVML would not start ({describe(exc)})",
-                remedy="check the NVIDIA driver is loaded (nvidia-smi), or use reader='none'",
-            ) from None
+        self.gpus, self._handles, self.probes = open_gpus(
+            nvml, self.gpus,
+            start_remedy="check the NVIDIA driver is loaded (nvidia-smi), or use reader='none'",
+            index_remedy="fix the node's gpus list (CUDA_VISIBLE_DEVICES does not renumber NVML)",
+        )
         self._open = True
-        try:
-            count = nvml.nvmlDeviceGetCount()
-            if not self.gpus:  # an empty list means every GPU this host shows
-                self.gpus = tuple(range(count))
-            if not self.gpus:
-                raise ReaderUnavailable("NVML sees no GPU on this host")
-            missing = [g for g in self.gpus if g >= count]
-            if missing:
-                raise ReaderUnavailable(
-                    f"GPU index {missing[0]} not present: NVML sees {count} GPU(s)",
-                    remedy="fix the node's gpus list (CUDA_VISIBLE_DEVICES does not renumber NVML)",
-                )
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(g) for g in self.gpus]
-            self.probes = [probe_gpu(nvml, g, h) for g, h in zip(self.gpus, self._handles, strict=True)]
-        except ReaderUnavailable:
-            self.close()
-            raise
-        except Exception as exc:
-            self.close()
-            raise ReaderUnavailable(f"NVML failed while probing: {describe(exc)}") from None
 
         self.mig = any(p.mig for p in self.probes)
         self.notes: list[str] = [
@@ -344,6 +353,7 @@ __all__ = [
     "NvmlReader",
     "instant_power_mw",
     "load_nvml",
+    "open_gpus",
     "probe_gpu",
     "probe_nvml",
 ]
