@@ -43,8 +43,6 @@ class Provenance:
     idle_watts: float | None
 
 
-NO_READER = Provenance(method="measured", backend="none", source="none", idle_watts=None)
-
 
 @dataclass(slots=True)
 class Share:
@@ -197,7 +195,6 @@ def grade(
 __all__ = [
     "BACKENDS",
     "METHODS",
-    "NO_READER",
     "SOURCES",
     "TOKEN_KINDS",
     "Energy",

@@ -403,3 +403,36 @@ def test_the_upstreams_whole_load_shares_the_card_among_replicas() -> None:
     # Without the upstream's load, this replica would have been charged about 3x.
     assert abs(charged / caused - 1.0) < 0.1
     assert run.books() < 1e-9 * run.ledger.totals().measured_j
+
+
+def test_a_read_that_hangs_is_booked_as_failed_by_the_watchdog() -> None:
+    """The reader builds, then its reads block: the watchdog books each overrun as a failed
+    read, the tape turns the failure into a gap, and windows say why, never a figure."""
+    card = TrueCard(idle_w=IDLE, seed=4)
+    reader = TrueReader(card)
+    hang = {"now": False}
+    real_read = reader.read
+
+    def read() -> Reading:
+        if hang["now"]:
+            time.sleep(5.0)
+        return real_read()
+
+    reader.read = read  # type: ignore[method-assign]
+    ledger = Ledger(Node("hang", idle_w=IDLE), reader, read_timeout=0.1)
+    ledger.ensure_started()
+    time.sleep(0.3)
+    hang["now"] = True
+    meter = Meter(ledger)
+    started = time.monotonic()
+    meter.open()
+    meter.close()
+    assert time.monotonic() - started < 0.05
+    deadline = time.monotonic() + 4.0
+    while not meter.settled_now and time.monotonic() < deadline:
+        time.sleep(0.05)
+    totals = ledger.totals()
+    assert totals.read_errors >= 3 and "blocked for more than 0.1 s" in (totals.last_error or "")
+    e = meter.figure()
+    assert e.settled and e.joules is None and "blocked" in (e.error or "")
+    ledger.stop(timeout=0.2)

@@ -81,15 +81,10 @@ class Poller:
         self._busy_with = ""
         self.reader: Reader | None = None
         self.read_seconds_max = 0.0
-        self.blocked = 0
 
     def start(self) -> None:
         self._thread.start()
         self._watch.start()
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
 
     def stop(self, timeout: float | None = None) -> bool:
         """Ask the reader to stop (after one last read) and wait at most ``timeout``."""
@@ -185,7 +180,6 @@ class Poller:
             if since is None or now - since <= self.read_timeout or now - last_booked < self.read_timeout:
                 continue
             last_booked = now
-            self.blocked += 1
             self._ingest(Reading(
                 t=now, error=f"{self._busy_with} blocked for more than {self.read_timeout:g} s",
             ))
