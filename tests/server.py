@@ -14,9 +14,15 @@ import uvicorn
 @contextlib.contextmanager
 def serve(app: Any, **config: Any) -> Iterator[str]:
     """Serve ``app`` on a free port of 127.0.0.1; yield its base URL; stop it cleanly."""
-    server = uvicorn.Server(uvicorn.Config(
+    with run(uvicorn.Server(uvicorn.Config(
         app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **config
-    ))
+    ))) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def run(server: uvicorn.Server) -> Iterator[str]:
+    """Run a configured uvicorn ``server`` (port 0: a free one) in a thread; yield its URL."""
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
