@@ -7,13 +7,10 @@ proxy. tests/test_demo.py drives it metered, through the demo.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import runpy
 import socket
 import sys
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
+from server import serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -34,24 +31,6 @@ from giul_asgi.demo.upstream import SimGpu, SimModel, Upstream
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from examples import openai_gateway as gw  # noqa: E402
-
-
-@contextlib.contextmanager
-def serve(app: Any) -> Iterator[str]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def config(upstreams: dict[str, str]) -> gw.GatewayConfig:

@@ -3,41 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
+from server import serve
 
 from giul_asgi.demo.engine import Engine, Speed
 from giul_asgi.demo.upstream import SCHEMA, SimGpu, SimModel, Upstream, natural_length
 from giul_asgi.readers.simulated import SimulatedCard, VirtualClock, batch_watts
-
-
-@contextlib.contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """A real uvicorn on a free port of 127.0.0.1 (lifespan on: the engines start there)."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 # -- the card -------------------------------------------------------------------------------------
