@@ -33,7 +33,7 @@ from ..energy import Provenance, Share
 from ..errors import ConfigError, GiulError, ReaderUnavailable
 from ..readers.base import NullReader, Process, Reader, Reading
 from .book import Book, Split, TimeSplit, TokenSplit, Window
-from .poller import Poller
+from .poller import IDLE_S, Health, Poller
 from .sources import explicit, reader_factory
 from .tape import Tape
 
@@ -197,7 +197,6 @@ class Ledger:
     def failed(self, error: BaseException) -> None:
         """The reader could not be built: figures on this node are unknown or estimated."""
         reason = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
-        log.error("node %r has no reader: %s", self.node.name, getattr(error, "args", [reason])[0])
         with self._lock:
             self.failure = error
             self.book.measures = False
@@ -273,19 +272,38 @@ class Ledger:
 
     # -- lifecycle ----------------------------------------------------------------------
     def ensure_started(self) -> None:
-        """Start the poller thread once (no driver call happens here: it runs there)."""
-        if self._poller is not None or self._stopped or not self.book.measures or not self.poll:
+        """Start the poller thread once (no driver call happens here: it runs there), and
+        wake it: every window opens through here, and an idle poller dozes."""
+        poller = self._poller
+        if poller is not None:
+            poller.wake()
+            return
+        if self._stopped or not self.book.measures or not self.poll:
             return
         with self._lock:
             if self._poller is not None or self._stopped:
                 return
             if self.reader is not None and self.reader.kind == "none":
                 return
+            node = self.node
             self._poller = Poller(
-                self.node.name, self._build if self.reader is None else (lambda: self.reader),  # type: ignore[arg-type,return-value]
+                node.name, self._build if self.reader is None else (lambda: self.reader),  # type: ignore[arg-type,return-value]
                 self, read_timeout=self.read_timeout, clock=self.clock, chores=self._chores(),
+                busy=self._windows_open, idle_s=None if _watches_idle(node) else IDLE_S,
+                reader_name="custom" if node.reader_factory is not None else node.reader,
+                target=_target(node),
             )
             self._poller.start()
+
+    def _windows_open(self) -> bool:
+        """Whether this process has windows open on the node (the poller's busy pace)."""
+        return self.own_load()[1] > 0
+
+    @property
+    def health(self) -> Health | None:
+        """How the node's reader is doing (None before the poller started)."""
+        poller = self._poller
+        return poller.health if poller is not None else None
 
     async def wait_ready(self, timeout: float) -> None:
         """Wait (at most ``timeout``) for the reader to be built. Raises the build's error
@@ -344,6 +362,21 @@ class Ledger:
                 read_seconds_max=poller.read_seconds_max if poller else 0.0,
                 backend=self.book.provenance.backend, method=self.book.provenance.method,
             )
+
+
+def _watches_idle(node: Node) -> bool:
+    """Whether an idle node still reads at its counter's period: it watches for a foreign
+    load it subtracts, or for the load of others (the upstream's, other workers')."""
+    return node.foreign == "subtract" or node.upstream is not None or node.workers_dir is not None
+
+
+def _target(node: Node) -> str:
+    """What the node's reader reads, for people: the URL, else the GPUs."""
+    if node.url is not None:
+        return node.url
+    if node.reader == "simulated":
+        return "an in-process simulated card loaded by this node's windows"
+    return f"GPUs {list(node.gpus)}" if node.gpus else "every GPU"
 
 
 def _fire(windows: list[Window]) -> None:

@@ -13,6 +13,17 @@ simulated card, JSON requests in a tight loop, alternating processes: median 199
 added per request without the hop; with one thread, four reads a period instead of ten
 measured the same within noise (176 against 179), so the reads stay frequent.
 
+Idle costs nothing: reading ten times a counter period only matters while a window is open
+or waiting to settle (``busy``). Once the node has been quiet for ``LINGER_PERIODS``
+periods the thread dozes, reading once per ``idle_s`` (the counter's own period where the
+node watches for a foreign load, else ``IDLE_S``), and :meth:`Poller.wake` (a window
+opened) brings it back at once. benchmarks/idle.py measures what that saves.
+
+The thread also says how the node's reader is doing where operators look: one log line
+when the reader is built (its target and first reading, or the error and its remedy), one
+when it starts failing and one when it recovers; :class:`Health` holds the same for
+``/energy`` and Prometheus.
+
 The poller runs the same under asyncio and trio: it is a thread, and it hands its readings
 to the ledger, which serialises them with the request path under one lock.
 """
@@ -24,6 +35,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..readers.base import Process, ProcessLister, Reader, Reading
@@ -37,6 +49,12 @@ PROCESS_EVERY_S = 2.0
 #: period 300 ms requests' settled uncertainty doubled (14.7% median) and a foreign load's
 #: settled figures were covered 78% of the time, where ten a period gives 5% and 100%.
 READS_PER_PERIOD = 10
+#: Seconds between reads of an idle node that watches for nothing (no window, no foreign load).
+IDLE_S = 1.0
+#: Periods (at least ``LINGER_MIN_S``) the poller keeps its busy pace after the last window
+#: or wake: closed windows settle once the counter has stepped past their ramp-down.
+LINGER_PERIODS = 5
+LINGER_MIN_S = 0.5
 
 
 class Sink(Protocol):
@@ -51,8 +69,33 @@ class Sink(Protocol):
     def note_processes(self, processes: list[Process] | None) -> None: ...
 
 
+@dataclass(slots=True)
+class Health:
+    """How the node's reader is doing, as the reader thread last saw it."""
+
+    reader: str
+    target: str
+    state: str = "starting"  # starting | ok | failing | unavailable | stopped
+    reads: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    remedy: str | None = None
+    last_ok_t: float | None = None
+    idle: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"reader": self.reader, "target": self.target, "state": self.state,
+                "reads": self.reads, "errors": self.errors, "last_error": self.last_error,
+                "remedy": self.remedy, "idle": self.idle}
+
+
 class Poller:
-    """Builds a node's reader off the loop, then reads it at its pace until stopped."""
+    """Builds a node's reader off the loop, then reads it at its pace until stopped.
+
+    ``busy()`` says whether windows need the busy pace (open, or closed and not settled);
+    None keeps the busy pace always. ``idle_s`` is the pace of an idle node: None reads at
+    the counter's own period (a node that watches for a foreign load).
+    """
 
     def __init__(
         self,
@@ -64,6 +107,10 @@ class Poller:
         close_timeout: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         chores: list[tuple[float, Callable[[], None]]] | None = None,
+        busy: Callable[[], bool] | None = None,
+        idle_s: float | None = IDLE_S,
+        reader_name: str = "custom",
+        target: str = "",
     ) -> None:
         self.name = name
         self._build = build
@@ -74,21 +121,38 @@ class Poller:
         #: (every seconds, call): other sources beside the card (the upstream's load, the
         #: workers' table), run on the reader thread between reads, watched like a read.
         self.chores = list(chores or ())
+        self._busy = busy
+        self.idle_s = idle_s
         self._stop = threading.Event()
+        # Set by stop() and by wake() while dozing: the one thing the reader thread waits on.
+        self._alarm = threading.Event()
+        self._dozing = False
+        self._woken = False
+        self._active_until = 0.0
         self._thread = threading.Thread(target=self._run, name=f"giul-reader-{name}", daemon=True)
         self._watch = threading.Thread(target=self._watchdog, name=f"giul-watch-{name}", daemon=True)
         self._busy_since: float | None = None  # when the driver call in progress began
         self._busy_with = ""
         self.reader: Reader | None = None
         self.read_seconds_max = 0.0
+        self.health = Health(reader_name, target)
+        self._announced = False
 
     def start(self) -> None:
         self._thread.start()
         self._watch.start()
 
+    def wake(self) -> None:
+        """A window is opening: keep (or go back to) the busy pace. Cheap: two attribute
+        writes, and an Event.set only when the thread dozes."""
+        self._woken = True
+        if self._dozing:
+            self._alarm.set()
+
     def stop(self, timeout: float | None = None) -> bool:
         """Ask the reader to stop (after one last read) and wait at most ``timeout``."""
         self._stop.set()
+        self._alarm.set()
         bound = timeout if timeout is not None else self.read_timeout + self.close_timeout
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(bound)
@@ -108,21 +172,29 @@ class Poller:
         try:
             reader = self._call("building the reader", self._build)
         except Exception as exc:
+            self._unavailable(exc)
             self._sink.failed(exc)
             return
         if self._stop.is_set():
             return
         self.reader = reader
+        self.health.remedy = getattr(reader, "remedy", None)
         self._sink.attach(reader)
         if reader.kind == "none":
+            self.health.state = "unavailable"
+            self.health.last_error = getattr(reader, "reason", "no reader for this node")
+            self._announce(None)
             return
         hint = getattr(reader, "poll_s", None)
         per = READS_PER_PERIOD if reader.kind == "counter" else 4
         poll_s = float(hint) if hint else max(0.005, min(reader.period / per, 1.0))
+        idle_s = max(poll_s, self.idle_s if self.idle_s is not None else reader.period)
+        linger = max(LINGER_MIN_S, LINGER_PERIODS * reader.period)
         jitter = random.Random(id(self))
         lists = isinstance(reader, ProcessLister)
         next_look = 0.0
         due = [0.0] * len(self.chores)
+        self._active_until = self._clock() + linger
         while not self._stop.is_set():
             self._read(reader)
             now = self._clock()
@@ -135,12 +207,35 @@ class Poller:
                     self._chore(chore)
             # Jittered reads bracket the counter's steps at varied phases, so the tape
             # learns where they fall to well under a poll.
-            self._stop.wait(poll_s * jitter.uniform(0.5, 1.5))
+            self._pause(poll_s * jitter.uniform(0.5, 1.5), idle_s, linger)
         self._read(reader)  # the last reading settles what closed since the one before
+        self.health.state = "stopped"
         try:
             self._call("closing the reader", reader.close)
         except Exception as exc:
             log.warning("closing the reader of node %r: %s", self.name, exc)
+
+    def _pause(self, busy_wait: float, idle_wait: float, linger: float) -> None:
+        """Wait for the next read: the busy pace while windows need it, else doze."""
+        now = self._clock()
+        # Dozing is declared before busy() is asked: a window opened after the question
+        # finds _dozing set and wakes us; one opened before it is seen by the question.
+        self._dozing = True
+        try:
+            if self._woken or self._busy is None or self._busy():
+                self._woken = False
+                self._active_until = now + linger
+            if now < self._active_until:
+                self._dozing = False
+                self.health.idle = False
+                self._alarm.wait(busy_wait)
+            else:
+                self.health.idle = True
+                self._alarm.wait(idle_wait)
+        finally:
+            self._dozing = False
+            if not self._stop.is_set():
+                self._alarm.clear()
 
     def _read(self, reader: Reader) -> None:
         try:
@@ -149,6 +244,7 @@ class Poller:
             reading = Reading(t=self._clock(), error=f"{type(exc).__name__}: {exc}")
         if not isinstance(reading, Reading):
             reading = Reading(t=self._clock(), error=f"reader returned {type(reading).__name__}")
+        self._note(reading)
         self._ingest(reading)
 
     def _ingest(self, reading: Reading) -> None:
@@ -170,6 +266,48 @@ class Poller:
             processes = None
         self._sink.note_processes(processes)
 
+    # -- health, said where operators look ------------------------------------------------------
+    def _note(self, reading: Reading) -> None:
+        health = self.health
+        health.reads += 1
+        if reading.ok:
+            health.last_ok_t = reading.t
+            if health.state == "failing":
+                log.info("node %r: reader %s (%s) reads again", self.name, health.reader, health.target)
+            health.state = "ok"
+        else:
+            health.errors += 1
+            health.last_error = reading.error or "empty reading"
+            if health.state == "ok":
+                log.warning("node %r: reader %s (%s) started failing: %s%s", self.name, health.reader,
+                            health.target, health.last_error, _remedy(health.remedy))
+            health.state = "failing"
+        if not self._announced:
+            self._announce(reading)
+
+    def _announce(self, reading: Reading | None) -> None:
+        """The one startup line per node: reader, target, first reading or the error."""
+        self._announced = True
+        health, reader = self.health, self.reader
+        what = f"node {self.name!r}: reader {health.reader} ({health.target})"
+        if reading is None or not reading.ok:
+            log.warning("%s: no reading: %s%s", what, health.last_error, _remedy(health.remedy))
+            return
+        value = f"{reading.joules:.3f} J on its counter" if reading.joules is not None \
+            else f"{reading.watts:.1f} W"
+        labels = f"{getattr(reader, 'backend', '?')}, {getattr(reader, 'method', '?')}"
+        pace = "" if self._busy is None else f"; idle reads every {self.idle_s or 'counter period'} s"
+        log.info("%s: ready (%s), first reading %s%s", what, labels, value, pace)
+
+    def _unavailable(self, exc: BaseException) -> None:
+        health = self.health
+        health.state = "unavailable"
+        health.last_error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        health.remedy = getattr(exc, "remedy", None) or None
+        self._announced = True
+        log.error("node %r: reader %s (%s) unavailable: %s%s", self.name, health.reader,
+                  health.target, health.last_error, _remedy(health.remedy))
+
     # -- the watchdog -------------------------------------------------------------------------
     def _watchdog(self) -> None:
         """While a driver call overruns its bound, book a failed reading every bound."""
@@ -183,3 +321,7 @@ class Poller:
             self._ingest(Reading(
                 t=now, error=f"{self._busy_with} blocked for more than {self.read_timeout:g} s",
             ))
+
+
+def _remedy(remedy: str | None) -> str:
+    return f" -> {remedy}" if remedy else ""

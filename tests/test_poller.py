@@ -1,0 +1,211 @@
+"""The reader thread: its pace (busy, lingering, dozing, woken), and the health it reports.
+
+These run real threads on the real clock. Every wait is for an event with a generous bound,
+and every count is an upper bound on what an idle thread may do (a loaded machine only
+reads less), so they hold on a busy 2-core machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Literal
+
+import pytest
+
+from giul_asgi.config import Node
+from giul_asgi.errors import ReaderUnavailable
+from giul_asgi.ledger import Ledger
+from giul_asgi.ledger.poller import Poller
+from giul_asgi.readers.base import Kind, Process, Reader, Reading
+
+WAIT_S = 20.0  # the bound on any wait for something that should happen at once
+
+
+class Counter:
+    """A counter reader that counts its reads and lets a test wait for the next one."""
+
+    backend = "test_counter"
+    source = "local"
+    method: Literal["measured", "simulated"] = "measured"
+    kind: Kind = "counter"
+    remedy = "plug the test card back in"
+
+    def __init__(self, period: float = 0.05, fail: bool = False) -> None:
+        self.period = period
+        self.clock = time.monotonic
+        self.fail = fail
+        self.reads = 0
+        self.read_event = threading.Event()
+        self.joules = 1000.0
+
+    def read(self) -> Reading:
+        self.reads += 1
+        self.read_event.set()
+        self.joules += 0.5
+        if self.fail:
+            return Reading(t=self.clock(), error="the test card is unplugged")
+        return Reading(t=self.clock(), joules=self.joules)
+
+    def close(self) -> None:
+        return None
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.readings: list[Reading] = []
+        self.failure: BaseException | None = None
+        self.attached = threading.Event()
+
+    def attach(self, reader: Reader) -> None:
+        self.attached.set()
+
+    def failed(self, error: BaseException) -> None:
+        self.failure = error
+        self.attached.set()
+
+    def ingest(self, reading: Reading) -> None:
+        self.readings.append(reading)
+
+    def note_processes(self, processes: list[Process] | None) -> None:
+        return None
+
+
+def _until(predicate: object, bound: float = WAIT_S) -> bool:
+    end = time.monotonic() + bound
+    while time.monotonic() < end:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _next_read(reader: Counter, bound: float = WAIT_S) -> bool:
+    reader.read_event.clear()
+    return reader.read_event.wait(bound)
+
+
+def test_an_idle_node_dozes_and_a_wake_reads_at_once() -> None:
+    reader, busy = Counter(), threading.Event()
+    poller = Poller("n", lambda: reader, Sink(), busy=busy.is_set, idle_s=600.0)
+    poller.start()
+    try:
+        assert _until(lambda: poller.health.idle), "an idle node never dozed"
+        _next_read(reader, 0.0)
+        reads = reader.reads
+        time.sleep(0.5)
+        assert reader.reads <= reads + 1  # dozing: at most the read in flight, not 10 a period
+        busy.set()
+        poller.wake()
+        assert _next_read(reader), "a wake did not bring a read"  # idle_s is 600 s: only the wake can
+        assert _until(lambda: reader.reads >= reads + 20), "the busy pace did not come back"
+        assert not poller.health.idle
+    finally:
+        assert poller.stop(WAIT_S)
+
+
+def test_busy_keeps_the_fast_pace_and_stop_ends_a_doze_at_once() -> None:
+    reader = Counter()
+    poller = Poller("n", lambda: reader, Sink(), busy=lambda: True, idle_s=600.0)
+    poller.start()
+    try:
+        assert _until(lambda: reader.reads >= 30)
+        assert not poller.health.idle
+    finally:
+        assert poller.stop(WAIT_S)
+    reader2 = Counter()
+    dozer = Poller("m", lambda: reader2, Sink(), busy=lambda: False, idle_s=600.0)
+    dozer.start()
+    assert _until(lambda: dozer.health.idle)
+    started = time.monotonic()
+    assert dozer.stop(WAIT_S)
+    assert time.monotonic() - started < WAIT_S  # not the 600 s doze
+    assert dozer.health.state == "stopped"
+
+
+def test_without_a_busy_signal_the_pace_never_drops() -> None:
+    reader = Counter(period=0.02)
+    poller = Poller("n", lambda: reader, Sink())  # busy=None: tests and benchmarks feeding by hand
+    poller.start()
+    try:
+        assert _until(lambda: reader.reads >= 60)
+        assert not poller.health.idle
+    finally:
+        poller.stop(WAIT_S)
+
+
+def test_a_ledger_wakes_its_poller_when_a_window_opens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("giul_asgi.ledger.IDLE_S", 600.0)  # only a wake can bring a read soon
+    reader = Counter()
+    ledger = Ledger(Node("n", reader="none", idle_w=10.0), reader)
+    ledger.ensure_started()
+    try:
+        poller = ledger._poller
+        assert poller is not None and poller.idle_s == 600.0
+        assert _until(lambda: ledger.health is not None and ledger.health.idle)
+        window = ledger.open()
+        assert _next_read(reader), "opening a window did not wake the reader"
+        assert _until(lambda: reader.reads > 30), "an open window did not keep the busy pace"
+        ledger.close(window)
+        assert _until(lambda: poller.health.idle), "the node never went idle after its window closed"
+    finally:
+        ledger.stop(WAIT_S)
+
+
+def test_startup_line_names_reader_target_and_first_reading(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="giul_asgi.poller")
+    reader = Counter()
+    poller = Poller("gpu0", lambda: reader, Sink(), busy=lambda: False, reader_name="nvml",
+                    target="GPUs [0]")
+    poller.start()
+    assert _until(lambda: poller.health.reads >= 1)
+    poller.stop(WAIT_S)
+    lines = [r.getMessage() for r in caplog.records if "gpu0" in r.getMessage()]
+    assert lines[0].startswith("node 'gpu0': reader nvml (GPUs [0]): ready (test_counter, measured), "
+                               "first reading 1000.500 J")
+    assert poller.health.state == "stopped" and poller.health.errors == 0
+
+
+def test_a_failing_first_read_is_logged_with_the_readers_remedy(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="giul_asgi.poller")
+    reader = Counter(fail=True)
+    poller = Poller("gpu1", lambda: reader, Sink(), reader_name="agent", target="http://127.0.0.1:9")
+    poller.start()
+    assert _until(lambda: poller.health.errors >= 3)
+    reader.fail = False
+    assert _until(lambda: poller.health.state == "ok")
+    reader.fail = True
+    assert _until(lambda: poller.health.state == "failing")
+    poller.stop(WAIT_S)
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert messages[0] == ("WARNING", "node 'gpu1': reader agent (http://127.0.0.1:9): no reading: "
+                                      "the test card is unplugged -> plug the test card back in")
+    # One line per change of state, not one per failed read.
+    assert [m for _, m in messages[1:]] == [
+        "node 'gpu1': reader agent (http://127.0.0.1:9) reads again",
+        "node 'gpu1': reader agent (http://127.0.0.1:9) started failing: the test card is unplugged"
+        " -> plug the test card back in",
+    ]
+    assert poller.health.as_dict()["last_error"] == "the test card is unplugged"
+
+
+def test_a_reader_that_cannot_be_built_is_one_error_line_with_its_remedy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="giul_asgi.poller")
+
+    def build() -> Reader:
+        raise ReaderUnavailable("NVML would not start", remedy="load the NVIDIA driver")
+
+    sink = Sink()
+    poller = Poller("gpu2", build, sink, reader_name="nvml", target="GPUs [0]")
+    poller.start()
+    assert sink.attached.wait(WAIT_S)
+    poller.stop(WAIT_S)
+    assert isinstance(sink.failure, ReaderUnavailable)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("ERROR", "node 'gpu2': reader nvml (GPUs [0]) unavailable: NVML would not start"
+                  " -> load the NVIDIA driver"),
+    ]
+    assert poller.health.state == "unavailable" and poller.health.remedy == "load the NVIDIA driver"
