@@ -34,8 +34,8 @@ def rss_kib() -> int:
 def one(n: int) -> dict[str, Any]:
     import random
 
-    from giul_asgi.endpoint import EnergyEndpoint, _dumps
     from giul_asgi.energy import Energy
+    from giul_asgi.serve.endpoint import EnergyEndpoint, _dumps
     from giul_asgi.stats import EnergyStats
 
     rng = random.Random(1)

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hmac
-import ipaddress
 import json
 import os
 import socket
@@ -46,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import ConfigError, ReaderUnavailable
 from .readers.nvml import describe, instant_power_mw, load_nvml, open_gpus
+from .serve.access import Access, check_token, is_loopback
 
 SCHEMA = "giul-agent/1"
 DEFAULT_PORT = 9431
@@ -208,13 +207,17 @@ class SharedRead:
 
 
 class Guard:
-    """Pure ASGI: GET/HEAD only, no request body, the bearer token where one is set."""
+    """Pure ASGI: GET/HEAD only, no request body, the bearer token where one is set.
+
+    The token is checked when the guard is built and on each request by the rules ``/energy``
+    shares (:mod:`giul_asgi.serve.access`); loopback is decided at bind time (``build_server``).
+    """
 
     PUBLIC = frozenset({"/healthz"})
 
     def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app = app
-        self._token = f"Bearer {token}".encode() if token else None
+        self.access = Access(token=token, loopback_when_open=False, realm="giul-agent")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -228,10 +231,10 @@ class Guard:
         if b"transfer-encoding" in headers or length.strip() not in (b"", b"0"):
             await _plain(send, 413, b"no request body is accepted\n")
             return
-        if self._token is not None and scope["path"] not in self.PUBLIC:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._token):
-                await _plain(send, 401, b"bearer token required\n", [(b"www-authenticate", b"Bearer")])
+        if scope["path"] not in self.PUBLIC:
+            refusal = await self.access.refusal(scope)
+            if refusal is not None:
+                await _plain(send, refusal.status, f"{refusal.error}\n".encode(), list(refusal.headers))
                 return
         await self.app(scope, receive, send)
 
@@ -329,15 +332,6 @@ def make_app(
     return guarded
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def build_server(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
@@ -355,7 +349,8 @@ def build_server(
     """A ready ``uvicorn.Server`` for the agent (``serve`` runs it; tests run it in a thread)."""
     import uvicorn
 
-    if not _is_loopback(host) and not token and not allow_open:
+    token = check_token(token)
+    if not is_loopback(host) and token is None and not allow_open:
         raise ConfigError(
             f"giul-agent would serve {host} without a token",
             remedy="give a token (--token-file or $GIUL_AGENT_TOKEN), bind 127.0.0.1 behind a "

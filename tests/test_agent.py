@@ -70,11 +70,11 @@ def test_a_failing_gpu_is_an_error_in_its_record_not_a_failed_answer() -> None:
 
 
 def test_token_is_required_where_set_and_healthz_stays_open() -> None:
-    with running_agent(reader=CountingSource(), token="s3cret") as url:
+    with running_agent(reader=CountingSource(), token="s3cret-0123456789") as url:
         assert httpx.get(f"{url}/readings").status_code == 401
         assert httpx.get(f"{url}/readings", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert httpx.get(f"{url}/metrics", headers={"Authorization": "s3cret"}).status_code == 401
-        ok = httpx.get(f"{url}/readings", headers={"Authorization": "Bearer s3cret"})
+        assert httpx.get(f"{url}/metrics", headers={"Authorization": "s3cret-0123456789"}).status_code == 401
+        ok = httpx.get(f"{url}/readings", headers={"Authorization": "Bearer s3cret-0123456789"})
         assert ok.status_code == 200 and ok.json()["gpus"][0]["energy_j"] >= 1
         assert httpx.get(f"{url}/healthz").json() == {"ok": True, "gpus": 1}
 
@@ -139,7 +139,7 @@ def test_open_bind_needs_a_token_and_bad_values_are_refused() -> None:
         build_server(host="0.0.0.0", reader=CountingSource())
     with pytest.raises(ConfigError, match="cache_s"):
         build_server(reader=CountingSource(), cache_s=-1)
-    build_server(host="0.0.0.0", reader=CountingSource(), token="t")  # a token makes it fine
+    build_server(host="0.0.0.0", reader=CountingSource(), token="t0123456789abcdef")  # a token makes it fine
 
 
 def test_nvml_source_reports_what_is_missing() -> None:

@@ -88,12 +88,12 @@ def test_power_where_the_agent_gives_no_counter() -> None:
 
 
 def test_token() -> None:
-    with running_agent(reader=NvmlSource(nvml=FakeNvml()), token="tok") as url:
+    with running_agent(reader=NvmlSource(nvml=FakeNvml()), token="tok-0123456789abcdef") as url:
         with pytest.raises(ReaderUnavailable, match="refused our token"):
             AgentReader(ReaderSpec(url=url))
         with pytest.raises(ReaderUnavailable, match="refused our token"):
             AgentReader(ReaderSpec(url=url, token="nope"))
-        reader = AgentReader(ReaderSpec(url=url, token="tok"))
+        reader = AgentReader(ReaderSpec(url=url, token="tok-0123456789abcdef"))
         assert reader.read().ok
         reader.close()
 

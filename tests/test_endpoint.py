@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from giul_asgi.endpoint import EnergyEndpoint
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
 from giul_asgi.records import RecordStore
+from giul_asgi.serve.endpoint import EnergyEndpoint
 from giul_asgi.stats import EnergyStats
 
 DOCS = Path(__file__).parent.parent / "docs" / "energy-schema.md"
@@ -136,14 +136,14 @@ async def test_only_loopback_clients_by_default() -> None:
 
 @pytest.mark.anyio
 async def test_a_token_is_required_when_given_from_anywhere() -> None:
-    app = EnergyEndpoint(stats=fed_stats(), ledgers=[], token="s3cret-token", metrics_path="/metrics")
+    app = EnergyEndpoint(stats=fed_stats(), ledgers=[], token="s3cret-token-0123", metrics_path="/metrics")
     async with client(app, host="10.1.2.3") as c:
         assert (await c.get("/energy")).status_code == 401
         assert (await c.get("/metrics")).status_code == 401
         assert (await c.get("/energy", headers={"Authorization": "Bearer wrong-token"})).status_code == 401
-        ok = await c.get("/energy", headers={"Authorization": "Bearer s3cret-token"})
+        ok = await c.get("/energy", headers={"Authorization": "Bearer s3cret-token-0123"})
         assert ok.status_code == 200
-        assert (await c.get("/energy/ui?token=s3cret-token")).status_code == 200
+        assert (await c.get("/energy/ui?token=s3cret-token-0123")).status_code == 200
 
 
 @pytest.mark.anyio

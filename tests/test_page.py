@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from server import serve
 from test_endpoint import Clock, FakeLedger
 
-from giul_asgi.endpoint import EnergyEndpoint
 from giul_asgi.energy import Energy
+from giul_asgi.serve.endpoint import EnergyEndpoint
 from giul_asgi.stats import EnergyStats
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -8,9 +8,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_endpoint import FakeLedger, client
 
-from giul_asgi.endpoint import EnergyEndpoint
 from giul_asgi.energy import Energy
 from giul_asgi.exporters.prometheus import EnergyCollector
+from giul_asgi.serve.endpoint import EnergyEndpoint
 from giul_asgi.stats import EnergyStats
 
 

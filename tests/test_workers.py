@@ -22,7 +22,7 @@ from giul_asgi.workers import ENV, HostStats, clear_directory
 APP = textwrap.dedent('''
     import os
     from urllib.parse import parse_qs
-    from giul_asgi.endpoint import EnergyEndpoint
+    from giul_asgi.serve.endpoint import EnergyEndpoint
     from giul_asgi.energy import Energy
     from giul_asgi.workers import HostStats
 

@@ -1,0 +1,228 @@
+"""``/energy``: the statistics as JSON, a page with plots, records by id, Prometheus text.
+
+:class:`EnergyEndpoint` is a small ASGI app that the middleware hands its own paths to
+(``endpoint.handles(path)``); it can also be mounted on its own. It serves
+
+- ``GET {path}``: the JSON of docs/energy-schema.md (``"schema": "giul-asgi/energy/1"``),
+  filtered by ``?window=``, ``?route=``, ``?node=``; the page instead when the client
+  prefers ``text/html`` (a browser);
+- ``GET {path}/ui``: the page (tables and plots, drawn in the browser from the same JSON,
+  refreshing itself);
+- ``GET {path}/requests/{id}``: that request's record (its settled figure once settled),
+  for as long as the :class:`~giul_asgi.records.RecordStore` keeps it;
+- ``GET {metrics_path}``: Prometheus text, when ``metrics_path`` is given.
+
+Access: with ``token``, a request must carry ``Authorization: Bearer <token>`` (or
+``?token=``, for a browser); with ``guard``, ``guard(scope)`` (sync or async) must return
+true; with neither, only loopback clients are served (the rules of
+:mod:`giul_asgi.serve.access`, which giul-agent follows too). The statistics are rendered in a
+worker thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio.to_thread
+
+from ..errors import ConfigError, GiulError
+from ..exporters import ledger_totals
+from ..page import render_page
+from ..records import RecordStore
+from ..stats import Cell
+from .access import Access, Guard
+
+Scope = dict[str, Any]
+RECORD_SCHEMA = "giul-asgi/energy-record/1"
+LEDGER_FIELDS = (
+    "measured_j", "charged_j", "unattributed_j", "foreign_j", "in_flight_j",
+    "conservation_error_j", "idle_w", "mean_concurrency", "foreign_watts", "contended",
+    "reads", "read_errors", "last_error", "last_reading_age_s", "resets", "period_s",
+    "lost_s", "windows_open",
+)
+
+try:
+    import orjson
+
+    def _dumps(obj: Any) -> bytes:
+        return bytes(orjson.dumps(obj))
+except ImportError:  # pragma: no cover - orjson is optional
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class EnergyEndpoint:
+    """The ``/energy`` app. ``stats`` is an EnergyStats or a HostStats (whole host)."""
+
+    def __init__(
+        self, *, stats: Any, ledgers: Iterable[Any] | None, path: str = "/energy",
+        metrics_path: str | None = None, token: str | None = None, guard: Guard | None = None,
+        records: RecordStore | None = None, refresh_s: float = 5.0,
+    ) -> None:
+        for name, value in (("path", path), ("metrics_path", metrics_path)):
+            if value is not None and (not isinstance(value, str) or not value.startswith("/")
+                                      or (value != "/" and value.endswith("/"))):
+                raise ConfigError(f"{name}={value!r} must start with / and not end with one",
+                                  remedy='use "/energy" or "/metrics"')
+        self.access = Access(token=token, guard=guard, realm="giul-energy")
+        self.stats = stats
+        self.ledgers = ledgers
+        self.path = path
+        self.metrics_path = metrics_path
+        self.records = records
+        self.refresh_s = refresh_s
+        self._collector: Any = None
+
+    def handles(self, path: str) -> bool:
+        """Whether a request path is this endpoint's."""
+        return path == self.path or path.startswith(self.path + "/") or (
+            self.metrics_path is not None and path == self.metrics_path
+        )
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":  # served on its own: nothing to start or stop
+            while True:
+                message = await receive()
+                kind = message["type"].rsplit(".", 1)[-1]
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await _send(send, scope, 405, b'{"error":"only GET and HEAD"}', "application/json",
+                        [(b"allow", b"GET, HEAD")])
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        refusal = await self.access.refusal(scope, query_token=_first(query, "token"))
+        if refusal is not None:
+            why = {"error": refusal.error, **({"remedy": refusal.remedy} if refusal.remedy else {})}
+            await _send(send, scope, refusal.status, _dumps(why), "application/json", list(refusal.headers))
+            return
+        path = scope.get("path", "")
+        try:
+            if self.metrics_path is not None and path == self.metrics_path:
+                body = await anyio.to_thread.run_sync(self.metrics_text)
+                await _send(send, scope, 200, body, "text/plain; version=0.0.4; charset=utf-8")
+            elif path in (self.path, self.path + "/"):
+                if _wants_html(scope, query):
+                    await self._page(scope, send, query)
+                else:
+                    data = await anyio.to_thread.run_sync(lambda: self.snapshot(**_filters(query)))
+                    await _send(send, scope, 200, _dumps(data), "application/json")
+            elif path == self.path + "/ui":
+                await self._page(scope, send, query)
+            elif path.startswith(self.path + "/requests/"):
+                await self._record(scope, send, path[len(self.path + "/requests/"):])
+            else:
+                await _send(send, scope, 404, b'{"error":"not found"}', "application/json")
+        except GiulError as exc:
+            await _send(send, scope, 400, _dumps({"error": exc.message, "remedy": exc.remedy}),
+                        "application/json")
+
+    # -- content --------------------------------------------------------------------------
+
+    def snapshot(self, window: str | None = None, route: str | None = None,
+                 node: str | None = None) -> dict[str, Any]:
+        """The documented JSON: the statistics, with node sections from the ledgers."""
+        totals = list(ledger_totals(self.ledgers))
+        self.stats.observe_nodes(totals)
+        data: dict[str, Any] = self.stats.snapshot(window, route=route, node=node)
+        data.setdefault("workers", 1)
+        view = self.stats.view() if hasattr(self.stats, "view") else self.stats
+        rates = view.node_rates() if hasattr(view, "node_rates") else {}
+        nodes = data["nodes"]
+        empty = None
+        for t in totals:
+            name = str(getattr(t, "node", None) or "<none>")
+            if node is not None and name != node:
+                continue
+            if name not in nodes:
+                empty = empty or Cell().summary()
+                nodes[name] = dict(empty)
+            ledger = _ledger_dict(t)
+            watts, reads = rates.get(name, (None, None))
+            ledger["power_w"] = watts
+            ledger["reads_per_s"] = reads
+            nodes[name] = {**nodes[name], "ledger": ledger}
+        for section in nodes.values():
+            section.setdefault("ledger", None)
+        return data
+
+    def metrics_text(self) -> bytes:
+        from ..exporters.prometheus import EnergyCollector, prometheus_text
+
+        if self._collector is None:
+            self._collector = EnergyCollector(self.stats, self.ledgers)
+        self.stats.observe_nodes(ledger_totals(self.ledgers))
+        return prometheus_text(self._collector)
+
+    async def _page(self, scope: Scope, send: Any, query: dict[str, list[str]]) -> None:
+        data = await anyio.to_thread.run_sync(lambda: self.snapshot(**_filters(query)))
+        body = render_page(data, path=scope.get("root_path", "") + self.path, refresh_s=self.refresh_s)
+        await _send(send, scope, 200, body, "text/html; charset=utf-8",
+                    [(b"content-security-policy",
+                      b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                      b"connect-src 'self'; img-src data:")])
+
+    async def _record(self, scope: Scope, send: Any, key: str) -> None:
+        energy = self.records.get(key) if self.records is not None and key else None
+        if energy is None:
+            body = _dumps({"error": f"no record under {key!r}",
+                           "remedy": "records are kept for a bounded time after the request"})
+            await _send(send, scope, 404, body, "application/json")
+            return
+        await _send(send, scope, 200, _dumps({"schema": RECORD_SCHEMA, "record": energy.as_dict()}),
+                    "application/json")
+
+
+def _ledger_dict(totals: Any) -> dict[str, Any]:
+    # getattr, not dataclasses.asdict: conservation_error_j is a property of the totals.
+    raw = {f: getattr(totals, f, None) for f in LEDGER_FIELDS}
+    out = {}
+    for field in LEDGER_FIELDS:
+        value = raw.get(field)
+        if isinstance(value, float) and value != value:  # NaN
+            value = None
+        out[field] = value if value is None or isinstance(value, bool | int | float | str) else str(value)
+    return out
+
+
+def _filters(query: dict[str, list[str]]) -> dict[str, str | None]:
+    return {k: _first(query, k) for k in ("window", "route", "node")}
+
+
+def _first(query: dict[str, list[str]], key: str) -> str | None:
+    values = query.get(key)
+    return values[0] if values else None
+
+
+def _wants_html(scope: Scope, query: dict[str, list[str]]) -> bool:
+    if (query.get("format") or [""])[0] == "json":
+        return False
+    accept = _header(scope, b"accept") or ""
+    return "text/html" in accept and "application/json" not in accept.split(",")[0]
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+async def _send(
+    send: Any, scope: Scope, status: int, body: bytes, content_type: str,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
+               (b"cache-control", b"no-store"), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else body})
+
+
+__all__ = ["RECORD_SCHEMA", "EnergyEndpoint"]
