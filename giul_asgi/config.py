@@ -25,7 +25,7 @@ READER_KINDS: tuple[str, ...] = (
     "auto", "nvml", "agent", "dcgm", "smi", "rapl", "amd", "simulated", "none",
 )
 #: Readers that read another host: they need a ``url``.
-URL_READERS: tuple[str, ...] = ("agent", "dcgm", "simulated")
+URL_READERS: tuple[str, ...] = ("agent", "dcgm")
 SPLITS: tuple[str, ...] = ("time", "tokens")
 FOREIGN: tuple[str, ...] = ("charge", "subtract")
 
@@ -38,8 +38,10 @@ class Node:
     ``idle_w`` is the whole node's floor in watts. With ``None`` the figures are energy
     above zero and say so (``idle_known: false``); we never invent a floor.
     ``reader`` picks how to read it: ``auto`` (NVML if it answers, else nothing), ``nvml``,
-    ``simulated`` or ``none``. ``split`` is how overlapping requests share the node's
-    energy: by their ``time`` in each interval, or by time x ``tokens`` per second.
+    ``simulated`` (with no ``url``: an in-process card the node's own windows
+    load; with one: the demo upstream's card) or ``none``. ``split`` is how overlapping
+    requests share the node's energy: by their ``time`` in each interval, or by time x
+    ``tokens`` per second.
     ``url`` (and ``token``) say where a remote reader finds the card: a giul-agent, a
     dcgm-exporter, the demo's simulated upstream. ``options`` are the reader's own keys,
     checked when it is built. ``foreign`` is what to do with a load on the card that no
@@ -132,13 +134,9 @@ class Node:
                     f"node {self.name!r}: {key} must start with http:// or https://, got {value!r}"
                 )
         if self.reader in URL_READERS and self.url is None and self.reader_factory is None:
-            what = (
-                "the demo upstream that loads the simulated card (giul-asgi demo prints it)"
-                if self.reader == "simulated" else f"the {self.reader} endpoint of the GPU host"
-            )
             raise ConfigError(
                 f"node {self.name!r}: reader={self.reader!r} reads a card elsewhere and needs a url",
-                remedy=f"add url = \"http://host:port\": {what}",
+                remedy=f"add url = \"http://host:port\": the {self.reader} endpoint of the GPU host",
             )
         if self.serving is not None and (
             isinstance(self.serving, bool) or not isinstance(self.serving, str | int)

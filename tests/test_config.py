@@ -91,8 +91,9 @@ def test_new_node_keys_are_checked_with_their_remedy() -> None:
     from giul_asgi import ConfigError, Node
 
     with pytest.raises(ConfigError, match="needs a url") as caught:
-        Node("sim", reader="simulated")
-    assert "demo upstream" in caught.value.remedy
+        Node("gpu", reader="agent")
+    assert "agent endpoint" in caught.value.remedy
+    Node("sim", reader="simulated")  # no url: the in-process simulated card (tests/test_simulated.py)
     with pytest.raises(ConfigError, match="foreign must be one of"):
         Node("a", foreign="ignore")
     with pytest.raises(ConfigError, match="ramp_s must be >= 0"):

@@ -162,8 +162,8 @@ def test_startup_line_names_reader_target_and_first_reading(caplog: pytest.LogCa
     assert _until(lambda: poller.health.reads >= 1)
     poller.stop(WAIT_S)
     lines = [r.getMessage() for r in caplog.records if "gpu0" in r.getMessage()]
-    assert lines[0].startswith("node 'gpu0': reader nvml (GPUs [0]): ready (test_counter, measured), "
-                               "first reading 1000.500 J")
+    assert lines[0] == ("node 'gpu0': reader nvml (GPUs [0]): ready, backend test_counter, method measured,"
+                        " first reading 1000.500 J on its counter; reads every 1 s while idle")
     assert poller.health.state == "stopped" and poller.health.errors == 0
 
 

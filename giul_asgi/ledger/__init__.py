@@ -181,10 +181,12 @@ class Ledger:
             if self.reader is reader:
                 return
             self.reader = reader
-            self.tape = Tape(reader.kind, self.node.idle_w, period_hint=self.node.period_s or reader.period)
-            self.book.provenance = Provenance(
-                reader.method, reader.backend, reader.source, self.node.idle_w
-            )
+            # A simulated card's own floor stands in only where the operator gave none.
+            idle_w = self.node.idle_w
+            if idle_w is None:
+                idle_w = getattr(reader, "simulated_idle_w", None)
+            self.tape = Tape(reader.kind, idle_w, period_hint=self.node.period_s or reader.period)
+            self.book.provenance = Provenance(reader.method, reader.backend, reader.source, idle_w)
             if reader.kind == "none":
                 self.book.measures = False
                 self.book.error = getattr(reader, "reason", "no reader for this node")
@@ -291,7 +293,7 @@ class Ledger:
                 self, read_timeout=self.read_timeout, clock=self.clock, chores=self._chores(),
                 busy=self._windows_open, idle_s=None if _watches_idle(node) else IDLE_S,
                 reader_name="custom" if node.reader_factory is not None else node.reader,
-                target=_target(node),
+                target=_target(node), load=self.own_load,
             )
             self._poller.start()
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..readers.base import Process, ProcessLister, Reader, Reading
+from ..readers.base import LoadDriven, Process, ProcessLister, Reader, Reading
 
 log = logging.getLogger("giul_asgi.poller")
 
@@ -94,7 +94,8 @@ class Poller:
 
     ``busy()`` says whether windows need the busy pace (open, or closed and not settled);
     None keeps the busy pace always. ``idle_s`` is the pace of an idle node: None reads at
-    the counter's own period (a node that watches for a foreign load).
+    the counter's own period (a node that watches for a foreign load). ``load`` is handed
+    to a reader the node's windows load (the in-process simulated card).
     """
 
     def __init__(
@@ -111,6 +112,7 @@ class Poller:
         idle_s: float | None = IDLE_S,
         reader_name: str = "custom",
         target: str = "",
+        load: Callable[[], tuple[float, int]] | None = None,
     ) -> None:
         self.name = name
         self._build = build
@@ -122,6 +124,8 @@ class Poller:
         #: workers' table), run on the reader thread between reads, watched like a read.
         self.chores = list(chores or ())
         self._busy = busy
+        #: The node's own windows (window-seconds, open now), for a reader they load.
+        self._load = load
         self.idle_s = idle_s
         self._stop = threading.Event()
         # Set by stop() and by wake() while dozing: the one thing the reader thread waits on.
@@ -178,6 +182,8 @@ class Poller:
         if self._stop.is_set():
             return
         self.reader = reader
+        if self._load is not None and isinstance(reader, LoadDriven):
+            reader.drive(self._load)
         self.health.remedy = getattr(reader, "remedy", None)
         self._sink.attach(reader)
         if reader.kind == "none":
@@ -295,9 +301,11 @@ class Poller:
             return
         value = f"{reading.joules:.3f} J on its counter" if reading.joules is not None \
             else f"{reading.watts:.1f} W"
-        labels = f"{getattr(reader, 'backend', '?')}, {getattr(reader, 'method', '?')}"
-        pace = "" if self._busy is None else f"; idle reads every {self.idle_s or 'counter period'} s"
-        log.info("%s: ready (%s), first reading %s%s", what, labels, value, pace)
+        labels = f"backend {getattr(reader, 'backend', '?')}, method {getattr(reader, 'method', '?')}"
+        idle = "the counter's period" if self.idle_s is None else f"{self.idle_s:g} s"
+        pace = "" if self._busy is None else f"; reads every {idle} while idle"
+        notes = "".join(f"; {note}" for note in getattr(reader, "notes", ()) or ())
+        log.info("%s: ready, %s, first reading %s%s%s", what, labels, value, pace, notes)
 
     def _unavailable(self, exc: BaseException) -> None:
         health = self.health

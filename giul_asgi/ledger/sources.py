@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import Node
-from ..errors import ReaderUnavailable
-from ..readers.base import NullReader, Reader, ReaderSpec
+from ..readers.base import Reader, ReaderSpec
 from ..readers.registry import READERS
 
 
@@ -23,25 +22,8 @@ def spec_of(node: Node) -> ReaderSpec:
     )
 
 
-def _auto(spec: ReaderSpec) -> Reader:
-    """NVML if this host answers, else nothing: ``auto`` never fails a startup."""
-    try:
-        return READERS["nvml"](spec)
-    except ReaderUnavailable as exc:
-        return NullReader(f"NVML unavailable: {exc.message}")
-
-
-def _simulated(spec: ReaderSpec) -> Reader:
-    """The card a demo upstream loads, read as an agent that must say it is simulated."""
-    options = {**spec.options, "expect_simulated": True}
-    return READERS["agent"](
-        ReaderSpec(spec.gpus, spec.period, spec.url, spec.token, spec.idle_w, options, spec.clock)
-    )
-
-
-FACTORIES: dict[str, Callable[[ReaderSpec], Reader]] = {
-    **READERS, "auto": _auto, "simulated": _simulated,
-}
+#: Kept for callers: the registry is the one table of reader names (auto and simulated included).
+FACTORIES: dict[str, Callable[[ReaderSpec], Reader]] = READERS
 
 
 def reader_factory(node: Node) -> Callable[[], Reader]:

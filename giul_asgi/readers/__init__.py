@@ -6,10 +6,11 @@ Readers are built by name through :data:`~giul_asgi.readers.registry.READERS` fr
 
 from __future__ import annotations
 
-from .base import Kind, NullReader, Process, ProcessLister, Reader, ReaderSpec, Reading
+from .base import Kind, LoadDriven, NullReader, Process, ProcessLister, Reader, ReaderSpec, Reading
 
 __all__ = [
     "Kind",
+    "LoadDriven",
     "NullReader",
     "Process",
     "ProcessLister",

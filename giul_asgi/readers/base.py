@@ -74,6 +74,18 @@ class ProcessLister(Protocol):
     def processes(self) -> list[Process] | None: ...
 
 
+@runtime_checkable
+class LoadDriven(Protocol):
+    """A reader whose card the node's own windows load (the in-process simulated card).
+
+    ``load()`` gives the node's cumulative window-seconds and the windows open now, on the
+    reader's clock; the reader thread hands it over once the reader is built, so the reader
+    never holds the ledger.
+    """
+
+    def drive(self, load: Callable[[], tuple[float, int]]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ReaderSpec:
     """What a reader is built from: plain values taken from a node's configuration."""

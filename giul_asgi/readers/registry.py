@@ -15,7 +15,9 @@ are checked, shared by every reader (in :mod:`.options`, so readers need not imp
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
+from ..errors import ReaderUnavailable
 from .base import NullReader, Reader, ReaderSpec
 from .options import Options
 
@@ -58,6 +60,24 @@ def _amd(spec: ReaderSpec) -> Reader:
     return AmdReader(spec)
 
 
+def _simulated(spec: ReaderSpec) -> Reader:
+    """With a URL, the card a demo upstream loads, read as an agent that must say it is
+    simulated; without one, an in-process card the node's own windows load."""
+    if spec.url is None:
+        from .simulated_local import LocalSimulatedReader
+
+        return LocalSimulatedReader(spec)
+    return _agent(replace(spec, options={**spec.options, "expect_simulated": True}))
+
+
+def _auto(spec: ReaderSpec) -> Reader:
+    """NVML if this host answers, else nothing: ``auto`` never fails a startup."""
+    try:
+        return _nvml(spec)
+    except ReaderUnavailable as exc:
+        return NullReader(f"NVML unavailable: {exc.message}")
+
+
 def _none(spec: ReaderSpec) -> Reader:
     Options(spec.options, "none", ())
     reader = NullReader("node configured with reader='none'", period=spec.period or 1.0)
@@ -65,14 +85,16 @@ def _none(spec: ReaderSpec) -> Reader:
     return reader
 
 
-#: The node's ``reader`` name -> a factory. The lead adds ``simulated`` and ``auto``.
+#: The node's ``reader`` name -> a factory: the only table of reader names.
 READERS: dict[str, ReaderFactory] = {
+    "auto": _auto,
     "nvml": _nvml,
     "agent": _agent,
     "dcgm": _dcgm,
     "smi": _smi,
     "rapl": _rapl,
     "amd": _amd,
+    "simulated": _simulated,
     "none": _none,
 }
 
