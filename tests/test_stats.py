@@ -10,7 +10,9 @@ import pytest
 
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
-from giul_asgi.stats import OTHER, EnergyStats, parse_window, status_class
+from giul_asgi.listeners import Settled
+from giul_asgi.stats import OTHER, EnergyStats, key_bound, parse_window, status_class
+from giul_asgi.stats.sketch import BINS
 
 
 class Clock:
@@ -108,17 +110,62 @@ def test_groups_are_bounded_and_overflow_counts_under_other() -> None:
     assert {k[0] for k, *_ in stats.counters()} == {"/r0", "/r1", OTHER}
 
 
-def test_memory_is_bounded_by_labels_not_requests() -> None:
+def feed(stats: EnergyStats, clock: Clock, n: int, span_s: float, *, keys: int = 200,
+         batch: int = 20, seed: int = 1) -> None:
+    """``n`` records over ``keys`` label keys and ``span_s`` seconds, in reader-thread batches."""
+    rng = random.Random(seed)
+    figures = [energy(rng.lognormvariate(3, 1.2) if i % 20 else None, route=f"/r{i % 50}",
+                      node=f"gpu{i % keys // 50}", tier=f"t{i % keys // 50}",
+                      tokens=rng.randint(1, 800), seconds=rng.uniform(0.05, 3))
+               for i in range(997)]
+    dt = span_s / n * batch
+    for i in range(0, n, batch):
+        clock.t += dt
+        stats.settled([Settled(figures[(i + k) % 997], "ok", 200) for k in range(batch)])
+
+
+def test_memory_is_bounded_by_keys_slots_and_bins_not_by_requests() -> None:
     clock = Clock()
     stats = EnergyStats(clock=clock)
-    for i in range(20_000):
-        clock.t += 1.0  # 5.5 hours of traffic
-        stats.record(energy(float(1 + i % 50)), outcome="ok", status=200)
-    stats.snapshot("15m")
-    for series in stats._series.values():
-        for ring in series.rings:
-            assert len(ring.slots) <= ring.n
-    assert sum(len(v) for v in stats._nodes.values()) == 0
+    bound = stats.bound()
+    per_key = stats.geometry.slots_per_key()
+    assert per_key == 1 + 6 + 30 + 30 + 1 and bound["most_bins_a_cell"] == 3 * BINS
+    sizes = []
+    for n in (100_000, 1_000_000):
+        feed(stats, clock, n, 5000.0)  # 83 min each time: every ring full
+        stats.snapshot("15m")
+        size = stats.size()
+        sizes.append(size)
+        assert size["keys"] == 200
+        for name, most in bound.items():
+            assert size[name] <= most, (n, name, size[name], most)
+        # The rings are full: the bound is reached, but for each ring's open slot, which
+        # exists once a step in it has ended.
+        assert size["most_cells_a_key"] >= per_key - 3
+        assert size["cells"] <= size["keys"] * per_key
+        assert size["bins"] <= size["cells"] * 3 * BINS
+    # Ten times the records, the same cells (but for the rings' open slots).
+    assert abs(sizes[1]["cells"] - sizes[0]["cells"]) <= 200 * 3
+    assert stats.snapshot("all")["totals"]["requests"] == 1_100_000
+    assert sum(len(v) for v in stats._nodes.samples.values()) == 0
+
+
+def test_hostile_labels_stay_within_the_key_bound() -> None:
+    stats = EnergyStats(clock=Clock(), max_labels=8, max_keys=20)
+    for i in range(3000):
+        stats.record(energy(1.0, route=f"/r{i}", node=f"n{i % 97}", tier=f"t{i % 13}",
+                            method=("measured", "bogus")[i % 2]),
+                     outcome=("ok", "error", "weird")[i % 3], status=(200, 404, 503, 42)[i % 4])
+    size, bound = stats.size(), stats.bound()
+    assert bound["keys"] == key_bound(20) == 20 + 4 * 5 * 6
+    for name in ("keys", "raw_labels", "cells"):
+        assert size[name] <= bound[name], name
+    snap = stats.snapshot("all")
+    assert snap["totals"]["requests"] == 3000 and stats.dropped == 0
+    for group in ("routes", "nodes", "tiers"):
+        assert len(snap[group]) <= 8 and OTHER in snap[group]
+    assert set(snap["methods"]) <= {"measured", "unknown"}
+    assert snap["totals"]["outcomes"]["incomplete"] == 1000
 
 
 def test_record_never_raises_and_counts_what_it_could_not_use() -> None:

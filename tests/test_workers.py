@@ -16,15 +16,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
-from giul_asgi.stats import EnergyStats
-from giul_asgi.workers import ENV, HostStats, clear_directory
+from giul_asgi.stats import ENV, EnergyStats, HostStats, clear_directory
 
 APP = textwrap.dedent('''
     import os
     from urllib.parse import parse_qs
     from giul_asgi.serve.endpoint import EnergyEndpoint
     from giul_asgi.energy import Energy
-    from giul_asgi.workers import HostStats
+    from giul_asgi.stats import HostStats
 
     stats = HostStats(flush_s=0.1)
     endpoint = EnergyEndpoint(stats=stats, ledgers=[], metrics_path="/metrics")

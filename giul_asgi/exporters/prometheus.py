@@ -55,7 +55,7 @@ class EnergyCollector(Collector):
     """``collect()`` yields the giul metric families from ``stats`` and ``ledgers``.
 
     ``stats`` is an :class:`~giul_asgi.stats.EnergyStats` or a
-    :class:`~giul_asgi.workers.HostStats` (then the counters are the whole host's).
+    :class:`~giul_asgi.stats.HostStats` (then the counters are the whole host's).
     """
 
     def __init__(self, stats: Any, ledgers: Iterable[Any] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Several worker processes on one host: whichever answers reports the whole host.
+"""HostStats: several workers' statistics, merged when one of them is read.
 
 ``uvicorn --workers 4`` or gunicorn run one process per worker, each with its own
 :class:`~giul_asgi.stats.EnergyStats`. :class:`HostStats` wraps a worker's statistics
@@ -24,11 +24,14 @@ import json
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .stats import EnergyLike, EnergyStats
+from ..energy import Energy
+from ..errors import ConfigError
+from ..listeners import Settled
+from .stats import EnergyStats
 
 ENV = "GIUL_ASGI_MULTIPROC_DIR"
 _PREFIX = "giul-stats-"
@@ -86,8 +89,11 @@ class HostStats:
         self._thread.start()
         atexit.register(self.close)
 
-    # What the middleware calls, as on EnergyStats.
-    def record(self, energy: EnergyLike, *, outcome: str, status: int | None) -> None:
+    # What the middleware calls, as on EnergyStats: this worker counts.
+    def settled(self, batch: Sequence[Settled]) -> None:
+        self.stats.settled(batch)
+
+    def record(self, energy: Energy, *, outcome: str, status: int | None) -> None:
         self.stats.record(energy, outcome=outcome, status=status)
 
     def observe_nodes(self, totals: Any) -> None:
@@ -102,7 +108,7 @@ class HostStats:
         return self.stats.default_window
 
     def _changes(self) -> int:
-        return sum(row[1] for row in self.stats.counters()) + self.stats.dropped
+        return self.stats.records
 
     def flush(self) -> None:
         """Write this worker's state now (atomically), if it changed since the last write."""

@@ -1,0 +1,203 @@
+"""What the requests of one label key cost in one slot of time: counters and three sketches.
+
+Every sum is an integer (nanojoules, microseconds, tokens), so cells add and subtract
+exactly in any order: a window is a merge of slots, a group a merge of keys, the host a
+merge of workers, and "since start" never moves backwards when slots move between the
+rings and the base (a float sum could, by an ulp, and Prometheus would read that as a
+counter reset). Rounding a figure to the nanojoule and a duration to the microsecond is far
+below what either is measured to.
+
+A figure whose ``joules`` is unknown (``None``, zero, negative, NaN) counts as a request
+and in the durations, never as 0 J in a sum or a quantile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .labels import METHOD_MIX, OUTCOMES
+from .sketch import BINS, BINS_PER_DECADE, JPT, LOWEST_EXP, SEC, J, quantiles
+
+NJ = 1e9  # nanojoules a joule
+US = 1e6  # microseconds a second
+_INF = math.inf
+_log10 = math.log10
+_ceil = math.ceil
+_FIRST = LOWEST_EXP * BINS_PER_DECADE  # sketch.bin_of, inlined in add(): three calls a record
+_TOP = BINS - 1
+
+
+class Cell:
+    """Requests, known figures, nanojoules, tokens, microseconds, contended requests, and the
+    occupied bins of the three sketches (``sketch.J + bin`` and so on) in one dict."""
+
+    __slots__ = ("bins", "contended", "known", "nj", "requests", "tok_nj", "tok_tokens",
+                 "tokens", "us")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.known = 0  # requests whose joules are known
+        self.nj = 0  # nanojoules, over known figures only
+        self.tokens = 0
+        self.tok_nj = 0  # nanojoules of requests with both joules and tokens known
+        self.tok_tokens = 0  # their tokens
+        self.us = 0  # microseconds
+        self.contended = 0
+        self.bins: dict[int, int] = {}
+
+    def add(self, joules: float | None, tokens: int | None, seconds: float,
+            contended: bool | None) -> None:
+        """Count one request. Checks everything before it changes anything, so a record that
+        raises (a field of the wrong type) leaves the cell as it was."""
+        if not 0.0 <= seconds < _INF:
+            seconds = 0.0
+        s = seconds if seconds > 1e-6 else 1e-6
+        k = _ceil(_log10(s) * BINS_PER_DECADE) - _FIRST
+        ks = SEC + (0 if k < 0 else (_TOP if k > _TOP else k))
+        if tokens is not None and not (isinstance(tokens, int) and tokens > 0):
+            tokens = None
+        bins = self.bins
+        if joules is not None and 0.0 < joules < _INF:
+            nj = int(joules * NJ + 0.5)
+            k = _ceil(_log10(joules) * BINS_PER_DECADE) - _FIRST
+            kj = 0 if k < 0 else (_TOP if k > _TOP else k)
+            if tokens:
+                k = _ceil(_log10(joules / tokens) * BINS_PER_DECADE) - _FIRST
+                kt = JPT + (0 if k < 0 else (_TOP if k > _TOP else k))
+                self.tok_nj += nj
+                self.tok_tokens += tokens
+                bins[kt] = bins.get(kt, 0) + 1
+            self.known += 1
+            self.nj += nj
+            bins[kj] = bins.get(kj, 0) + 1
+        if tokens:
+            self.tokens += tokens
+        if contended is True:
+            self.contended += 1
+        self.requests += 1
+        self.us += int(seconds * US + 0.5)
+        bins[ks] = bins.get(ks, 0) + 1
+
+    def merge(self, other: Cell) -> None:
+        """Add ``other`` into this cell."""
+        if not other.requests:
+            return
+        self.requests += other.requests
+        self.known += other.known
+        self.nj += other.nj
+        self.tokens += other.tokens
+        self.tok_nj += other.tok_nj
+        self.tok_tokens += other.tok_tokens
+        self.us += other.us
+        self.contended += other.contended
+        mine = self.bins
+        if not mine:
+            mine.update(other.bins)
+            return
+        get = mine.get
+        for k, c in other.bins.items():
+            mine[k] = get(k, 0) + c
+
+    def subtract(self, other: Cell) -> None:
+        """Take ``other`` (merged in earlier) back out, exactly."""
+        if not other.requests:
+            return
+        self.requests -= other.requests
+        self.known -= other.known
+        self.nj -= other.nj
+        self.tokens -= other.tokens
+        self.tok_nj -= other.tok_nj
+        self.tok_tokens -= other.tok_tokens
+        self.us -= other.us
+        self.contended -= other.contended
+        mine = self.bins
+        for k, c in other.bins.items():
+            left = mine[k] - c
+            if left:
+                mine[k] = left
+            else:
+                del mine[k]
+
+    def copy(self) -> Cell:
+        cell = Cell()
+        cell.merge(self)
+        return cell
+
+    @property
+    def joules(self) -> float | None:
+        """The sum of known figures, J (``None`` when none is known)."""
+        return self.nj / NJ if self.known else None
+
+    def summary(self, statuses: Mapping[str, int] | None = None,
+                outcomes: Mapping[str, int] | None = None,
+                methods: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """The documented per-label figures (docs/energy-schema.md, ``Summary``), with the
+        status class, outcome and method counts of the keys merged into this cell."""
+        statuses, outcomes, methods = statuses or {}, outcomes or {}, methods or {}
+        n, known = self.requests, self.known
+        p50, p90, p99 = quantiles(self.bins, J, (0.5, 0.9, 0.99))
+        (jpt_p50,) = quantiles(self.bins, JPT, (0.5,))
+        s50, s99 = quantiles(self.bins, SEC, (0.5, 0.99))
+        jpt_agg = self.tok_nj / NJ / self.tok_tokens if self.tok_tokens else None
+        mix = {m: methods.get(m, 0) for m in METHOD_MIX}
+        return {
+            "requests": n,
+            "joules": {
+                "known": known,
+                "sum": rounded(self.nj / NJ) if known else None,
+                "mean": rounded(self.nj / NJ / known) if known else None,
+                "p50": rounded(p50),
+                "p90": rounded(p90),
+                "p99": rounded(p99),
+            },
+            "tokens": self.tokens,
+            "joules_per_token": {"p50": rounded(jpt_p50), "aggregate": rounded(jpt_agg)},
+            "tokens_per_joule": {
+                "p50": rounded(1.0 / jpt_p50) if jpt_p50 else None,
+                "aggregate": rounded(1.0 / jpt_agg) if jpt_agg else None,
+            },
+            "seconds": {
+                "sum": rounded(self.us / US),
+                "p50": rounded(s50),
+                "p99": rounded(s99),
+            },
+            "outcomes": {o: outcomes.get(o, 0) for o in OUTCOMES},
+            "statuses": dict(sorted(statuses.items())),
+            "methods": mix,
+            "method_shares": {
+                **{m: rounded(c / n) if n else None for m, c in mix.items()},
+                "contended": rounded(self.contended / n) if n else None,
+            },
+        }
+
+    def point(self) -> tuple[int, float | None, float | None, float | None, float | None]:
+        """One point of a time series: requests, joules, p50, p90, joules per token p50."""
+        p50, p90 = quantiles(self.bins, J, (0.5, 0.9))
+        (jpt,) = quantiles(self.bins, JPT, (0.5,))
+        return self.requests, self.joules, p50, p90, jpt
+
+    def state(self) -> list[Any]:
+        return [self.requests, self.known, self.nj, self.tokens, self.tok_nj, self.tok_tokens,
+                self.us, self.contended, [x for kv in self.bins.items() for x in kv]]
+
+    @classmethod
+    def from_state(cls, state: Sequence[Any]) -> Cell:
+        cell = cls()
+        (cell.requests, cell.known, cell.nj, cell.tokens, cell.tok_nj, cell.tok_tokens, cell.us,
+         cell.contended) = (int(x) for x in state[:8])
+        flat = state[8]
+        cell.bins = {int(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        if any(not 0 <= k < 3 * BINS for k in cell.bins):
+            raise ValueError("a bin out of range")
+        return cell
+
+
+def rounded(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.6g}")
+
+
+__all__ = ["NJ", "US", "Cell", "rounded"]

@@ -1,0 +1,174 @@
+"""What ``/energy`` serves: the documented JSON (docs/energy-schema.md), built at read time.
+
+The statistics hand over plain values (:class:`Reading`: one merged cell per label key for
+the window asked, the series' points, the node samples); this module merges the keys into
+the groups (per route, node, tier, method, and the totals) and writes the dict. Nothing here
+touches the statistics' state or lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .cell import Cell, rounded
+from .labels import GROUPS, Key
+from .nodes import Sample
+
+SCHEMA = "giul-asgi/energy/1"
+Point = tuple[int, float | None, float | None, float | None, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Points:
+    """A window's series: slot ``newest - n + 1 .. newest``, ``width`` steps each, and per
+    group and label the point of each slot that has one."""
+
+    width: int
+    n: int
+    newest: int
+    groups: Mapping[str, Mapping[str, Mapping[int, Point]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """Everything one answer needs, taken under the statistics' lock."""
+
+    generated_at: float
+    started_at: float
+    window: str
+    window_s: float | None
+    windows: tuple[str, ...]
+    step_s: float
+    dropped: int
+    cells: list[tuple[Key, Cell]]
+    points: Points | None
+    nodes: Mapping[str, list[Sample]]
+
+
+class Group:
+    """A group label's merged cell, with the outcome, status class and method counts of the
+    keys merged into it."""
+
+    __slots__ = ("cell", "methods", "outcomes", "statuses")
+
+    def __init__(self) -> None:
+        self.cell = Cell()
+        self.outcomes: dict[str, int] = {}
+        self.statuses: dict[str, int] = {}
+        self.methods: dict[str, int] = {}
+
+    def add(self, key: Key, cell: Cell) -> None:
+        self.cell.merge(cell)
+        n = cell.requests
+        self.methods[key[3]] = self.methods.get(key[3], 0) + n
+        self.outcomes[key[4]] = self.outcomes.get(key[4], 0) + n
+        self.statuses[key[5]] = self.statuses.get(key[5], 0) + n
+
+    def summary(self) -> dict[str, Any]:
+        return self.cell.summary(self.statuses, self.outcomes, self.methods)
+
+
+def groups(cells: Iterable[tuple[Key, Cell]]) -> tuple[Group, dict[str, dict[str, Group]]]:
+    """The totals and, per group, label -> its merge of the keys' cells."""
+    totals = Group()
+    tables: dict[str, dict[str, Group]] = {g: {} for g in GROUPS}
+    by_group = [tables[g] for g in GROUPS]
+    for key, cell in cells:
+        if not cell.requests:
+            continue
+        totals.add(key, cell)
+        for i, table in enumerate(by_group):
+            group = table.get(key[i])
+            if group is None:
+                group = table[key[i]] = Group()
+            group.add(key, cell)
+    return totals, tables
+
+
+def slot_points(cells: Iterable[tuple[Key, Cell]]) -> dict[str, dict[str, Point]]:
+    """Per group and label, the point of one slot (the merge of its keys' cells)."""
+    merged: dict[str, dict[str, Cell]] = {g: {} for g in GROUPS}
+    by_group = [merged[g] for g in GROUPS]
+    for key, cell in cells:
+        if not cell.requests:
+            continue
+        for i, table in enumerate(by_group):
+            mine = table.get(key[i])
+            if mine is None:
+                mine = table[key[i]] = Cell()
+            mine.merge(cell)
+    return {g: {name: c.point() for name, c in table.items()} for g, table in merged.items()}
+
+
+def render(reading: Reading, *, route: str | None = None, node: str | None = None) -> dict[str, Any]:
+    """The documented JSON. ``route``/``node`` keep only that row in its section (and its
+    series); the other sections and the totals are the whole host's."""
+    totals, tables = groups(reading.cells)
+    keep = {"route": route, "node": node}
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "generated_at": reading.generated_at,
+        "started_at": reading.started_at,
+        "window": reading.window,
+        "window_s": reading.window_s,
+        "windows": list(reading.windows),
+        "step_s": reading.step_s,
+        "filters": {"route": route, "node": node},
+        "totals": totals.summary(),
+    }
+    for group in GROUPS:
+        want = keep.get(group)
+        out[group + "s"] = {
+            name: g.summary() for name, g in sorted(tables[group].items())
+            if want is None or name == want
+        }
+    if reading.points is not None:
+        out["series"] = _series(reading.points, reading.nodes, reading.step_s, keep)
+    out["dropped"] = reading.dropped
+    return out
+
+
+def _series(points: Points, nodes: Mapping[str, list[Sample]], step_s: float,
+            keep: Mapping[str, str | None]) -> dict[str, Any]:
+    slots = list(range(points.newest - points.n + 1, points.newest + 1))
+    slot_s = points.width * step_s
+    out: dict[str, Any] = {"slot_s": slot_s, "t": [s * slot_s for s in slots]}
+    for group in GROUPS:
+        want = keep.get(group)
+        section: dict[str, Any] = {}
+        for name, pts in sorted(points.groups.get(group, {}).items()):
+            if want is not None and name != want:
+                continue
+            cols: dict[str, list[Any]] = {"requests": [], "joules": [], "p50": [], "p90": [],
+                                          "jpt_p50": []}
+            for s in slots:
+                p = pts.get(s)
+                cols["requests"].append(p[0] if p else 0)
+                for name_, i in (("joules", 1), ("p50", 2), ("p90", 3), ("jpt_p50", 4)):
+                    cols[name_].append(rounded(p[i]) if p else None)
+            section[name] = cols
+        out[group + "s"] = section
+    start = slots[0] * slot_s
+    power: dict[str, Any] = {}
+    for name, samples in sorted(nodes.items()):
+        if keep.get("node") not in (None, name):
+            continue
+        col: dict[str, list[Any]] = {"t": [], "measured_w": [], "charged_w": [], "unattributed_w": []}
+        for a, b in itertools.pairwise(samples):
+            dt = b.t - a.t
+            if b.t < start or dt <= 0:
+                continue
+            col["t"].append(b.t)
+            for field, i in (("measured_w", 1), ("charged_w", 2), ("unattributed_w", 3)):
+                x, y = a[i], b[i]
+                col[field].append(rounded((y - x) / dt) if x is not None and y is not None and y >= x
+                                  else None)
+        power[name] = col
+    out["power"] = power
+    return out
+
+
+__all__ = ["SCHEMA", "Group", "Points", "Reading", "groups", "render", "slot_points"]

@@ -1,0 +1,364 @@
+"""EnergyStats: rolling statistics of settled figures, per label key, in bounded memory.
+
+Every metered request is counted once, from its settled figure, whatever became of the
+response. Figures arrive in batches on a ledger's reader thread (:meth:`EnergyStats.settled`,
+the :class:`~giul_asgi.listeners.Listener` contract): one lock a batch, and each record goes
+into one cell, its key's cell of the current step, in constant time. Windows and groups
+are merged when someone reads (:meth:`snapshot`, :meth:`counters`): reads are rare, records
+are not.
+
+Memory is bounded by keys x slots x bins, whatever the number of requests:
+
+* keys <= ``labels.key_bound(max_keys)`` (``max_keys`` + 140: method x outcome x status
+  class past the bound), each group at most ``max_labels`` names;
+* slots per key <= ``Geometry.slots_per_key()``: 1 current + the rings' ``points`` + base
+  (68 with the default windows: 6 + 30 + 30 + 2);
+* bins per cell <= ``3 * sketch.BINS`` (three sketches of 1756 bins);
+* node samples <= nodes x (longest window's steps + 2).
+
+:meth:`EnergyStats.size` counts them; tests/test_stats.py checks the bound at 1e5 and 1e6
+records. A raw-label cache (raw labels -> key) is cleared past ``2 * max_keys`` entries.
+
+Recording never raises: a record that cannot be counted (a field of the wrong type)
+increments ``dropped``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..energy import Energy
+from ..errors import ConfigError
+from ..listeners import Settled
+from .cell import Cell
+from .labels import NONE, Key, Labels, is_key, key_bound
+from .nodes import NodeSamples
+from .rolling import Geometry, Rolling
+from .sketch import BINS, JOULE_BUCKETS, joule_buckets
+from .snapshot import Points, Reading, render, slot_points
+
+#: Format of :meth:`EnergyStats.state` (what one worker writes for the others).
+STATE_SCHEMA = "giul-asgi/stats-state/2"
+Counter = tuple[tuple[str, str, str, str, str], int, int, float, int, list[int]]
+
+
+class EnergyStats:
+    """Rolling statistics fed by settled figures.
+
+    ``windows`` are durations (``"1m"``, ``"15m"``, ``"1h"``) and ``"all"``; ``step_s`` is
+    the finest slot; each finite window keeps at most ``points`` slots; ``max_labels``
+    bounds each group, ``<other>`` included; ``max_keys`` bounds the label keys.
+    """
+
+    def __init__(
+        self,
+        windows: Iterable[str] = ("1m", "15m", "1h", "all"),
+        *,
+        step_s: float = 10.0,
+        points: int = 30,
+        max_labels: int = 256,
+        max_keys: int = 4096,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.geometry = Geometry(tuple(windows), step_s, points)
+        self.labels = Labels(max_labels, max_keys)
+        self.clock = clock
+        self._lock = threading.Lock()  # records and the state
+        self._read_lock = threading.Lock()  # readers, and the points they cache
+        self._keys: dict[Key, Rolling] = {}
+        self._raw: dict[tuple[Any, ...], Rolling] = {}  # raw labels -> their key's cells
+        self._step = int(clock() // self.geometry.step_s)  # the latest step seen
+        # (ring, slot) -> group -> label -> point, for closed slots (they no longer change)
+        self._points: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+        span = max((w * n for w, n in self.geometry.rings), default=1) * self.geometry.step_s
+        self._nodes = NodeSamples(self.geometry.step_s, span)
+        self.started_at = clock()
+        self.dropped = 0
+        #: records taken (counted or dropped): what changed since a worker last wrote.
+        self.records = 0
+
+    @property
+    def windows(self) -> tuple[str, ...]:
+        return self.geometry.names
+
+    @property
+    def step_s(self) -> float:
+        return self.geometry.step_s
+
+    @property
+    def default_window(self) -> str:
+        return self.geometry.default
+
+    def window_seconds(self, window: str) -> float | None:
+        return self.geometry.seconds(window)
+
+    # -- recording ------------------------------------------------------------------------
+
+    def settled(self, batch: Sequence[Settled]) -> None:
+        """Count the figures one reading settled: one lock, one cell each. Never raises."""
+        dropped = 0
+        with self._lock:
+            step = self._now()
+            raw = self._raw
+            for s in batch:
+                try:
+                    e = s.energy
+                    labels = (e.route, e.node, e.tier, e.method, s.outcome, s.status)
+                    rolling = raw.get(labels)
+                    if rolling is None:
+                        rolling = self._rolling(labels)
+                    cell = rolling.cell if rolling.step == step else rolling.at(step)
+                    cell.add(e.joules, e.tokens, e.seconds, e.contended)
+                except Exception:
+                    dropped += 1
+            self.dropped += dropped
+            self.records += len(batch)
+
+    def record(self, energy: Energy, *, outcome: str, status: int | None) -> None:
+        """Count one request (a batch of one)."""
+        self.settled((Settled(energy, outcome, status),))
+
+    def _now(self) -> int:
+        """The current step; never before the latest one seen (a clock stepped back)."""
+        step = int(self.clock() // self.geometry.step_s)
+        if step > self._step:
+            self._step = step
+        return self._step
+
+    def _rolling(self, labels: tuple[Any, ...]) -> Rolling:
+        """The cells of raw labels' key (made on first sight), remembered for the raw labels."""
+        rolling = self._key_rolling(self.labels.key(*labels))
+        if len(self._raw) >= 2 * self.labels.max_keys:
+            self._raw.clear()
+        self._raw[labels] = rolling
+        return rolling
+
+    def _key_rolling(self, key: Key) -> Rolling:
+        rolling = self._keys.get(key)
+        if rolling is None:
+            rolling = self._keys[key] = Rolling(self.geometry, self._step)
+        return rolling
+
+    def observe_nodes(self, totals: Iterable[Any]) -> None:
+        """Sample ledger totals (measured, charged, unattributed joules) for the power
+        series: at most one sample per step per node, the latest kept. Never raises."""
+        try:
+            now = self.clock()
+            with self._lock:
+                for t in totals:
+                    self._nodes.observe(str(getattr(t, "node", None) or NONE), t, now)
+        except Exception:
+            self.dropped += 1
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _roll_all(self) -> int:
+        """Fold every key's past cell into its slots (under the lock): after this, the
+        closed slots of every ring no longer change."""
+        step = self._now()
+        for rolling in self._keys.values():
+            if rolling.step != step:
+                rolling.roll(step)
+        return step
+
+    def snapshot(
+        self, window: str | None = None, *, route: str | None = None, node: str | None = None,
+        series: bool = True,
+    ) -> dict[str, Any]:
+        """The documented JSON (docs/energy-schema.md) for one window, without ledgers.
+
+        ``route``/``node`` keep only that row in its section (and its series); the other
+        sections and the totals are the whole host's.
+        """
+        window = window or self.default_window
+        window_s = self.geometry.seconds(window)  # validates
+        index = self.geometry.ring_of[window]
+        with self._read_lock:
+            with self._lock:
+                step = self._roll_all()
+                cells = [(key, r.since_start() if index is None else r.window(index))
+                         for key, r in self._keys.items()]
+                todo = self._points_todo(index, step) if series else None
+                nodes = self._nodes.copy()
+                dropped = self.dropped
+            points = self._points_from(*todo) if todo is not None else None
+        reading = Reading(
+            generated_at=self.clock(), started_at=self.started_at, window=window,
+            window_s=window_s, windows=self.windows, step_s=self.step_s, dropped=dropped,
+            cells=cells, points=points, nodes=nodes,
+        )
+        return render(reading, route=route, node=node)
+
+    def _points_todo(
+        self, index: int | None, step: int,
+    ) -> tuple[int, int, int, int, dict[int, list[tuple[Key, Cell]]]]:
+        """(ring, width, n, newest, slot -> the keys' cells to merge) for the slots whose
+        points are not kept yet; the open slot's cells are copies (records go on)."""
+        geometry = self.geometry
+        if index is None:
+            index = geometry.longest
+        if index is None:
+            return (-1, 1, 1, step, {step: [(k, r.since_start()) for k, r in self._keys.items()]})
+        width, n = geometry.rings[index]
+        newest = step // width
+        first = newest - n + 1
+        for gone in [k for k in self._points if k[0] == index and k[1] < first]:
+            del self._points[gone]
+        todo: dict[int, list[tuple[Key, Cell]]] = {}
+        for slot in range(first, newest):
+            if (index, slot) not in self._points:
+                todo[slot] = [(k, c) for k, r in self._keys.items()
+                              if (c := r.rings[index].slots.get(slot)) is not None]
+        todo[newest] = [(k, r.window_slot(index)) for k, r in self._keys.items()]
+        return index, width, n, newest, todo
+
+    def _points_from(
+        self, index: int, width: int, n: int, newest: int, todo: dict[int, list[tuple[Key, Cell]]],
+    ) -> Points:
+        """Points per group and label for each slot (closed ones kept for the next read)."""
+        groups: dict[str, dict[str, dict[int, Any]]] = {}
+        computed = {slot: slot_points(cells) for slot, cells in todo.items()}
+        for slot, table in computed.items():
+            if slot < newest and index >= 0:
+                self._points[(index, slot)] = table
+        for slot in range(newest - n + 1, newest + 1):
+            table = computed.get(slot) or self._points.get((index, slot)) or {}
+            for group, by_name in table.items():
+                section = groups.setdefault(group, {})
+                for name, point in by_name.items():
+                    section.setdefault(name, {})[slot] = point
+        return Points(width=width, n=n, newest=newest, groups=groups)
+
+    def view(self) -> EnergyStats:
+        """What a reader reports: these statistics (a HostStats answers the host's)."""
+        return self
+
+    def node_power(self) -> dict[str, float | None]:
+        """Above-idle watts per node between its last two samples (None if unknown)."""
+        return {name: rates[0] for name, rates in self.node_rates().items()}
+
+    def node_rates(self) -> dict[str, tuple[float | None, float | None]]:
+        """(above-idle watts, reads per second) per node from its last two samples."""
+        with self._lock:
+            return self._nodes.rates()
+
+    def copy_nodes_from(self, other: EnergyStats) -> None:
+        """Take ``other``'s node samples (a merged view reports the answering worker's)."""
+        with other._lock:
+            samples = other._nodes.copy()
+        with self._lock:
+            self._nodes.samples = samples
+
+    def counters(self) -> list[Counter]:
+        """Since-start counters per (route, node, tier, method, outcome): requests, known,
+        joules, tokens and the joules histogram (per :data:`JOULE_BUCKETS`, last is +Inf).
+        Merged at read from every key's cells; exact integers, so they never go backwards."""
+        with self._lock:
+            self._roll_all()
+            cells = [(key, r.since_start()) for key, r in self._keys.items()]
+        merged: dict[tuple[str, str, str, str, str], Cell] = {}
+        for key, cell in cells:
+            five = key[:5]
+            mine = merged.get(five)
+            if mine is None:
+                merged[five] = cell
+            else:
+                mine.merge(cell)
+        return [(five, c.requests, c.known, c.nj / 1e9, c.tokens, joule_buckets(c.bins))
+                for five, c in merged.items()]
+
+    def size(self) -> dict[str, int]:
+        """What the statistics hold now, to check against :meth:`bound`."""
+        with self._lock:
+            cells = [c for r in self._keys.values() for c in _cells(r)]
+            return {
+                "keys": len(self._keys),
+                "cells": len(cells),
+                "most_cells_a_key": max((r.cells() for r in self._keys.values()), default=0),
+                "bins": sum(len(c.bins) for c in cells),
+                "most_bins_a_cell": max((len(c.bins) for c in cells), default=0),
+                "raw_labels": len(self._raw),
+                "node_samples": sum(len(v) for v in self._nodes.samples.values()),
+            }
+
+    def bound(self) -> dict[str, int]:
+        """The most each count of :meth:`size` can reach, whatever the number of records."""
+        keys = key_bound(self.labels.max_keys)
+        per_key = self.geometry.slots_per_key()
+        return {"keys": keys, "cells": keys * per_key, "most_cells_a_key": per_key,
+                "bins": keys * per_key * 3 * BINS, "most_bins_a_cell": 3 * BINS,
+                "raw_labels": 2 * self.labels.max_keys}
+
+    # -- state, for several workers -------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything mergeable, JSON-ready: what a worker writes for the others to read."""
+        with self._lock:
+            step = self._roll_all()
+            rows = [[*key, r.base.state(), [[[slot, c.state()] for slot, c in ring.slots.items()]
+                                            for ring in r.rings], r.cell.state()]
+                    for key, r in self._keys.items()]
+            return {
+                "schema": STATE_SCHEMA,
+                "geometry": self.geometry.describe(),
+                "step": step,
+                "started_at": self.started_at,
+                "dropped": self.dropped,
+                "keys": rows,
+            }
+
+    def merge_state(self, state: Mapping[str, Any]) -> None:
+        """Add another worker's :meth:`state` into these statistics (same configuration)."""
+        if state.get("schema") != STATE_SCHEMA or state.get("geometry") != self.geometry.describe():
+            raise ConfigError(
+                "a worker's statistics were written with another configuration",
+                remedy="give every worker the same windows, step_s and points, and clear the directory",
+            )
+        parsed = []
+        for row in state["keys"]:  # parse everything before changing anything
+            rings = [[(int(slot), Cell.from_state(data)) for slot, data in slots] for slots in row[7]]
+            if len(rings) != len(self.geometry.rings):
+                raise ValueError("a row with another number of rings")
+            key = tuple(row[:6])
+            if not is_key(key):
+                raise ValueError(f"a row without a key: {key!r}")
+            parsed.append((key, Cell.from_state(row[6]), rings, Cell.from_state(row[8])))
+        their_step = int(state["step"])
+        with self._lock:
+            step = self._roll_all()
+            self.started_at = min(self.started_at, float(state["started_at"]))
+            self.dropped += int(state.get("dropped", 0))
+            for key, base, rings, cell in parsed:
+                rolling = self._key_rolling(self.labels.bounded(key))  # type: ignore[arg-type]
+                rolling.base.merge(base)
+                for ring, slots in zip(rolling.rings, rings, strict=True):
+                    for slot, c in slots:
+                        ring.add(slot, c)
+                    ring.slots = dict(sorted(ring.slots.items()))
+                    ring.forget()
+                if their_step >= step:
+                    rolling.cell.merge(cell)
+                else:  # their current cell is in the past here: fold it into its slots
+                    for ring in rolling.rings:
+                        ring.add(their_step // ring.width, cell)
+                        ring.slots = dict(sorted(ring.slots.items()))
+                    if rolling.longest is None:
+                        rolling.base.merge(cell)
+                rolling.roll(step)
+            self._points.clear()
+
+    def empty_like(self) -> EnergyStats:
+        """New, empty statistics with this configuration and clock."""
+        return EnergyStats(self.windows, step_s=self.step_s, points=self.geometry.points,
+                           max_labels=self.labels.max_labels, max_keys=self.labels.max_keys,
+                           clock=self.clock)
+
+
+def _cells(rolling: Rolling) -> list[Cell]:
+    return [rolling.cell, rolling.base, *(c for ring in rolling.rings for c in ring.slots.values())]
+
+
+__all__ = ["JOULE_BUCKETS", "STATE_SCHEMA", "EnergyStats"]
