@@ -2,7 +2,8 @@
 
 Why: the middleware sits in front of every answer a gateway gives, so it must never change what
 an app sends. Starlette's suite is the widest set of legal ASGI behaviours at hand (streams,
-trailers, pathsend, files, websockets, lifespans, middleware stacks). This script downloads the
+trailers, files, websockets, lifespans, middleware stacks; not pathsend, which its TestClient does
+not offer: those tests call apps directly and stay unwrapped). This script downloads the
 sdist of the *installed* Starlette with pip, runs its response, middleware, routing, static-file,
 websocket, application and test-client tests twice from the sdist's own root (its own conftest and
 pytest config: warnings are errors, asyncio and trio), once bare and once with every app its
@@ -193,7 +194,10 @@ def fetch_suite(version: str, workdir: Path) -> Path:
     )
     (sdist,) = workdir.glob(f"starlette-{version}.tar.gz")
     with tarfile.open(sdist) as tar:
-        tar.extractall(workdir, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
+            tar.extractall(workdir, filter="data")
+        else:  # pragma: no cover - the sdist comes from PyPI by its exact name
+            tar.extractall(workdir)
     # The installed Starlette is the one under test: the sdist's copy must not shadow it.
     shutil.rmtree(root / "starlette")
     return root
