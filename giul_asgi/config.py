@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .hostshare.place import check_setting
 
 if TYPE_CHECKING:
     from .readers.base import Reader
@@ -52,8 +53,9 @@ class Node:
     ``upstream`` is the inference server's Prometheus URL (vLLM, TGI, SGLang): its running
     requests are the card's whole load, so each span is shared by this gateway's part of
     it and the rest is foreign (several replicas stay right with no shared state).
-    ``workers_dir`` (or ``$GIUL_ASGI_LOAD_DIR``) is a directory where the host's worker
-    processes publish their windows in flight, so four workers on one card charge it once.
+    ``workers_dir`` (or ``$GIUL_ASGI_LOAD_DIR``) moves where the host's worker processes
+    share the card (their windows in flight, books, statistics and records), which they do
+    by default in a per-user directory on shared memory; ``False`` or ``"off"`` shares nothing.
     ``reader_factory`` builds a custom reader (tests, benchmarks); it is not part of the
     node's identity.
     """
@@ -71,7 +73,7 @@ class Node:
     ramp_s: float = 0.1
     serving: str | int | None = None
     upstream: str | None = None
-    workers_dir: str | None = None
+    workers_dir: str | bool | None = None
     reader_factory: Callable[[Node], Reader] | None = field(
         default=None, compare=False, repr=False
     )
@@ -123,7 +125,8 @@ class Node:
         object.__setattr__(self, "ramp_s", ramp)
         if not isinstance(self.options, Mapping):
             raise ConfigError(f"node {self.name!r}: options must be a table of keys")
-        for key in ("url", "token", "upstream", "workers_dir"):
+        check_setting(self.workers_dir)
+        for key in ("url", "token", "upstream"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"node {self.name!r}: {key} must be a non-empty string")

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # truecard: the card that knows the truth
+# Processes share cards by default through a per-user place on the host: each test session
+# gets a place of its own, so two sessions (and fakes with the same UUIDs) never meet. Tests
+# of the default itself take this setting away from the processes they start.
+os.environ["GIUL_ASGI_LOAD_DIR"] = tempfile.mkdtemp(prefix="giul-asgi-tests-")
 
 from fake_nvml import FakeGpu, FakeNvml  # noqa: E402
 

@@ -1,13 +1,27 @@
-"""A worker process of a gateway on a card it shares with three others (for test_workers_ledger).
+"""A card that several worker processes share, and that knows what each request caused.
 
-Every worker knows the whole schedule, so each one's true card shows everybody's load, as a
-real card would; each meters only its own requests, as a real worker does.
+Four worker processes on one GPU each see only their own requests, but the card draws for
+all of them. Two ways to build that here, both on :mod:`truecard` (ramps, ramp-down tails,
+whole-mJ counter steps at jittered times), and neither looks at the ledger:
+
+- :func:`run`: a worker that knows the whole schedule, so each process's card shows
+  everybody's load while it meters only its own windows (test_workers_ledger);
+- :class:`FileCard`: a card kept in a file: every request's job is appended (start, stop,
+  watts) by the worker that serves it, and every worker's reader replays the file, so all
+  of them read one card, for real servers (uvicorn, gunicorn) whose requests nobody
+  schedules. :func:`caused` is the truth: each job's energy, tail included, in closed form
+  from the file alone.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import threading
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 from truecard import Job, TrueCard, TrueReader
@@ -27,8 +41,12 @@ def schedule(workers: int, per_worker: int, seed: int = 11) -> list[tuple[int, f
     ]
 
 
-def run(index: int, directory: str | None, start: Any, workers: int, per_worker: int, out: Any) -> None:
-    """``start`` is a shared value the parent sets once every worker is reading."""
+def run(index: int, node_name: str, setting: str | bool | None, start: Any, workers: int,
+        per_worker: int, out: Any) -> None:
+    """One worker: meters its part of the schedule on a card that draws for all of them.
+    ``start`` is a shared value the parent sets once every worker is reading. ``setting``
+    is the node's ``workers_dir``: None is the default (no setting at all)."""
+    os.environ.pop("GIUL_ASGI_LOAD_DIR", None)  # the deployment's shape: nothing set
     plan = schedule(workers, per_worker)
     card = TrueCard(idle_w=IDLE, seed=5)
     out.put(("ready", index))
@@ -39,10 +57,8 @@ def run(index: int, directory: str | None, start: Any, workers: int, per_worker:
     card._phase = 0.041  # every process's card steps at the same times
     for _, offset, seconds, watts in plan:
         card.jobs.append(Job(watts, t_start + offset, t_start + offset + seconds))
-    ledger = Ledger(Node("shared-card", idle_w=IDLE, workers_dir=directory), TrueReader(card))
+    ledger = Ledger(Node(node_name, idle_w=IDLE, workers_dir=setting), TrueReader(card))
     ledger.ensure_started()
-    while ledger.totals().reads < 5 and time.monotonic() < t_start:
-        time.sleep(0.005)
     mine = sorted((o, s) for w, o, s, _ in plan if w == index)
     meters = []
     for offset, seconds in mine:
@@ -52,9 +68,92 @@ def run(index: int, directory: str | None, start: Any, workers: int, per_worker:
         time.sleep(max(0.0, t_start + offset + seconds - time.monotonic()))
         meter.close()
         meters.append(meter)
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + 10.0  # a loaded machine settles late; never for ever
     while not all(m.settled_now for m in meters) and time.monotonic() < deadline:
         time.sleep(0.05)
     charged = sum(m.figure().joules or 0.0 for m in meters)
+    # The end of the schedule is quiet for everybody: wait for every worker's last figures
+    # to reach the table before reading the host's books.
+    time.sleep(1.0)
+    host = ledger.host_totals()
     ledger.stop(1.0)
-    out.put((index, charged, ledger.totals().measured_j))
+    out.put((index, charged, ledger.totals().measured_j, host.charged_j, host.workers))
+
+
+class FileCard:
+    """A card whose jobs live in an append-only file that every process reads.
+
+    The file starts with the card's geometry (its start on the host's monotonic clock,
+    the counter's phase, idle watts); then ``start``/``stop`` lines, one per job event, each
+    written whole with one ``write`` on an ``O_APPEND`` descriptor.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        head = json.loads(self.path.read_text().splitlines()[0])
+        self.card = TrueCard(idle_w=float(head["idle_w"]), seed=int(head["seed"]))
+        self.card.t0 = float(head["t0"])
+        self.card._phase = float(head["phase"])
+        self._jobs: dict[str, Job] = {}
+        self._offset = 0
+        self._lock = threading.Lock()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    @staticmethod
+    def create(path: str | os.PathLike[str], idle_w: float = IDLE, seed: int = 5) -> Path:
+        head = {"t0": time.monotonic(), "phase": 0.041, "idle_w": idle_w, "seed": seed}
+        Path(path).write_text(json.dumps(head) + "\n")
+        return Path(path)
+
+    def start_job(self, watts: float) -> str:
+        job = uuid.uuid4().hex
+        os.write(self._fd, f"start {job} {time.monotonic()!r} {watts!r}\n".encode())
+        return job
+
+    def stop_job(self, job: str) -> None:
+        os.write(self._fd, f"stop {job} {time.monotonic()!r}\n".encode())
+
+    def refresh(self) -> None:
+        """Replay the lines appended since the last look into the card."""
+        with self._lock, self.path.open("rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+            end = chunk.rfind(b"\n") + 1
+            self._offset += end
+            with self.card._lock:
+                for line in chunk[:end].decode().splitlines():
+                    if self._offset == end and line.startswith("{"):
+                        continue  # the head
+                    apply(line, self._jobs, self.card.jobs)
+
+
+def apply(line: str, jobs: dict[str, Job], into: list[Job]) -> None:
+    parts = line.split()
+    if parts[0] == "start":
+        job = jobs[parts[1]] = Job(float(parts[3]), float(parts[2]))
+        into.append(job)
+    elif parts[0] == "stop" and parts[1] in jobs:
+        jobs[parts[1]].stop = float(parts[2])
+
+
+class FileCardReader(TrueReader):
+    """Reads a :class:`FileCard` as NVML reads a real card (whole mJ, stepping every 100 ms)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.file = FileCard(path)
+        super().__init__(self.file.card)
+
+    def read(self) -> Any:
+        self.file.refresh()
+        return super().read()
+
+
+def caused(path: str | os.PathLike[str]) -> tuple[float, int]:
+    """The truth: the energy every finished job caused, tail included, and how many jobs."""
+    card = TrueCard()
+    jobs: dict[str, Job] = {}
+    done: list[Job] = []
+    for line in Path(path).read_text().splitlines()[1:]:
+        apply(line, jobs, done)
+    finished = [j for j in done if j.stop is not None]
+    return sum(j.truth(card.ramp_up, card.tau) for j in finished), len(finished)

@@ -19,11 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -31,6 +30,8 @@ import anyio
 from ..config import Node
 from ..energy import Provenance, Share
 from ..errors import ConfigError, GiulError, ReaderUnavailable
+from ..hostshare import ENV as HOSTSHARE_ENV
+from ..hostshare import CardTable, Place, Setting, card_key, log_unshared, resolve
 from ..readers.base import NullReader, Process, Reader, Reading
 from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .poller import IDLE_S, Health, Poller
@@ -43,7 +44,8 @@ _STARTING = "the node's reader is starting"
 #: How often the upstream's metrics and the workers' table are looked at (seconds).
 UPSTREAM_EVERY_S = 0.25
 WORKERS_EVERY_S = 0.05
-WORKERS_ENV = "GIUL_ASGI_LOAD_DIR"
+#: The one setting for sharing among worker processes (a directory, or ``off``).
+WORKERS_ENV = HOSTSHARE_ENV
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ class LedgerTotals:
     read_seconds_max: float
     backend: str
     method: str
+    #: Worker processes whose books these are (1: this process's alone).
+    workers: int = 1
 
     @property
     def conservation_error_j(self) -> float:
@@ -113,6 +117,7 @@ class Ledger:
         self.reader: Reader | None = None
         self.failure: BaseException | None = None
         self._poller: Poller | None = None
+        self._workers: _Workers | None = None
         self._stopped = False
         if reader is not None:
             self.attach(reader)
@@ -250,10 +255,18 @@ class Ledger:
         chores: list[tuple[float, Callable[[], None]]] = []
         if self.node.upstream is not None:
             chores.append((UPSTREAM_EVERY_S, _Upstream(self, self.node.upstream)))
-        directory = self.node.workers_dir or os.environ.get(WORKERS_ENV)
-        if directory:
-            chores.append((WORKERS_EVERY_S, _Workers(self, directory)))
+        # Other worker processes on this card: shared by default, through the host's place.
+        self._workers = _Workers(self, self.node.workers_dir)
+        chores.append((WORKERS_EVERY_S, self._workers))
         return chores
+
+    def host_totals(self) -> LedgerTotals:
+        """:meth:`totals` for the whole host: every worker process's charges on this card
+        summed (what ``/energy`` and ``/metrics`` show); this process's alone where the
+        workers cannot share (``workers`` is then 1)."""
+        mine = self.totals()
+        workers = self._workers
+        return workers.host(mine) if workers is not None else mine
 
     def own_load(self) -> tuple[float, int]:
         """This process's window-seconds integral on the node so far, and windows open."""
@@ -335,6 +348,8 @@ class Ledger:
         poller = self._poller
         if poller is not None and not poller.stop(timeout):
             log.warning("node %r: the reader did not stop in time; left behind", self.node.name)
+        if self._workers is not None:
+            self._workers.close()  # the other workers keep this one's figures, frozen
         with self._lock:
             settled = self.book.force_settle()
         _fire(settled)
@@ -433,23 +448,52 @@ class _Upstream:
 
 
 class _Workers:
-    """Publishes this worker's windows and reads the other workers' (poller thread)."""
+    """Publishes this process's windows on the card and reads the other workers' (poller
+    thread), through the card's table in the host's place (shared by default)."""
 
-    def __init__(self, ledger: Ledger, directory: str) -> None:
-        self.ledger, self.directory = ledger, directory
-        self.table: Any = None
+    def __init__(self, ledger: Ledger, setting: Setting) -> None:
+        self.ledger, self.setting = ledger, setting
+        self.place: Place | None = None
+        self.table: CardTable | None = None
 
     def __call__(self) -> None:
-        if self.table is None:
-            from ..shared_load import SharedLoad
-
-            self.table = SharedLoad(self.directory, clock=self.ledger.clock)
-        name = self.ledger.node.name
-        t = self.ledger.clock()
-        self.table.publish({name: self.ledger.own_load()}, t)
-        others = self.table.others(name, t)
+        ledger = self.ledger
+        if self.place is None:
+            self.place = place = resolve(self.setting)
+            log_unshared(place)
+            key = card_key(ledger.node, ledger.reader)
+            if place.path is not None and key is not None:
+                self.table = CardTable(place.path, key, ledger.node.name, clock=ledger.clock)
+        table = self.table
+        if table is None:
+            return
+        t = ledger.clock()
+        integral, open_now = ledger.own_load()
+        table.publish(integral, open_now, t, _books(ledger.totals()))
+        others = table.others(t)
         if others is not None:
-            self.ledger.note_others(t, others)
+            ledger.note_others(t, others)
+
+    def host(self, mine: LedgerTotals) -> LedgerTotals:
+        table = self.table
+        if table is None:
+            return mine
+        books = table.host(_books(mine))
+        return replace(
+            mine, measured_j=books.measured_j, charged_j=books.charged_j,
+            unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j,
+            windows_open=books.windows_open, workers=books.workers,
+        )
+
+    def close(self) -> None:
+        if self.table is not None:
+            self.table.close()
+
+
+def _books(totals: LedgerTotals) -> dict[str, float]:
+    """What a process publishes of its books for the host's (see :class:`HostBooks`)."""
+    return {"measured_j": totals.measured_j, "charged_j": totals.charged_j,
+            "in_flight_j": totals.in_flight_j, "windows_open": float(totals.windows_open)}
 
 
 NULL_NODE = Node("<none>", reader="none")

@@ -1,0 +1,41 @@
+"""Several processes on one host, sharing by default: one place, tables per card, rows per process.
+
+``uvicorn --workers 4`` and gunicorn run one process per worker; each sees only its own
+requests. Without a shared view each would charge a card its whole energy, answer
+``/energy`` for a quarter of the traffic and find a quarter of the records by id. This
+package is the one mechanism they all use, with no setting:
+
+- :mod:`.place`: the per-user directory on shared memory that the first process creates and
+  later ones join, the one setting that moves or disables it, and why it may not work;
+- :mod:`.rows`: one file per process, named by pid and start time, so dead ones expire;
+- :mod:`.load`: one table per card (keyed by :mod:`.keys`): each process's window-seconds
+  for the ledger's shares, and its books for the host's;
+- :mod:`.journal`: each process's recent records, readable by id from any other.
+
+The statistics of the whole host (``giul_asgi.stats``) keep their rows here too.
+"""
+
+from __future__ import annotations
+
+from .keys import card_key, reader_uuids
+from .load import CardTable, HostBooks
+from .place import ENV, OFF, Place, Setting, check_setting, log_unshared, resolve
+from .rows import Row, Rows, alive, process_start
+
+__all__ = [
+    "ENV",
+    "OFF",
+    "CardTable",
+    "HostBooks",
+    "Place",
+    "Row",
+    "Rows",
+    "Setting",
+    "alive",
+    "card_key",
+    "check_setting",
+    "log_unshared",
+    "process_start",
+    "reader_uuids",
+    "resolve",
+]

@@ -1,0 +1,256 @@
+"""The host's place and its tables: one directory per user, one table per card, rows per process
+(real processes where liveness matters)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import stat
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from giul_asgi.config import Node
+from giul_asgi.errors import ConfigError
+from giul_asgi.hostshare import CardTable, card_key, log_unshared, resolve
+from giul_asgi.hostshare import place as place_module
+from giul_asgi.hostshare.journal import Journal
+from giul_asgi.hostshare.rows import Rows, parse, process_start
+
+# -- the place ------------------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def no_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As deployed: nothing set (conftest gives the session a place of its own)."""
+    monkeypatch.delenv("GIUL_ASGI_LOAD_DIR", raising=False)
+
+
+def test_the_first_process_creates_a_private_directory_and_later_ones_join_it(tmp_path: Path) -> None:
+    where = tmp_path / "giul-asgi-test"
+    first = resolve(candidates=[where])
+    assert first.shared and first.path == where
+    assert stat.S_IMODE(where.stat().st_mode) == 0o700
+    (where / "mark").write_text("x")
+    assert resolve(candidates=[where]).path == where and (where / "mark").exists()
+
+
+def test_a_directory_opened_to_others_is_made_private_again(tmp_path: Path) -> None:
+    where = tmp_path / "open"
+    where.mkdir(mode=0o777)
+    os.chmod(where, 0o777)
+    assert resolve(candidates=[where]).path == where
+    assert stat.S_IMODE(where.stat().st_mode) == 0o700
+
+
+def test_another_users_directory_is_refused_and_the_next_place_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    theirs, mine = tmp_path / "theirs", tmp_path / "mine"
+    theirs.mkdir(mode=0o700)
+    owner = theirs.stat().st_uid
+    with monkeypatch.context() as m:
+        m.setattr(place_module.os, "getuid", lambda: owner + 1)  # we are someone else now
+        found = resolve(candidates=[theirs, mine])
+    assert found.path is None and "another user" in (found.reason or "")
+    assert resolve(candidates=[theirs, mine]).path == theirs
+
+
+def test_a_symbolic_link_or_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    found = resolve(candidates=[link, blocker, blocker / "below"])
+    assert found.path is None
+    assert "symbolic link" in (found.reason or "") and "not a directory" in (found.reason or "")
+
+
+def test_the_default_is_shared_memory_then_the_runtime_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1234")
+    places = place_module.default_candidates()
+    assert places[0] == Path(f"/dev/shm/giul-asgi-{os.getuid()}")
+    assert places[1] == Path("/run/user/1234/giul-asgi")
+    assert places[2].name == f"giul-asgi-{os.getuid()}"
+
+
+def test_one_setting_moves_or_disables_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GIUL_ASGI_LOAD_DIR", str(tmp_path / "env"))
+    assert resolve().path == tmp_path / "env"
+    assert resolve(tmp_path / "given").path == tmp_path / "given"  # the node's wins
+    for off in ("off", "OFF", False):
+        assert resolve(off).path is None and resolve(off).off
+    monkeypatch.setenv("GIUL_ASGI_LOAD_DIR", "off")
+    assert resolve().path is None
+    assert resolve(str(tmp_path / "given")).path == tmp_path / "given"
+
+
+def test_a_bad_setting_fails_loudly_when_the_node_is_built() -> None:
+    with pytest.raises(ConfigError, match="workers_dir"):
+        Node("n", workers_dir=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="empty"):
+        Node("n", workers_dir=" ")
+    assert Node("n", workers_dir=False).workers_dir is False
+    assert Node("n", workers_dir="off").workers_dir == "off"
+
+
+def test_a_place_that_cannot_work_says_why_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    found = resolve(blocker / "sub")
+    assert found.path is None and "cannot use" in (found.reason or "")
+    with caplog.at_level(logging.INFO, logger="giul_asgi.hostshare"):
+        log_unshared(found)
+        log_unshared(found)
+        log_unshared(resolve("off"))
+    lines = [r for r in caplog.records if "per process" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].levelno == logging.WARNING and lines[1].levelno == logging.INFO
+
+
+# -- rows and the card's table, with real processes ------------------------------------------
+
+def worker(directory: str, integral: float, open_now: int, charged: float, ready: Any, stop: str) -> None:
+    table = CardTable(Path(directory), "uuid:GPU-1", "gpu0")
+    other = CardTable(Path(directory), "uuid:GPU-2", "gpu1")
+    table.publish(integral, open_now, t=100.0, books={"measured_j": 50.0, "charged_j": charged})
+    other.publish(1.0, 0, t=100.0)
+    ready.set()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(stop) and time.monotonic() < deadline:  # a file, not an Event:
+        time.sleep(0.01)  # a killed waiter would wedge a shared Event for the survivors
+    table.close()
+
+
+@pytest.fixture
+def ctx() -> Any:
+    return mp.get_context("spawn")
+
+
+def start(ctx: Any, directory: Path, integral: float, open_now: int, charged: float, stop: Path) -> Any:
+    ready = ctx.Event()
+    proc = ctx.Process(target=worker, args=(str(directory), integral, open_now, charged, ready, str(stop)),
+                       daemon=True)
+    proc.start()
+    assert ready.wait(60)
+    return proc
+
+
+def test_others_sum_live_workers_extrapolated_and_keep_the_dead_frozen(ctx: Any, tmp_path: Path) -> None:
+    stop_a, stop_b = tmp_path / "stop-a", tmp_path / "stop-b"
+    a = start(ctx, tmp_path, 10.0, 2, 7.0, stop_a)
+    b = start(ctx, tmp_path, 5.0, 0, 3.0, stop_b)
+    me = CardTable(tmp_path, "uuid:GPU-1", "gpu0")
+    me.publish(99.0, 1, t=100.0)
+    try:
+        assert me.others(t=100.0) == pytest.approx(15.0)  # my own row is not counted
+        assert me.others(t=101.0) == pytest.approx(17.0)  # a had 2 windows open for 1 s more
+        assert CardTable(tmp_path, "uuid:GPU-2", "gpu1").others(t=101.0) == pytest.approx(2.0)
+        assert CardTable(tmp_path, "uuid:GPU-3", "gpu9").others(t=100.0) == 0.0
+        books = me.host({"measured_j": 40.0, "charged_j": 1.0, "in_flight_j": 0.5, "windows_open": 1})
+        assert books.workers == 3 and books.charged_j == pytest.approx(11.0)
+        assert books.measured_j == 50.0 and books.unattributed_j == pytest.approx(50.0 - 11.0 - 0.5)
+        a.kill()
+        a.join(10)
+        assert me.others(t=102.0) == pytest.approx(12.0 + 5.0)  # a frozen at its last value
+        books = me.host({"measured_j": 41.0, "charged_j": 1.0, "in_flight_j": 0.5, "windows_open": 1})
+        assert books.workers == 2  # a dead process's file is not a worker
+        assert books.charged_j == pytest.approx(11.0)  # but its charges still count
+        assert books.measured_j == pytest.approx(51.0)  # the card drew what I saw since
+        stop_b.touch()
+        b.join(10)
+        assert me.others(t=103.0) == pytest.approx(12.0 + 5.0)  # b left cleanly: frozen too
+    finally:
+        stop_a.touch()
+        stop_b.touch()
+        for p in (a, b):
+            p.join(10)
+        me.close()
+
+
+def test_dead_rows_are_removed_after_the_grace_period(tmp_path: Path) -> None:
+    me = CardTable(tmp_path, "node:n", "n", grace_s=10.0)
+    folder = me.rows.folder
+    dead = folder / "999999-1-abc.json"
+    dead.write_text('{"t": 0.0, "integral": 4.0, "open": 0}')
+    (folder / "junk.json").write_text("{not json")
+    (folder / "999998-1.json").write_text("{not json")
+    assert me.others(t=5.0) == 0.0 and dead.exists()  # never seen alive: nothing to keep
+    assert me.others(t=20.0) == 0.0 and not dead.exists()
+
+
+def test_a_reused_pid_is_not_the_dead_worker(tmp_path: Path) -> None:
+    me = CardTable(tmp_path, "node:n", "n")
+    start_time = process_start(os.getpid())
+    assert start_time is not None
+    row = {"t": time.monotonic(), "integral": 3.0, "open": 0}
+    (me.rows.folder / f"{os.getpid()}-{int(start_time) + 1}-x.json").write_text(json.dumps(row))
+    assert me.others() == 0.0
+    (me.rows.folder / f"{os.getpid()}-{start_time}-y.json").write_text(json.dumps(row))
+    assert me.others() == pytest.approx(3.0)  # our own process, another node on the same card
+
+
+def test_row_names(tmp_path: Path) -> None:
+    assert parse("12-345-ab.json", ".json") == (12, "345")
+    assert parse("12-x.json", ".json") == (12, None)
+    for bad in ("abc-1.json", ".tmp-12-3.json", "12.json", "12-3.txt"):
+        assert parse(bad, ".json") is None
+    rows = Rows(tmp_path / "deep" / "folder")
+    rows.write(b"one")
+    rows.write(b"two")
+    assert rows.path.read_bytes() == b"two" and [p.name for p in rows.folder.iterdir()] == [rows.name]
+
+
+# -- the card's key ----------------------------------------------------------------------------
+
+def test_a_card_is_keyed_by_its_uuids_where_the_reader_knows_them() -> None:
+    nvml_like = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-b"), SimpleNamespace(uuid="GPU-a")])
+    both = "uuid:GPU-a+GPU-b"
+    assert card_key(Node("one"), nvml_like) == card_key(Node("two", gpus=(3,)), nvml_like) == both
+    assert card_key(Node("x"), SimpleNamespace(uuids=("GPU-c",))) == "uuid:GPU-c"
+    half = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-a"), SimpleNamespace(uuid=None)])
+    assert card_key(Node("x"), half) == card_key(Node("x"), None) == "node:x|auto|gpus=0"
+    assert card_key(Node("y", reader="agent", url="http://h:1")) == "node:y|agent|http://h:1"
+    assert card_key(Node("z", reader="simulated")) is None  # a card inside this process
+
+
+# -- records, journal ------------------------------------------------------------------------
+
+def test_a_journal_finds_another_writers_latest_line_and_forgets_old_ones(tmp_path: Path) -> None:
+    now = [1000.0]
+    theirs = Journal(tmp_path, max_lines=4, max_age_s=60.0, clock=lambda: now[0])
+    mine = Journal(tmp_path, max_lines=4, max_age_s=60.0, clock=lambda: now[0])
+    # another process: same folder, another row name
+    theirs.rows.path = theirs.rows.path.with_name("1-1.jsonl")
+    theirs.old = theirs.rows.path.with_name("1-1-old.jsonl")
+    theirs.append([("a", {"joules": 1.0}), ("b", {"joules": 2.0})])
+    assert mine.find("a") == {"joules": 1.0} and mine.find("zz") is None
+    theirs.append([("a", {"joules": 1.5, "settled": True})])
+    assert mine.find("a") == {"joules": 1.5, "settled": True}
+    theirs.append([("c", {"joules": 3.0}), ("d\tbad", {})])  # 4 lines: a new generation
+    theirs.append([("e", {"joules": 5.0})])
+    assert {k: (mine.find(k) or {}).get("joules") for k in "abce"} == {"a": 1.5, "b": 2.0, "c": 3.0, "e": 5.0}
+    theirs.append([(k, {"joules": 0.0}) for k in "fgh"])  # and another: a and b are gone
+    assert mine.find("a") is None and mine.find("h") == {"joules": 0.0}
+    now[0] += 61.0
+    assert mine.find("h") is None  # too old to answer
+    with (tmp_path / "records" / "1-1.jsonl").open("ab") as fh:
+        fh.write(b"i\t2000.0\t{half a li")  # being written: read next time
+    assert mine.find("i") is None
+
+
+def test_a_record_store_without_a_place_keeps_to_itself(tmp_path: Path) -> None:
+    from giul_asgi.energy import Energy
+    from giul_asgi.records import RecordStore
+
+    store = RecordStore(share="off")
+    assert not store.shared
+    store.put(Energy(1.0, "measured", id="r1"))
+    assert store.get("r1") is not None and store.get("r2") is None
+    with pytest.raises(ConfigError):
+        RecordStore(max_records=True)  # type: ignore[arg-type]
