@@ -182,3 +182,41 @@ class TrueReader:
 
     def close(self) -> None:
         return None
+
+
+Fault = Literal["raises", "hangs", "stops"]
+
+
+class FaultyReader:
+    """A :class:`TrueReader` that works for ``after`` seconds, then fails as a real driver
+    can: every read raises, every read blocks for ``hang_s``, or the counter stops moving
+    (a frozen driver that answers with its last value)."""
+
+    def __init__(self, reader: TrueReader, fault: Fault, after: float, hang_s: float = 5.0) -> None:
+        self.reader = reader
+        self.fault = fault
+        self.hang_s = hang_s
+        self.source, self.method, self.kind = reader.source, reader.method, reader.kind
+        self.backend, self.period, self.clock = reader.backend, reader.period, reader.clock
+        self.start = reader.clock()
+        self.after = after
+        self._frozen: Reading | None = None
+
+    def failing(self) -> bool:
+        return self.clock() - self.start >= self.after
+
+    def read(self) -> Reading:
+        if not self.failing():
+            reading = self.reader.read()
+            self._frozen = reading
+            return reading
+        if self.fault == "raises":
+            raise RuntimeError("NVMLError_GpuIsLost: GPU is lost")
+        if self.fault == "hangs":
+            time.sleep(self.hang_s)
+            return self.reader.read()
+        frozen = self._frozen
+        return Reading(self.clock(), joules=frozen.joules if frozen else 0.0)
+
+    def close(self) -> None:
+        return None

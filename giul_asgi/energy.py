@@ -9,7 +9,11 @@ reported by the card, how far they can be trusted, and how the card was shared. 
 2. No fabricated zeros: a share of <= 0 J is a failed measurement. It becomes an estimate
    (tokens x the tier's hint, ``method="estimated"``) or ``unknown`` with ``joules=None``.
 3. Labelled: ``method``, ``backend`` and ``source`` on every record; a simulated card grades
-   to ``simulated``, never ``measured``; a figure that is mostly interpolation says so.
+   to ``simulated``, never ``measured``. A figure more than half interpolated (the card has
+   not reported that part, or never will), or made while the node's reader is failing, is
+   ``estimated`` (backend and source kept: they say what the rest was measured with) and
+   says in ``error`` what it was estimated from and why; a simulated card's stays
+   ``simulated`` (an interpolation of a simulation is still a simulation) and says so too.
 4. Conservation is the ledger's job; the record says how the card was shared
    (``concurrency``, ``split``) and whether a foreign load was seen (``contended``).
 """
@@ -48,9 +52,11 @@ class Provenance:
 class Share:
     """A window's raw share of its node's energy, as the ledger's book holds it now.
 
-    ``joules`` is None when the window cannot be measured (no reader, a gap inside it).
-    ``interpolated`` is the part of ``joules`` the card has not reported yet (filled from
-    the node's measured prior); ``uncertainty`` covers both parts.
+    ``joules`` is None when the window cannot be measured (no reader, nothing to fill a gap
+    from). ``interpolated`` is the part of ``joules`` the card has not reported (yet, or
+    ever: time before its first step, a gap where its reader failed), filled from
+    ``basis`` (in words: "the node's prior"); ``uncertainty`` covers both parts.
+    ``trouble`` says why the card is not reporting, while its reader fails or after a reset.
     """
 
     joules: float | None
@@ -65,6 +71,8 @@ class Share:
     contended: bool | None = None
     foreign_watts: float | None = None
     error: str | None = None
+    trouble: str | None = None
+    basis: str | None = None
 
 
 @dataclass(slots=True)
@@ -148,6 +156,17 @@ def _num(value: float | None) -> float | None:
     return float(f"{value:.9g}")
 
 
+def _estimated(share: Share, joules: float, what: str) -> str:
+    """What a figure was estimated from, and why, in words."""
+    basis = share.basis or "the node's prior"
+    why = f"{what}: {min(1.0, share.interpolated / joules):.0%} interpolated from {basis}"
+    if share.trouble:
+        why += f"; {share.trouble}"
+    elif not share.settled:
+        why += "; the card has not reported it yet"
+    return why if share.error is None else f"{why}; {share.error}"
+
+
 def grade(
     share: Share,
     *,
@@ -178,11 +197,13 @@ def grade(
         else:
             joules, method = None, "unknown"
         uncertainty = None
-    elif share.interpolated > MOSTLY_INTERPOLATED * joules and error is None:
-        error = (
-            f"provisional: {min(1.0, share.interpolated / joules):.0%} of this figure is interpolated "
-            "from the node's measured prior; the card has not reported it yet"
-        )
+    else:
+        mostly = share.interpolated > MOSTLY_INTERPOLATED * joules
+        if method == "measured" and (mostly or share.trouble):
+            method = "estimated"
+            error = _estimated(share, joules, "estimated")
+        elif (mostly or share.trouble) and error is None:
+            error = _estimated(share, joules, method)
     per_token = joules / valid_tokens if joules is not None and valid_tokens else None
     return Energy(
         joules, method, backend, source, node, tier, route, share.seconds,

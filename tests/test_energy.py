@@ -48,11 +48,36 @@ def test_unknown_share_without_tokens_stays_unknown() -> None:
     assert e.joules is None and e.method == "unknown" and e.joules_per_token is None
 
 
-def test_a_mostly_interpolated_first_figure_says_so() -> None:
-    e = grade(share(9.0, interpolated=8.0, settled=False))
-    assert e.method == "measured" and not e.settled
-    assert e.error and "89% of this figure is interpolated" in e.error
-    assert grade(share(9.0, interpolated=1.0, settled=False)).error is None
+def test_a_mostly_interpolated_figure_is_an_estimate_that_says_from_what() -> None:
+    # Issue 16: a first figure 89% interpolated said "measured" with "provisional" in error.
+    e = grade(share(9.0, interpolated=8.0, settled=False, basis="the node's prior"))
+    assert e.method == "estimated" and not e.settled
+    assert (e.backend, e.source) == ("nvml_counter", "local")  # what the rest was read with
+    assert e.error == (
+        "estimated: 89% interpolated from the node's prior; the card has not reported it yet"
+    )
+    assert e.uncertainty_joules == 0.5
+    half = grade(share(9.0, interpolated=4.5, settled=False))
+    assert half.method == "measured" and half.error is None  # half is not "more than half"
+    settled = grade(share(9.0, interpolated=6.0, settled=True, basis="the node's first spans"))
+    assert settled.method == "estimated" and "67% interpolated from the node's first spans" in (
+        settled.error or ""
+    )
+
+
+def test_a_figure_made_while_the_reader_fails_is_an_estimate_with_its_error() -> None:
+    trouble = "the reader is failing: NVMLError_GpuIsLost"
+    e = grade(share(9.0, interpolated=0.5, settled=False, trouble=trouble))
+    assert e.method == "estimated" and e.backend == "nvml_counter"
+    assert e.error == f"estimated: 6% interpolated from the node's prior; {trouble}"
+    assert grade(share(9.0, interpolated=0.5, settled=False)).method == "measured"
+
+
+def test_an_interpolated_simulated_figure_stays_simulated_and_says_so() -> None:
+    e = grade(share(9.0, SIMULATED, interpolated=8.0, settled=False))
+    assert e.method == "simulated" and e.error and e.error.startswith("simulated: 89% interpolated")
+    e = grade(share(9.0, SIMULATED, interpolated=0.1, trouble="the reader is failing: gone"))
+    assert e.method == "simulated" and "the reader is failing: gone" in (e.error or "")
 
 
 def test_missing_idle_floor_is_said_not_guessed() -> None:

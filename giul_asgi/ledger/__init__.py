@@ -73,6 +73,9 @@ class LedgerTotals:
     read_seconds_max: float
     backend: str
     method: str
+    #: Filled into figures from the prior where no reading covered their time (never
+    #: measured: outside ``measured == charged + unattributed + in flight``).
+    estimated_j: float = 0.0
     #: Worker processes whose books these are (1: this process's alone).
     workers: int = 1
 
@@ -218,6 +221,8 @@ class Ledger:
             tape = self.tape
             if tape is None or not self.book.measures:
                 return
+            if not reading.ok:  # first figures made from now until the next span say so
+                self.book.note_trouble(f"the reader is failing: {reading.error or 'empty reading'}")
             for piece in tape.feed(reading):
                 settled += self.book.book(piece, reading.t)
         _fire(settled)
@@ -277,9 +282,10 @@ class Ledger:
         with self._lock:
             self.book.note_others(t, window_seconds)
 
-    def note_total(self, t: float, running: float) -> None:
+    def note_upstream(self, t: float, running: float) -> None:
+        """The upstream (the inference server) ran ``running`` requests at ``t``."""
         with self._lock:
-            self.book.note_total(t, running)
+            self.book.note_upstream(t, running)
 
     def _period(self) -> float:
         tape = self.tape
@@ -375,7 +381,7 @@ class Ledger:
                 last_reading_age_s=tape.age(self.clock()) if tape else None,
                 resets=tape.resets if tape else 0,
                 period_s=tape.steps.period if tape else None, lost_s=book.lost_s,
-                windows_open=book.windows_open,
+                windows_open=book.windows_open, estimated_j=book.estimated_j,
                 read_seconds_max=poller.read_seconds_max if poller else 0.0,
                 backend=self.book.provenance.backend, method=self.book.provenance.method,
             )
@@ -444,7 +450,7 @@ class _Upstream:
             self.load = UpstreamLoad(self.url, clock=self.ledger.clock)
         reading = self.load.read()
         if reading.ok and reading.running is not None:
-            self.ledger.note_total(reading.t, reading.running)
+            self.ledger.note_upstream(reading.t, reading.running)
 
 
 class _Workers:

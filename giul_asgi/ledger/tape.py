@@ -71,11 +71,16 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class Gap:
-    """Between ``t0`` and ``t1`` the card's energy is unknown, for the reason given."""
+    """Between ``t0`` and ``t1`` the card's energy is unknown, for the reason given.
+
+    ``fault`` is true when the reader failed (errors, a stale counter, a reset); false
+    where a healthy reader simply had no baseline yet (the time before its first step).
+    """
 
     t0: float
     t1: float
     why: str
+    fault: bool = True
 
 
 Piece = Span | Gap
@@ -211,9 +216,9 @@ class Tape:
         self._first_t = None
         self._last_w = None
 
-    def _gap(self, t0: float, t1: float, why: str) -> Gap:
+    def _gap(self, t0: float, t1: float, why: str, fault: bool = True) -> Gap:
         self.end = t1
-        return Gap(t0, t1, why)
+        return Gap(t0, t1, why, fault)
 
     # -- counters -------------------------------------------------------------------------
     def _counter(self, t: float, joules: float) -> list[Piece]:
@@ -249,7 +254,7 @@ class Tape:
             # cannot be placed, so it is a gap rather than energy charged as exact.
             first = self._first_t if self._first_t is not None else step
             self._base_j, self._base_t = joules, step
-            return [self._gap(first, step, "no baseline reading yet")] if step > first else []
+            return [self._gap(first, step, "no baseline reading yet", fault=False)] if step > first else []
         step = max(step, base_t + 1e-9)
         dt = step - base_t
         self._base_j, self._base_t = joules, step

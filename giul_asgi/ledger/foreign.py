@@ -1,0 +1,78 @@
+"""The foreign-load watch: what the card draws when none of our windows is on it.
+
+A card drawing above idle with no window open, once a ramp-down after the last window has
+passed, carries a load nobody here asked for (another process, a training job). The watch
+keeps its level as a ratio of time-decayed sums (a span's stamp error moves energy to its
+neighbour, and over consecutive spans those errors cancel), with the mean absolute
+deviation of single spans about it, so figures can say ``contended`` with the watts seen,
+and a node with ``foreign="subtract"`` can take that level off the spans windows share.
+
+What the watch never sees while windows run is how the level moves under them: the doubt of
+a subtracted level grows with the time since it was last witnessed and with how little of
+it was witnessed at all (a few short quiet gaps between requests).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .tape import Span
+
+#: Witnessed foreign power below this (W, or this share of idle) is noise, not a load.
+FOREIGN_MIN_W = 5.0
+FOREIGN_MIN_SHARE = 0.05
+#: Witnessed time before a foreign level is believed (in periods, at least a tenth of a
+#: second), and how long it is kept.
+FOREIGN_BELIEVE_PERIODS = 1
+FOREIGN_BELIEVE_S = 0.1
+FOREIGN_KEEP_S = 120.0
+#: The subtracted level is uncertain by this many mean absolute deviations of the witness.
+FOREIGN_SPREAD = 2.5
+#: The foreign level follows the witness with this time constant (seconds).
+FOREIGN_TAU_S = 5.0
+
+
+class ForeignWatch:
+    """The level of above-idle power witnessed with no window on the card."""
+
+    def __init__(self) -> None:
+        self._j = 0.0
+        self._s = 0.0
+        self.level_w: float | None = None  # the witnessed level (W above idle)
+        self.dev_w = 0.0  # mean absolute deviation of single spans from the level
+        self.seen_s = 0.0
+        self.seen_t: float | None = None  # when the level was last witnessed
+        self.spans = 0
+
+    def witness(self, span: Span, idle_w: float | None) -> None:
+        seconds = span.seconds
+        if idle_w is None or seconds <= 0:
+            return
+        watts = span.above_j / seconds
+        decay = math.exp(-seconds / FOREIGN_TAU_S)
+        if self.level_w is not None:
+            self.dev_w += (1 - decay) * (abs(watts - self.level_w) - self.dev_w)
+        self._j = self._j * decay + span.above_j
+        self._s = self._s * decay + seconds
+        self.level_w = self._j / self._s
+        self.seen_s += seconds
+        self.seen_t = span.t1
+        self.spans += 1
+
+    def level(self, period: float, idle_w: float | None) -> float | None:
+        """The foreign load's watts above idle, when one has been witnessed long enough
+        (0.0 when what was witnessed is noise)."""
+        level = self.level_w
+        if level is None or self.seen_s < max(FOREIGN_BELIEVE_S, FOREIGN_BELIEVE_PERIODS * period):
+            return None
+        return level if level >= max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * (idle_w or 0.0)) else 0.0
+
+    def doubt_w(self) -> float:
+        """How far the level may be from the load under the windows, in watts."""
+        return FOREIGN_SPREAD * self.dev_w
+
+    def recent(self, now: float | None) -> bool:
+        return self.seen_t is not None and (now is None or now - self.seen_t <= FOREIGN_KEEP_S)
+
+
+__all__ = ["FOREIGN_KEEP_S", "FOREIGN_SPREAD", "FOREIGN_TAU_S", "ForeignWatch"]

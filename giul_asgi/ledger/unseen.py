@@ -1,0 +1,103 @@
+"""The load on the card that this process cannot see, and how much of a span it drew.
+
+Two sources tell the book about windows that are not its own:
+
+- **other workers** on this host that meter the same card publish their cumulative
+  window-seconds (:meth:`Unseen.note_others`);
+- **the upstream** (here, always: the inference server behind the gateway, read through its
+  own ``/metrics``) says how many requests it is running (:meth:`Unseen.note_upstream`). That
+  count includes ours; the book says how many of ours were on the card at the same instant,
+  and only the excess is load we cannot see. Our requests reach the upstream after our
+  windows open and leave it before they close, so the upstream's count never exceeds ours
+  when the load is all ours: comparing counts at each sample, rather than integrating the
+  upstream's count against our windows, keeps a sample held past our window's close from
+  reading as a foreign load.
+
+A span's unseen window-seconds share it with ours: ours get covered / (covered + unseen).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+#: How long an unseen load, once sampled, keeps figures ``contended`` (seconds).
+UNSEEN_KEEP_S = 120.0
+#: Samples past the last one are extrapolated this far at most (seconds).
+EXTRAPOLATE_S = 1.0
+
+
+class Unseen:
+    """Cumulative window-seconds of load this process cannot see, as samples in time."""
+
+    def __init__(self) -> None:
+        # The other workers' windows on this node, as they publish them.
+        self._others: deque[tuple[float, float]] = deque(maxlen=4096)
+        # The upstream's running requests beyond ours, integrated between its samples.
+        self._upstream: deque[tuple[float, float]] = deque(maxlen=4096)
+        self._excess = 0.0  # the upstream's requests beyond ours at its last sample
+        self.seen_t: float | None = None  # when the upstream last ran more than ours
+
+    def note_others(self, t: float, window_seconds: float) -> None:
+        """The other workers' cumulative window-seconds on this node, as of ``t``."""
+        self._others.append((t, window_seconds))
+
+    def note_upstream(self, t: float, running: float, ours: int) -> None:
+        """The upstream ran ``running`` requests at ``t`` while ``ours`` of our windows were
+        on the card: the excess is load we cannot see, until the next sample."""
+        samples = self._upstream
+        if samples:
+            t0, integral = samples[-1]
+            if t > t0:
+                samples.append((t, integral + self._excess * (t - t0)))
+        else:
+            samples.append((t, 0.0))
+        self._excess = max(0.0, running - ours)
+        if self._excess > 0:
+            self.seen_t = t
+
+    def window_seconds(self, t0: float, t1: float) -> float:
+        """Window-seconds in (t0, t1] of load this process does not see (0 when unknown)."""
+        upstream = _delta(self._upstream, t0, t1, self._excess)
+        if upstream is not None:
+            return max(0.0, upstream)
+        samples = self._others
+        slope = None
+        if len(samples) >= 2:
+            (ta, va), (tb, vb) = samples[-2], samples[-1]
+            slope = (vb - va) / (tb - ta) if tb > ta else 0.0
+        others = _delta(samples, t0, t1, slope)
+        return max(0.0, others) if others is not None else 0.0
+
+    def recent(self, now: float | None) -> bool:
+        """Whether the upstream has run load we cannot see lately."""
+        return self.seen_t is not None and (now is None or now - self.seen_t <= UNSEEN_KEEP_S)
+
+
+def _delta(samples: deque[tuple[float, float]], t0: float, t1: float, rate: float | None) -> float | None:
+    """The growth of a cumulative series between ``t0`` and ``t1``, interpolated between
+    samples (and, past the last, extrapolated at ``rate`` when one is given); None when the
+    series does not cover the span."""
+    if not samples or samples[0][0] > t0:
+        return None
+    last_t = samples[-1][0]
+    if t1 > last_t and (rate is None or t1 - last_t > EXTRAPOLATE_S):
+        return None
+    return _at(samples, t1, rate) - _at(samples, t0, rate)
+
+
+def _at(samples: deque[tuple[float, float]], t: float, rate: float | None) -> float:
+    last_t, last_v = samples[-1]
+    if t >= last_t:
+        return last_v + (rate or 0.0) * (t - last_t)
+    lo, hi = 0, len(samples) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if samples[mid][0] <= t:
+            lo = mid
+        else:
+            hi = mid
+    (ta, va), (tb, vb) = samples[lo], samples[hi]
+    return va + (vb - va) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+
+
+__all__ = ["UNSEEN_KEEP_S", "Unseen"]

@@ -1,0 +1,183 @@
+"""One request's time on a node, and the rules that split a span of energy among windows.
+
+A :class:`Window` is what the request path holds: two times, a few marks, and what the
+book has charged to it so far. A :class:`Split` says how a span's energy is divided among
+the windows in it: by time (:class:`TimeSplit`), or by time x tokens per second
+(:class:`TokenSplit`), whose weights are known only when a window closes, so a span may
+wait for them (:class:`Waiting`).
+
+These are plain records with no clock, no lock and no reference to the book that fills
+them: the book, the prior and the watches all read and write them under the ledger's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .tape import Span
+
+
+class Split(Protocol):
+    """How a span's energy is divided among the windows in it."""
+
+    #: The name the record's ``split`` field shows for a shared span.
+    name: str
+    #: True when every window's weight is known at open: spans never wait.
+    known_at_open: bool
+
+    def weight(self, window: Window) -> float | None:
+        """The window's weight per second of overlap; None when not known (yet)."""
+        ...
+
+
+class TimeSplit:
+    """Each window's share is proportional to its time in the span."""
+
+    name = "time"
+    known_at_open = True
+
+    def weight(self, window: Window) -> float | None:
+        return 1.0
+
+
+class TokenSplit:
+    """Shares proportional to time x tokens per second: equal energy per token, as in a
+    continuous batch. A window's weight is known only when it closes with its count."""
+
+    name = "tokens"
+    known_at_open = False
+
+    def weight(self, window: Window) -> float | None:
+        if window.tokens is None or window.tokens <= 0 or window.t_close is None:
+            return None
+        return window.tokens / max(window.t_close - window.t_open, 1e-9)
+
+
+@dataclass(slots=True)
+class First:
+    """What the window's first figure assumed: kept to learn from when it settles."""
+
+    reported: float  # the share already reported at close
+    guess: float  # the interpolated part, prior x time (before the learnt bias)
+    scale: float  # the residual's unit: the guess, with at least a quarter period in it
+    unc: float = 0.0  # the measured part's uncertainty at close
+    filled: float = 0.0  # the window's time no reading would cover, known at close
+    basis: str | None = None  # what the guess was taken from, in words
+
+
+class Window:
+    """One request's time on a node, and what the book has charged to it so far.
+
+    A plain slotted class: one is built per request, and the constructor sets only what
+    every window has.
+
+    ``filled_s`` is time in the window that no reading will ever cover (before the tape's
+    first step, or inside a gap where the reader failed): its energy is not measured, and
+    the window's figure fills it from the node's prior (``fill_j``, ``fill_unc`` once
+    settled). ``trouble`` says why, when the reader was failing or reset during it.
+    """
+
+    __slots__ = (
+        "abandoned",
+        "alone",
+        "basis",
+        "busy_close",
+        "busy_open",
+        "callbacks",
+        "edge_sq",
+        "error",
+        "fill_j",
+        "fill_unc",
+        "filled_s",
+        "first",
+        "linear_unc",
+        "lost_s",
+        "marks",
+        "measured_s",
+        "power_j",
+        "rules",
+        "seen_end",
+        "settled",
+        "share",
+        "stage_shares",
+        "t_close",
+        "t_open",
+        "tokens",
+        "trouble",
+        "waiting",
+        "waits_on",
+        "weight",
+    )
+
+    def __init__(self, t_open: float, busy_open: float) -> None:
+        self.t_open = t_open
+        self.busy_open = busy_open
+        self.t_close: float | None = None
+        self.busy_close = 0.0
+        self.tokens: int | None = None
+        self.weight: float | None = None
+        self.marks: list[tuple[str, float]] | None = None
+        self.stage_shares: list[float] | None = None
+        self.share = 0.0
+        self.edge_sq = 0.0  # squared ambiguity of partly covered spans
+        self.linear_unc = 0.0  # stamp and foreign-level uncertainty, added linearly
+        self.power_j = 0.0
+        self.measured_s = 0.0
+        self.lost_s = 0.0  # time that cannot be measured nor filled: the window is unknown
+        self.filled_s = 0.0
+        self.fill_j = 0.0
+        self.fill_unc = 0.0
+        self.trouble: str | None = None
+        self.basis: str | None = None  # what the filled part was taken from
+        self.waiting = 0  # spans waiting on weights that include this window
+        self.waits_on: list[Waiting] | None = None  # those spans, while the window is open
+        self.seen_end = False
+        self.settled = False
+        self.abandoned = False
+        self.alone = True
+        self.rules: str | None = None
+        self.error: str | None = None
+        self.first: First | None = None
+        self.callbacks: list[Callable[[], None]] | None = None
+
+    @property
+    def seconds(self) -> float:
+        return (self.t_close if self.t_close is not None else self.t_open) - self.t_open
+
+    @property
+    def concurrency(self) -> float | None:
+        if self.t_close is None:
+            return None
+        span = self.t_close - self.t_open
+        return (self.busy_close - self.busy_open) / span if span > 0 else 1.0
+
+
+@dataclass(eq=False, slots=True)
+class Waiting:
+    """A span whose split waits for weights that open windows will know at close."""
+
+    span: Span
+    above: float
+    members: list[tuple[Window, float]]
+    open_members: int
+    done: bool = False
+
+
+def spread(window: Window, a: float, b: float, value: float, into: list[float]) -> None:
+    """Share ``value`` over [a, b] among the window's stages and its tail, by time."""
+    if b <= a or window.marks is None:
+        return
+    prev = window.t_open
+    for i, (_, t_mark) in enumerate(window.marks):
+        overlap = min(b, t_mark) - max(a, prev)
+        if overlap > 0:
+            into[i] += value * overlap / (b - a)
+        prev = t_mark
+    overlap = b - max(a, prev)
+    if overlap > 0:
+        into[-1] += value * overlap / (b - a)
+
+
+__all__ = ["First", "Split", "TimeSplit", "TokenSplit", "Waiting", "Window", "spread"]
