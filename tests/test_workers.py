@@ -1,14 +1,17 @@
-"""Several workers on one host: a real ``uvicorn --workers 4``; any worker reports the host."""
+"""Several workers on one host with no setting: a real ``uvicorn --workers 4``; any worker
+reports the host, and a dead worker is not counted as one."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
-from giul_asgi.stats import ENV, EnergyStats, HostStats, clear_directory
+from giul_asgi.stats import EnergyStats, HostStats, clear_directory
 
 APP = textwrap.dedent('''
     import os
@@ -48,77 +51,113 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_any_of_four_uvicorn_workers_reports_the_whole_host(tmp_path: Path) -> None:
+def deployed_env() -> dict[str, str]:
+    """The environment of a deployment that set nothing for us."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GIUL_ASGI_")}
+
+
+def wait_for(check: Any, what: str, proc: subprocess.Popen[bytes], log: Path, limit: float = 40.0) -> Any:
+    deadline = time.monotonic() + limit
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            value = check()
+            if value:
+                return value
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{what}: {log.read_text()[-2000:]}"
+        time.sleep(0.2)
+
+
+def fresh(base: str) -> httpx.Client:
+    """A client that opens a new connection per request, so requests spread over workers."""
+    return httpx.Client(base_url=base, limits=httpx.Limits(max_keepalive_connections=0), timeout=10)
+
+
+def test_any_of_four_uvicorn_workers_reports_the_whole_host_with_no_setting(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text(APP)
-    shared = tmp_path / "stats"
-    shared.mkdir()
     port = free_port()
-    env = {**os.environ, ENV: str(shared)}
-    log = (tmp_path / "uvicorn.log").open("wb")
+    log_path = tmp_path / "uvicorn.log"
+    log = log_path.open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(tmp_path), "--host", "127.0.0.1",
          "--port", str(port), "--workers", "4", "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=log,
+        env=deployed_env(), stdout=subprocess.DEVNULL, stderr=log,
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while len(list(shared.glob("*.json"))) < 4:
-            assert proc.poll() is None, (tmp_path / "uvicorn.log").read_text()
-            assert time.monotonic() < deadline, "the workers did not start"
-            time.sleep(0.1)
-        pids, total = set(), 0.0
-        with httpx.Client(base_url=base, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+        with fresh(base) as c:
+            def four() -> bool:
+                return all(c.get("/energy").json()["workers"] == 4 for _ in range(4))
+
+            wait_for(four, "the four workers did not all start", proc, log_path)
+            pids, total = set(), 0.0
             for i in range(200):
                 joules = 1.0 + i * 0.25
                 total += joules
                 pids.add(c.get("/work", params={"j": joules}).text)
             assert len(pids) >= 2, "every request went to one worker: nothing merged"
-            time.sleep(0.6)  # every worker has written its file (flush_s = 0.1)
+            time.sleep(0.6)  # every worker has written its row (flush_s = 0.1)
             answers = [c.get("/energy", params={"window": "all"}).json() for _ in range(12)]
             metrics = [c.get("/metrics").text for _ in range(4)]
-        for data in answers:
-            assert data["totals"]["requests"] == 200
-            assert data["totals"]["joules"]["sum"] == pytest.approx(total, rel=1e-6)
-            assert data["routes"]["/work"]["tokens"] == 400 and data["workers"] == 4
-        for text in metrics:
-            requests = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                           if s.name == "giul_requests_total")
-            assert requests == 200
+            for data in answers:
+                assert data["totals"]["requests"] == 200 and data["shared"] is True
+                assert data["totals"]["joules"]["sum"] == pytest.approx(total, rel=1e-6)
+                assert data["routes"]["/work"]["tokens"] == 400 and data["workers"] == 4
+            for text in metrics:
+                requests = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                               if s.name == "giul_requests_total")
+                assert requests == 200
+            # A worker dies: it is not a worker any more (the page said "5 worker(s)" for 4),
+            # and what it counted still counts while its server runs.
+            os.kill(int(next(iter(pids))), signal.SIGKILL)
+            time.sleep(1.0)
+            after = [c.get("/energy", params={"window": "all"}).json() for _ in range(8)]
+            for data in after:
+                assert data["workers"] <= 4 and data["totals"]["requests"] == 200
     finally:
         proc.terminate()
         proc.wait(timeout=20)
         log.close()
-    # Dead workers' files stay: their totals still count for a later reader.
-    reader = HostStats(EnergyStats(), shared, flush_s=60)
+    # Another server on this host (here, this process) does not count that one's requests.
+    other = HostStats(EnergyStats(), flush_s=60)
     try:
-        assert reader.view().snapshot("all")["totals"]["requests"] == 200
+        assert other.view().snapshot("all")["totals"]["requests"] == 0
     finally:
-        reader.close()
-    assert clear_directory(shared) == 5
+        other.close()
 
 
-def test_a_worker_merges_files_and_skips_a_damaged_one(tmp_path: Path) -> None:
+def test_a_worker_merges_rows_and_skips_a_damaged_one(tmp_path: Path) -> None:
     a = HostStats(EnergyStats(), tmp_path, flush_s=60)
     b = HostStats(EnergyStats(), tmp_path, flush_s=60)
     try:
+        assert a.shared and a.rows is not None
         a.record(Energy(3.0, "measured", route="/a"), outcome="ok", status=200)
         b.record(Energy(4.0, "measured", route="/b"), outcome="ok", status=200)
         b.flush()
-        (tmp_path / "giul-stats-999-1.json").write_text("{not json")
-        (tmp_path / "giul-stats-998-1.json").write_text('{"schema": "other"}')
+        folder = a.rows.folder
+        (folder / f"{os.getpid()}-1-x.json").write_text("{not json")
+        (folder / f"{os.getpid()}-2-y.json").write_text(f'{{"parent": {a.parent!r}, "state": {{}}}}'
+                                                         .replace("'", '"').replace("None", "null"))
         snap = a.snapshot("all")
         assert snap["totals"]["joules"]["sum"] == 7.0 and set(snap["routes"]) == {"/a", "/b"}
+        assert snap["workers"] == 1  # b is this same process: one worker, two rows
     finally:
         a.close()
         b.close()
+    assert clear_directory(tmp_path) >= 2
 
 
-def test_the_directory_must_be_given_and_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV, raising=False)
-    with pytest.raises(ConfigError, match=ENV):
-        HostStats(EnergyStats())
-    with pytest.raises(ConfigError, match="not a directory"):
-        HostStats(EnergyStats(), tmp_path / "missing")
+def test_no_place_means_this_workers_statistics_and_no_crash(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for where in (blocker / "sub", "off"):
+        stats = HostStats(EnergyStats(), where)  # the worker serves; its figures are its own
+        stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
+        snap = stats.snapshot("all")
+        assert not stats.shared and snap["workers"] == 1 and snap["shared"] is False
+        assert snap["totals"]["requests"] == 1
+        stats.close()
     with pytest.raises(ConfigError):
         HostStats(EnergyStats(), tmp_path, flush_s=0)

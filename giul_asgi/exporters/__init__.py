@@ -12,7 +12,8 @@ from typing import Any
 
 
 def ledger_totals(ledgers: Iterable[Any] | None) -> Iterator[Any]:
-    """Each ledger's ``totals()``, skipping any that fails: a read never breaks a scrape."""
+    """Each ledger's books for the whole host (``host_totals()``: every worker process on
+    the card), skipping any that fails: a read never breaks a scrape."""
     if ledgers is None:
         return
     try:
@@ -21,6 +22,7 @@ def ledger_totals(ledgers: Iterable[Any] | None) -> Iterator[Any]:
         return
     for ledger in items:
         try:
-            yield ledger.totals()
+            totals = getattr(ledger, "host_totals", None) or ledger.totals
+            yield totals()
         except Exception:
             continue

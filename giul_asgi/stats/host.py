@@ -3,62 +3,69 @@
 ``uvicorn --workers 4`` or gunicorn run one process per worker, each with its own
 :class:`~giul_asgi.stats.EnergyStats`. :class:`HostStats` wraps a worker's statistics
 after the model of prometheus_client's multiprocess mode: each worker writes its mergeable
-state (counters and DDSketch bins, per label and time slot) to its own file in a shared
-directory, every ``flush_s`` seconds when it changed, atomically (a temporary file then
-``os.replace``), and at exit. A worker answering ``/energy`` or ``/metrics`` merges its
-own live state with every other file it finds (sketches merge exactly). Other workers'
-figures are at most ``flush_s`` old.
+state (counters and DDSketch bins, per label and time slot, and its node samples) to its
+own row in the host's place (:mod:`giul_asgi.hostshare`: by default a per-user directory on
+shared memory, no setting), every ``flush_s`` seconds when it changed, atomically, and at
+exit. A worker answering ``/energy`` or ``/metrics`` merges its own live state with every
+other row it finds (sketches merge exactly). Other workers' figures are at most ``flush_s`` old.
 
-The directory is ``directory=`` or the ``GIUL_ASGI_MULTIPROC_DIR`` environment variable.
-Files are named by pid and start time, so a reused pid never overwrites a dead worker's
-file. Dead workers' files are kept, as prometheus_client keeps its own: their counters
-since start still count (counters must never go backwards), and their time windows age
-out by themselves because slots are aligned on wall-clock time. Clear the directory when
-the server (re)starts, as for ``PROMETHEUS_MULTIPROC_DIR``; :func:`clear_directory` does.
+The statistics are one server's: the rows whose parent process (pid and start time) is
+ours, the uvicorn or gunicorn master that started the workers. Rows are named by pid and
+start time, so a dead worker is told from a live one: the page counts live workers only,
+and a dead worker's counters still count (counters never go backwards) while its server
+runs. Another server's rows are left out, and an earlier run's removed after an hour, so
+nothing needs clearing at restart. Where nothing can be shared
+(``GIUL_ASGI_LOAD_DIR=off``, no writable place) the statistics are this worker's and say so
+(``workers: 1``, ``shared: false``), and the log says why once.
 """
 
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..energy import Energy
 from ..errors import ConfigError
+from ..hostshare import ENV, Rows, alive, log_unshared, process_start, resolve
 from ..listeners import Settled
+from .nodes import Sample
 from .stats import EnergyStats
 
-ENV = "GIUL_ASGI_MULTIPROC_DIR"
-_PREFIX = "giul-stats-"
+_instances = itertools.count()  # two HostStats in one process write two rows
+
+#: Dead rows of an earlier run of the server are removed after this long (seconds).
+STALE_S = 3600.0
 
 
-def multiproc_dir(directory: str | os.PathLike[str] | None = None) -> Path:
-    """The shared directory: the argument, else ``$GIUL_ASGI_MULTIPROC_DIR``."""
-    value = directory if directory is not None else os.environ.get(ENV)
-    if not value:
-        raise ConfigError(
-            "no directory for the workers' statistics",
-            remedy=f"pass directory= or set {ENV} to a directory every worker can write",
-        )
-    path = Path(value)
-    if not path.is_dir():
-        raise ConfigError(f"{path} is not a directory", remedy=f"create it, or point {ENV} elsewhere")
-    return path
+def multiproc_dir(directory: str | os.PathLike[str] | None = None) -> Path | None:
+    """Where the workers' statistics rows go: ``stats/`` in the host's place (``directory``,
+    else ``$GIUL_ASGI_LOAD_DIR``, else the per-user default); None where nothing can be
+    shared (said once in the log)."""
+    place = resolve(directory)
+    log_unshared(place)
+    return place.path / "stats" if place.path is not None else None
 
 
 def clear_directory(directory: str | os.PathLike[str] | None = None) -> int:
-    """Remove the statistics files (before the workers start); returns how many."""
+    """Remove the statistics rows; returns how many (never needed: an earlier run's rows
+    are left out by themselves)."""
     path = multiproc_dir(directory)
     removed = 0
-    for file in path.glob(_PREFIX + "*.json"):
+    for file in path.glob("*.json") if path is not None and path.is_dir() else ():
         file.unlink(missing_ok=True)
         removed += 1
     return removed
+
+
+def _parent() -> list[Any]:
+    ppid = os.getppid()
+    return [ppid, process_start(ppid)]
 
 
 class HostStats:
@@ -75,19 +82,28 @@ class HostStats:
         if not (isinstance(flush_s, int | float) and flush_s > 0):
             raise ConfigError(f"flush_s={flush_s!r} must be positive", remedy="use 1.0")
         self.stats = stats if stats is not None else EnergyStats()
-        self.directory = multiproc_dir(directory)
+        folder = multiproc_dir(directory)
+        #: This worker's row among the host's (None: nothing is shared, figures are ours).
+        self.rows = Rows(folder, tag=str(next(_instances))) if folder is not None else None
         self.flush_s = float(flush_s)
-        self.pid = os.getpid()
-        self.path = self.directory / f"{_PREFIX}{self.pid}-{time.time_ns()}.json"
-        self._cache: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+        self.parent = _parent()
+        self._cache: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
+        self._live = 0
         self._written = -1
         self._stop = threading.Event()
         self._flush_lock = threading.Lock()
         self.write_errors = 0
+        if self.rows is None:
+            return
         self.flush()
         self._thread = threading.Thread(target=self._run, name="giul-host-stats", daemon=True)
         self._thread.start()
         atexit.register(self.close)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the other workers' statistics are merged into this one's answers."""
+        return self.rows is not None
 
     # What the middleware calls, as on EnergyStats: this worker counts.
     def settled(self, batch: Sequence[Settled]) -> None:
@@ -112,14 +128,18 @@ class HostStats:
 
     def flush(self) -> None:
         """Write this worker's state now (atomically), if it changed since the last write."""
+        rows = self.rows
+        if rows is None:
+            return
         with self._flush_lock:
             changes = self._changes()
-            if changes == self._written and self.path.exists():
+            if changes == self._written and rows.path.exists():
                 return
-            tmp = self.path.with_suffix(".tmp")
+            row = {"parent": self.parent, "state": self.stats.state(),
+                   "nodes": {name: [list(s) for s in samples]
+                             for name, samples in _samples(self.stats).items()}}
             try:
-                tmp.write_text(json.dumps(self.stats.state(), separators=(",", ":")), "utf-8")
-                os.replace(tmp, self.path)
+                rows.write(json.dumps(row, separators=(",", ":")).encode())
                 self._written = changes
             except OSError:
                 self.write_errors += 1
@@ -134,46 +154,90 @@ class HostStats:
         self.flush()
 
     def _others(self) -> list[dict[str, Any]]:
-        states = []
-        seen = set()
-        for file in sorted(self.directory.glob(_PREFIX + "*.json")):
-            if file == self.path:
-                continue
-            seen.add(file)
+        """The other workers' rows: live ones, and dead ones of this run of the server."""
+        rows = self.rows
+        if rows is None:
+            return []
+        found, seen, live = [], set(), set()
+        for row in rows.others():
+            seen.add(row.name)
             try:
-                st = file.stat()
+                st = row.path.stat()
                 stamp = (st.st_mtime_ns, st.st_size)
-                cached = self._cache.get(file)
+                cached = self._cache.get(row.name)
                 if cached is None or cached[0] != stamp:
-                    cached = (stamp, json.loads(file.read_text("utf-8")))
-                    self._cache[file] = cached
-                states.append(cached[1])
+                    cached = (stamp, json.loads(row.path.read_bytes()))
+                    self._cache[row.name] = cached
+                data = cached[1]
             except (OSError, ValueError):
-                continue  # a file removed or half-written by hand: skip it this time
-        for file in [f for f in self._cache if f not in seen]:
-            del self._cache[file]
-        return states
+                continue  # a row removed meanwhile, or damaged: skip it this time
+            if data.get("parent") != self.parent:
+                # another server's (or an earlier run's): not ours to count
+                if not _alive_parent(data.get("parent")):
+                    rows.remove_dead(STALE_S, [row])
+                continue
+            if row.pid != os.getpid() and row.alive():
+                live.add(row.pid)
+            found.append(data)
+        for name in [n for n in self._cache if n not in seen]:
+            del self._cache[name]
+        self._live = len(live)
+        return found
 
     def workers(self) -> int:
-        """Worker files in the directory, this one included (dead workers' too)."""
-        return 1 + len(self._others())
+        """Live worker processes sharing these statistics, this one included."""
+        self._others()
+        return 1 + self._live
 
     def view(self) -> EnergyStats:
         """The whole host's statistics: this worker's live state merged with the others'."""
+        if self.rows is None:
+            return self.stats
         merged = self.stats.empty_like()
         merged.merge_state(self.stats.state())
-        for state in self._others():
+        samples: list[dict[str, list[Sample]]] = [_samples(self.stats)]
+        for data in self._others():
             try:
-                merged.merge_state(state)
-            except (ConfigError, KeyError, TypeError, ValueError, IndexError):
-                continue  # another configuration or a damaged file: left out
-        merged.copy_nodes_from(self.stats)
+                merged.merge_state(data["state"])
+                samples.append({str(k): [Sample(*s) for s in v] for k, v in data.get("nodes", {}).items()})
+            except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError):
+                continue  # another configuration or a damaged row: left out
+        merged_samples = _merge_samples(samples, self.stats.step_s)
+        with merged._lock:
+            merged._nodes.samples = merged_samples
         return merged
 
     def snapshot(self, window: str | None = None, **kwargs: Any) -> dict[str, Any]:
         out = self.view().snapshot(window, **kwargs)
-        out["workers"] = self.workers()
+        out["workers"] = self.workers() if self.rows is not None else 1
+        out["shared"] = self.rows is not None
         return out
+
+
+def _alive_parent(parent: Any) -> bool:
+    try:
+        return alive(int(parent[0]), parent[1])
+    except (TypeError, ValueError, IndexError):
+        return False
+
+
+def _samples(stats: EnergyStats) -> dict[str, list[Sample]]:
+    with stats._lock:
+        return stats._nodes.copy()
+
+
+def _merge_samples(per_worker: list[dict[str, list[Sample]]], step: float) -> dict[str, list[Sample]]:
+    """Every worker's samples of the host's node books, one per step (the latest): each
+    worker samples when it answers, so together they draw the series none has alone."""
+    merged: dict[str, dict[int, Sample]] = {}
+    for samples in per_worker:
+        for name, items in samples.items():
+            slots = merged.setdefault(name, {})
+            for item in items:
+                slot = int(item.t // step)
+                if slot not in slots or slots[slot].t < item.t:
+                    slots[slot] = item
+    return {name: [slots[k] for k in sorted(slots)] for name, slots in merged.items()}
 
 
 __all__ = ["ENV", "HostStats", "clear_directory", "multiproc_dir"]
