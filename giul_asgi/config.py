@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .readers.base import Reader
 
 READER_KINDS: tuple[str, ...] = (
-    "auto", "nvml", "agent", "dcgm", "smi", "rapl", "amd", "simulated", "none",
+    "auto", "nvml", "agent", "dcgm", "dcgmi", "smi", "rapl", "amd", "simulated", "none",
 )
 #: Readers that read another host: they need a ``url``.
 URL_READERS: tuple[str, ...] = ("agent", "dcgm")
@@ -39,7 +39,7 @@ class Node:
     ``idle_w`` is the whole node's floor in watts. With ``None`` the figures are energy
     above zero and say so (``idle_known: false``); we never invent a floor.
     ``reader`` picks how to read it: ``auto`` (NVML if it answers, else nothing), ``nvml``,
-    ``simulated`` (with no ``url``: an in-process card the node's own windows
+    ``dcgmi``, ``simulated`` (with no ``url``: an in-process card the node's own windows
     load; with one: the demo upstream's card) or ``none``. ``split`` is how overlapping
     requests share the node's energy: by their ``time`` in each interval, or by time x
     ``tokens`` per second.

@@ -10,7 +10,10 @@ from giul_asgi.readers.registry import READERS, Options
 
 
 def test_every_named_reader_has_a_factory() -> None:
-    assert {"nvml", "agent", "dcgm", "smi", "rapl", "amd", "none"} <= set(READERS)
+    assert {"auto", "nvml", "agent", "dcgm", "dcgmi", "smi", "rapl", "amd", "simulated", "none"} <= set(READERS)
+    from giul_asgi.config import READER_KINDS
+
+    assert set(READER_KINDS) <= set(READERS)  # every name a node may give builds a reader
 
 
 def test_none_reads_nothing_and_takes_no_options() -> None:

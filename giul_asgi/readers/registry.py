@@ -70,6 +70,12 @@ def _simulated(spec: ReaderSpec) -> Reader:
     return _agent(replace(spec, options={**spec.options, "expect_simulated": True}))
 
 
+def _dcgmi(spec: ReaderSpec) -> Reader:
+    from .dcgmi import DcgmiReader
+
+    return DcgmiReader(spec)
+
+
 def _auto(spec: ReaderSpec) -> Reader:
     """NVML if this host answers, else nothing: ``auto`` never fails a startup."""
     try:
@@ -91,6 +97,7 @@ READERS: dict[str, ReaderFactory] = {
     "nvml": _nvml,
     "agent": _agent,
     "dcgm": _dcgm,
+    "dcgmi": _dcgmi,
     "smi": _smi,
     "rapl": _rapl,
     "amd": _amd,
