@@ -184,7 +184,8 @@ def _idle(
 
 
 def _agent_section(url: str, token: str | None, gpus: Sequence[int], seconds: float,
-                   clock: Callable[[], float], sleep: Callable[[float], None]) -> dict[str, Any]:
+                   idle_seconds: float | None, clock: Callable[[], float],
+                   sleep: Callable[[float], None]) -> dict[str, Any]:
     from .readers.agent import AgentReader
 
     try:
@@ -200,31 +201,70 @@ def _agent_section(url: str, token: str | None, gpus: Sequence[int], seconds: fl
             "clock_offset_s": reader.alignment.offset, "round_trip_s": reader.alignment.rtt,
         }
         if first.ok:
-            def read_one() -> tuple[float | None, float | None]:
-                r = reader.read()
-                return (r.joules, r.watts) if reader.kind == "counter" else (None, r.watts)
-
-            out["sampling"] = analyse(sample(read_one, seconds, clock=clock, sleep=sleep, interval=0.01))
-            out["sampling"]["note"] = "through the agent: never faster than its cache period"
+            out["gpus"] = _agent_gpus(reader, seconds, clock, sleep)
             out["round_trip_s"] = reader.alignment.rtt
+        if idle_seconds:
+            out["idle"] = _idle(reader, idle_seconds, clock, sleep) if first.ok else _not_measured(
+                f"the agent gave no reading ({first.error})")
         return out
     finally:
         reader.close()
 
 
-def _dcgm_section(url: str, gpus: Sequence[int]) -> dict[str, Any]:
+def _agent_gpus(reader: Any, seconds: float, clock: Callable[[], float],
+                sleep: Callable[[float], None]) -> list[dict[str, Any]]:
+    """Each of the agent's GPUs sampled on its own: the counter period is a card's, and two
+    cards summed step at both phases (two 100 ms cards looked like one of 56 ms)."""
+    per_gpu: dict[int, list[Sample]] = {}
+    end = clock() + seconds
+    while True:
+        readings = reader.gpu_readings()
+        if not isinstance(readings, str):
+            for index, r in readings.items():
+                if r.error is None:
+                    per_gpu.setdefault(index, []).append((r.t, r.joules, r.watts))
+        if clock() >= end:
+            break
+        sleep(0.01)
+    out = []
+    for index, samples in sorted(per_gpu.items()):
+        # The agent reads each card once per request: the same read twice is one sample.
+        unique = [s for k, s in enumerate(samples) if k == 0 or s[0] != samples[k - 1][0]]
+        sampling = analyse(unique)
+        sampling["note"] = "through the agent: never faster than its cache period"
+        out.append({"index": index, "sampling": sampling})
+    return out
+
+
+def _not_measured(reason: str) -> dict[str, Any]:
+    return {"idle_w": None, "reason": reason}
+
+
+def _dcgm_section(url: str, gpus: Sequence[int], idle_seconds: float | None,
+                  clock: Callable[[], float], sleep: Callable[[float], None]) -> dict[str, Any]:
     from .readers.dcgm import DcgmReader
 
     try:
-        reader = DcgmReader(ReaderSpec(gpus=tuple(gpus), url=url))
+        reader = DcgmReader(ReaderSpec(gpus=tuple(gpus), url=url, clock=clock))
     except GiulError as exc:
         return {"url": url, "reachable": False, "reason": exc.message}
     try:
         reading = reader.read()
-        return {"url": reader.url, "reachable": reading.error is None or "unit" in (reading.error or ""),
-                "kind": reader.kind, "period_s": reader.period, "mig": reader.mig,
-                "reading": {"joules": reading.joules, "watts": reading.watts, "error": reading.error},
-                "notes": list(reader.notes)}
+        out: dict[str, Any] = {
+            "url": reader.url, "reachable": reading.error is None or "unit" in (reading.error or ""),
+            "kind": reader.kind, "period_s": reader.period, "mig": reader.mig,
+            "reading": {"joules": reading.joules, "watts": reading.watts, "error": reading.error},
+            "notes": list(reader.notes)}
+        if idle_seconds:
+            if not out["reachable"]:
+                out["idle"] = _not_measured(f"the exporter gave no reading ({reading.error})")
+            elif idle_seconds < 2 * reader.period:
+                out["idle"] = _not_measured(
+                    f"dcgm-exporter collects every {reader.period:g} s: give --idle "
+                    f"{2 * reader.period:g} or more to see its counter move twice")
+            else:
+                out["idle"] = _idle(reader, idle_seconds, clock, sleep)
+        return out
     finally:
         reader.close()
 
@@ -267,15 +307,24 @@ def probe_report(
     }
     if local:
         report["nvml"] = _nvml_section(nvml, gpus, sample_seconds, idle_seconds, clock, sleep)
+        if idle_seconds and not report["nvml"]["available"]:
+            report["nvml"]["idle"] = _not_measured(f"no local NVML ({report['nvml']['reason']})")
     if agent_url:
-        report["agent"] = _agent_section(agent_url, agent_token, gpus, sample_seconds, clock, sleep)
+        report["agent"] = _agent_section(agent_url, agent_token, gpus, sample_seconds, idle_seconds,
+                                         clock, sleep)
     if dcgm_url:
-        report["dcgm"] = _dcgm_section(dcgm_url, gpus)
+        report["dcgm"] = _dcgm_section(dcgm_url, gpus, idle_seconds, clock, sleep)
     if upstream_url:
         report["upstream"] = _upstream_section(upstream_url)
-    idle = (report.get("nvml") or {}).get("idle") or {}
-    if idle.get("idle_w") is not None:
-        report["suggested_config"] = {"reader": "nvml", "idle_w": round(idle["idle_w"], 1)}
+    if idle_seconds and not (local or agent_url or dcgm_url):
+        report["idle"] = _not_measured("no reader to measure it through: drop --no-local, or give "
+                                       "--agent URL or --dcgm URL")
+    for reader, url in (("nvml", None), ("agent", agent_url), ("dcgm", dcgm_url)):
+        idle = (report.get(reader) or {}).get("idle") or {}
+        if idle.get("idle_w") is not None:
+            report["suggested_config"] = {"reader": reader, "idle_w": round(idle["idle_w"], 1),
+                                          **({"url": url} if url else {})}
+            break
     return report
 
 
@@ -302,6 +351,16 @@ def _format_sampling(s: dict[str, Any], lines: list[str]) -> None:
         lines.append(f"    ({s['note']})")
 
 
+def _format_idle(idle: dict[str, Any] | None, lines: list[str], indent: str = "  ") -> None:
+    if not idle:
+        return
+    if idle.get("idle_w") is None:
+        lines.append(f"{indent}idle floor: not measured: {idle.get('reason') or 'no reading'}")
+        return
+    lines.append(f"{indent}idle floor over {_fmt(float(idle['seconds']), ' s')}: {_fmt(idle['idle_w'], ' W')}"
+                 f" from {idle.get('readings')} readings")
+
+
 def format_probe(report: dict[str, Any]) -> str:
     """The report for people."""
     lines = [f"giul-asgi {report.get('giul_asgi') or '?'} probe on {report['host']} "
@@ -313,6 +372,7 @@ def format_probe(report: dict[str, Any]) -> str:
             if nvml.get("remedy"):
                 lines.append(f"  remedy: {nvml['remedy']}")
             lines.append("  -> no local GPU reader: figures here are estimated or unknown, never invented")
+            _format_idle(nvml.get("idle"), lines)
         else:
             lines.append(f"local NVML: backend {nvml['backend']} ({nvml['kind']})")
             for note in nvml["notes"]:
@@ -328,11 +388,7 @@ def format_probe(report: dict[str, Any]) -> str:
             procs = nvml["processes"]
             lines.append("  compute processes: " + ("cannot be listed" if procs is None else (
                 ", ".join(f"{p['pid']} ({p['name'] or '?'})" for p in procs) or "none")))
-            idle = nvml.get("idle")
-            if idle:
-                lines.append(f"  idle floor over {_fmt(float(idle['seconds']), ' s')}: "
-                             f"{_fmt(idle.get('idle_w'), ' W')}"
-                             + (f" ({idle['reason']})" if idle.get("reason") else ""))
+            _format_idle(nvml.get("idle"), lines)
     for key, title in (("agent", "agent"), ("dcgm", "dcgm-exporter"), ("upstream", "upstream")):
         section = report.get(key)
         if section is None:
@@ -340,14 +396,16 @@ def format_probe(report: dict[str, Any]) -> str:
         if not section.get("reachable"):
             lines.append(f"{title} {section['url']}: not reachable: "
                          f"{section.get('reason') or (section.get('first_reading') or {}).get('error')}")
+            _format_idle(section.get("idle"), lines)
             continue
         if key == "agent":
             lines.append(f"agent {section['url']}: host {section['host']}, "
                          f"{section['method']}, {section['kind']}; "
                          f"round trip {_fmt(section['round_trip_s'], ' ms', 1, 1000)}, "
                          f"clock offset {_fmt(section['clock_offset_s'], ' s', 3)}")
-            if section.get("sampling"):
-                _format_sampling(section["sampling"], lines)
+            for g in section.get("gpus") or []:
+                lines.append(f"  gpu {g['index']}:")
+                _format_sampling(g["sampling"], lines)
         elif key == "dcgm":
             r = section["reading"]
             lines.append(f"dcgm-exporter {section['url']}: {section['kind']}, "
@@ -361,9 +419,12 @@ def format_probe(report: dict[str, Any]) -> str:
                          f"prompt tokens {_fmt(section['prompt_tokens_total'], '', 0)}")
         for note in section.get("notes") or []:
             lines.append(f"  note: {note}")
+        _format_idle(section.get("idle"), lines)
+    _format_idle(report.get("idle"), lines, indent="")
     if report.get("suggested_config"):
         cfg = report["suggested_config"]
-        lines.append(f"paste into the node's config: idle_w = {cfg['idle_w']}")
+        lines.append(f"paste into the node's config: idle_w = {cfg['idle_w']} "
+                     f"(measured through {cfg['reader']})")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_remote_sections_from_real_local_servers() -> None:
     assert "nvml" not in report
     agent = report["agent"]
     assert agent["reachable"] and agent["method"] == "measured" and agent["round_trip_s"] is not None
-    assert agent["sampling"]["counter_steps"] >= 1
+    assert agent["gpus"][0]["index"] == 0 and agent["gpus"][0]["sampling"]["counter_steps"] >= 1
     assert report["dcgm"]["reading"]["joules"] == pytest.approx(8388118.461)
     assert report["upstream"]["server"] == "vllm" and report["upstream"]["running"] == 3
     text = format_probe(report)
@@ -106,3 +107,53 @@ def test_main_prints_json_and_refuses_bad_gpus(capsys: pytest.CaptureFixture[str
     printed = json.loads(capsys.readouterr().out)
     assert printed["upstream"]["server"] == "sglang" and printed["schema"] == "giul-probe/1"
     assert main(["--gpus", "x"]) == 2
+
+
+def test_an_agents_cards_are_timed_one_by_one_and_its_idle_floor_measured() -> None:
+    """Two 100 ms cards whose steps fall half a period apart, summed, step every 50 ms: the
+    probe once reported that (56 ms) as the counter period. Each card is timed on its own."""
+    first = LiveGpu(watts=120.0, step_s=0.1)
+    second = LiveGpu(watts=80.0, step_s=0.1, clock=lambda: time.monotonic() + 0.05)
+    source = NvmlSource(nvml=FakeNvml([first, second]))
+    with running_agent(reader=source, cache_s=0.0) as url:
+        report = probe_report(local=False, agent_url=url, sample_seconds=1.5, idle_seconds=1.5)
+    json.dumps(report)
+    agent = report["agent"]
+    assert [g["index"] for g in agent["gpus"]] == [0, 1]  # no --gpus: every card the agent serves
+    for g in agent["gpus"]:
+        sampling = g["sampling"]
+        assert sampling["counter_steps"] >= 3
+        assert 0.08 <= sampling["update_period_s"] <= 0.25, sampling  # a card's period, not the sum's 50 ms
+    idle = agent["idle"]
+    assert idle["idle_w"] == pytest.approx(200.0, rel=0.15)  # the node's floor: both cards
+    assert report["suggested_config"]["reader"] == "agent" and report["suggested_config"]["url"] == url
+    text = format_probe(report)
+    assert "  gpu 1:" in text and "idle floor over 1.5 s: " in text and "measured through agent" in text
+
+
+def test_idle_says_why_where_it_cannot_be_measured() -> None:
+    clock = Clock()
+    no_gpu = FakeNvml(init_error=9)
+    report = probe_report(nvml=no_gpu, idle_seconds=2.0, sample_seconds=0.1, clock=clock, sleep=clock.sleep,
+                          agent_url="http://127.0.0.1:9/")
+    assert report["nvml"]["idle"]["idle_w"] is None
+    assert report["nvml"]["idle"]["reason"].startswith("no local NVML (NVML would not start")
+    assert report["agent"]["idle"]["reason"].startswith("the agent gave no reading (")
+    assert "suggested_config" not in report
+    text = format_probe(report)
+    assert "  idle floor: not measured: no local NVML" in text
+    assert "  idle floor: not measured: the agent gave no reading" in text
+    nothing = probe_report(local=False, idle_seconds=2.0)
+    assert "drop --no-local" in nothing["idle"]["reason"]
+    assert "idle floor: not measured: no reader to measure it through" in format_probe(nothing)
+    dcgm = Served((FIXTURES / "dcgm_default_mj.prom").read_text())
+    with serving(dcgm):
+        short = probe_report(local=False, dcgm_url=dcgm.url, idle_seconds=5.0)
+    assert "collects every 30 s: give --idle 60 or more" in short["dcgm"]["idle"]["reason"]
+
+
+def test_cli_idle_without_a_reader_prints_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    from giul_asgi.cli import main as cli_main
+
+    assert cli_main(["probe", "--no-local", "--idle", "1"]) == 0
+    assert "idle floor: not measured: no reader to measure it through" in capsys.readouterr().out
