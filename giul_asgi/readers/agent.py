@@ -83,6 +83,8 @@ class AgentReader:
         if not url.path.rstrip("/").endswith("/readings"):
             url = url.copy_with(path=url.path.rstrip("/") + "/readings")
         self.url = str(url)
+        self.remedy = (f"check that giul-agent runs at {self.url} and that this host reaches it "
+                       f"(giul-asgi probe --no-local --agent {self.url})")
         self.spec = spec
         self.clock: Callable[[], float] = spec.clock
         self.period = spec.period or POLL_HINT_S
@@ -151,6 +153,30 @@ class AgentReader:
         if missing:
             return f"the agent serves no GPU {missing[0]} (it has {sorted(by_index, key=str)})"
         return [by_index[i] for i in self.gpus]
+
+    def gpu_readings(self) -> dict[int, Reading] | str:
+        """Each of the node's GPUs read on its own, at its own time on our clock (probe times
+        each card's counter: a sum of cards steps at both cards' phases), or why not."""
+        payload = self._fetch()
+        if isinstance(payload, str):
+            return payload
+        gpus = self._selected(payload)
+        if isinstance(gpus, str):
+            return gpus
+        out: dict[int, Reading] = {}
+        for i, g in enumerate(gpus):
+            index = g.get("index")
+            key = index if isinstance(index, int) else i
+            t = g.get("t")
+            when = self.alignment.to_ours(float(t)) if isinstance(t, int | float) else payload["_received"]
+            energy, power = g.get("energy_j"), g.get("power_w")
+            out[key] = Reading(
+                t=when,
+                joules=float(energy) if isinstance(energy, int | float) else None,
+                watts=float(power) if isinstance(power, int | float) else None,
+                error=str(g["error"]) if g.get("error") else None,
+            )
+        return out
 
     def read(self) -> Reading:
         payload = self._fetch()

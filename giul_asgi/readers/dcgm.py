@@ -82,6 +82,8 @@ class DcgmReader:
         if url.path in ("", "/"):
             url = url.copy_with(path="/metrics")
         self.url = str(url)
+        self.remedy = (f"check that dcgm-exporter serves {self.url} to this host "
+                       f"(giul-asgi probe --no-local --dcgm {self.url})")
         self.clock: Callable[[], float] = spec.clock
         self.gpus = tuple(spec.gpus)
         self.uuids = opts.texts("uuids")

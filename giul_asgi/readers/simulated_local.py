@@ -92,9 +92,9 @@ class LocalSimulatedReader:
         self._job = self.card.start_job(0.0)
         self._load: LoadSource | None = None
         self._seen: tuple[float, float] | None = None  # (t, window-seconds) at the last read
-        own = "the node's" if spec.idle_w is not None else "the simulation's own (set idle_w to use yours)"
+        own = "the node's" if spec.idle_w is not None else "the simulation's own: set idle_w to use yours"
         self.notes = [
-            f"simulated card in this process: idle {self.simulated_idle_w:g} W ({own}), "
+            f"simulated card in this process: idle {self.simulated_idle_w:g} W ({own}); "
             f"{self.window_w:g} W per open window, counter steps every {self.period * 1000:g} ms"
         ]
 
