@@ -238,7 +238,7 @@ def create_app(config: GatewayConfig, *, meter: bool = True, timeout: httpx.Time
 def _add_energy(app: FastAPI, config: GatewayConfig) -> None:
     """giul-asgi on the whole app: every /v1 request metered on the node of its model."""
     from giul_asgi import EnergyMiddleware, Route
-    from giul_asgi.middleware import DEFAULT_EXCLUDE
+    from giul_asgi.asgi.options import DEFAULT_EXCLUDE
 
     first = config.models[0]
     app.add_middleware(

@@ -42,7 +42,7 @@ _WHERE: dict[str, str] = {
     "default_ledgers": "ledger",
     "Meter": "meter",
     "current_meter": "context",
-    "EnergyMiddleware": "middleware",
+    "EnergyMiddleware": "asgi",
     "EnergyStats": "stats",
 }
 
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from .errors import ConfigError, GiulError, ReaderUnavailable
     from .ledger import Ledger, Ledgers, TimeSplit, TokenSplit, default_ledgers
     from .meter import Meter
-    from .middleware import EnergyMiddleware
+    from .asgi import EnergyMiddleware
     from .stats import EnergyStats
 
 

@@ -26,7 +26,8 @@ from typing import Any
 from .config import Node, Tier
 from .energy import Energy, Provenance, Share, grade
 from .errors import ConfigError
-from .ledger import Ledger, Ledgers, Window, default_ledgers
+from .ledger import Ledger, Ledgers, Ticket, Window, default_ledgers
+from .listeners import Listener
 
 log = logging.getLogger("giul_asgi.meter")
 
@@ -60,7 +61,8 @@ class Meter:
         self._catalog = catalog or _NO_NAMES
         self._window: Window | None = None
         self._tokens: int | None = None
-        self._listeners: list[Callable[[Energy], None]] | None = None
+        self._at_close: Share | None = None  # the share read when the window closed
+        self._waiting: list[Callable[[], None]] | None = None  # on_settled before the close
         self._final: Energy | None = None  # the settled figure, graded once
 
     @classmethod
@@ -109,9 +111,11 @@ class Meter:
         window = self._window
         if window is None or window.t_close is not None:
             return
-        self.ledger.close(window, tokens=self._tokens)
-        if self._listeners:
-            self.ledger.when_settled(window, self._settled_now)
+        self._at_close = self.ledger.close(window, tokens=self._tokens)
+        if self._waiting:
+            for settled in self._waiting:
+                self.ledger.when_settled(window, settled)
+            self._waiting = None
 
     async def __aenter__(self) -> Meter:
         return self.open()
@@ -206,7 +210,10 @@ class Meter:
             self.tokens(tokens)
         if self._final is not None:
             return self._final  # settled: nothing can change it, and it was graded once
-        energy = self._grade(self.ledger.share(window), window)
+        share, self._at_close = self._at_close, None  # read with the close: no second lock
+        if share is None or (window.settled and not share.settled):
+            share = self.ledger.share(window)
+        energy = self._grade(share, window)
         if energy.settled:
             self._final = energy
         return energy
@@ -246,23 +253,29 @@ class Meter:
 
         It may run on the node's reader thread: keep it cheap and thread-safe.
         """
-        if self._listeners is None:
-            self._listeners = []
-        self._listeners.append(callback)
+
+        def settled() -> None:
+            callback(self.figure())
+
         window = self._window
         if window is not None and window.t_close is not None:
-            if window.settled:
-                self._settled_now(only=callback)
-            elif len(self._listeners) == 1:
-                self.ledger.when_settled(window, self._settled_now)
+            self.ledger.when_settled(window, settled)
+        else:
+            self._waiting = [*(self._waiting or ()), settled]  # registered at the close
 
-    def _settled_now(self, only: Callable[[Energy], None] | None = None) -> None:
-        energy = self.figure()
-        for callback in [only] if only is not None else list(self._listeners or ()):
-            try:
-                callback(energy)
-            except Exception:
-                log.exception("an on_settled callback failed")
+    def report(self, listeners: Listener, outcome: str = "ok", status: int | None = None) -> None:
+        """Send the settled figure to ``listeners`` with how the request ended, once it
+        settles: in one batch with every other window the same reading settles."""
+        window = self._closed_window()
+        self.ledger.when_settled(window, Ticket(
+            window, self.ledger, self._settle, listeners, outcome, status, time.time(),
+        ))
+
+    def _settle(self, share: Share) -> Energy:
+        energy = self._grade(share, self._closed_window())
+        if energy.settled:
+            self._final = energy
+        return energy
 
     def _closed_window(self) -> Window:
         window = self._window

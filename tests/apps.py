@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from giul_asgi import EnergyMiddleware, Ledgers, Node
 from giul_asgi.energy import Energy
+from giul_asgi.listeners import Settled
 from giul_asgi.readers import Reading
 from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader
 
@@ -125,16 +126,16 @@ class Record(NamedTuple):
 
 
 class RecordingStats:
-    """The statistics' contract (``record(energy, outcome=, status=)``), kept as a list:
-    what the middleware told the statistics, in the order the figures settled."""
+    """A listener of settled figures (``settled(batch)``), kept as a list: what the
+    middleware told the statistics, in the order the figures settled."""
 
     def __init__(self) -> None:
         self.records: list[Record] = []
         self.lock = threading.Lock()
 
-    def record(self, energy: Energy, *, outcome: str, status: int | None) -> None:
-        with self.lock:  # settled figures may arrive from the ledger's reader thread
-            self.records.append(Record(energy, outcome, status))
+    def settled(self, batch: Sequence[Settled]) -> None:
+        with self.lock:  # settled figures arrive from the ledger's reader thread
+            self.records.extend(Record(s.energy, s.outcome, s.status) for s in batch)
 
     def __iter__(self) -> Iterator[Record]:
         with self.lock:

@@ -20,8 +20,8 @@ from apps import (
     start_of,
 )
 
-from giul_asgi import report
-from giul_asgi.report import sse_data
+from giul_asgi.wire import sse as sse_module
+from giul_asgi.wire.sse import sse_data
 
 pytestmark = pytest.mark.anyio
 
@@ -94,7 +94,7 @@ async def test_every_event_goes_out_before_the_app_sends_the_next() -> None:
 async def test_plain_stream_energy_on_the_finish_chunk_and_after_done() -> None:
     node, _ = busy_node()
     pieces = [chunk("a"), chunk("b"), chunk(None, "stop"), DONE]
-    mw = fresh(stream_app(pieces), node)
+    mw = fresh(stream_app(pieces), node, stream_event=True)
     await drive(mw)  # the ledger's first reading: a baseline, after which figures are known
     sent = await drive(mw)
     parsed = events(body_of(sent))
@@ -114,7 +114,7 @@ async def test_plain_stream_energy_on_the_finish_chunk_and_after_done() -> None:
 async def test_usage_chunk_carries_the_energy_when_done_follows() -> None:
     node, _ = busy_node()
     pieces = [chunk("a"), chunk(None, "stop"), USAGE_CHUNK, DONE]
-    sent = await drive(fresh(stream_app(pieces), node))
+    sent = await drive(fresh(stream_app(pieces), node, stream_event=True))
     parsed = events(body_of(sent))
     assert parsed[:2] == pieces[:2]  # the finish chunk released as sent: usage follows
     usage_event = json.loads(sse_data(parsed[2]))
@@ -127,11 +127,12 @@ async def test_usage_chunk_carries_the_energy_when_done_follows() -> None:
 
 async def test_usage_and_done_in_one_message() -> None:
     node, _ = busy_node()
-    pieces = [chunk("a"), USAGE_CHUNK + DONE]
+    pieces = [chunk("a"), chunk(None, "stop") + USAGE_CHUNK + DONE]
     sent = await drive(fresh(stream_app(pieces), node))
     parsed = events(body_of(sent))
-    assert "energy" in json.loads(sse_data(parsed[1]))
-    assert parsed[2] == DONE
+    assert "energy" not in json.loads(sse_data(parsed[1]))  # the usage chunk follows it
+    assert "energy" in json.loads(sse_data(parsed[2]))
+    assert parsed[3] == DONE
 
 
 async def test_usage_not_followed_by_done_is_released_unchanged() -> None:
@@ -144,13 +145,13 @@ async def test_usage_not_followed_by_done_is_released_unchanged() -> None:
 async def test_events_split_across_messages_still_carry_the_energy() -> None:
     """A proxy's upstream bytes do not arrive in whole events."""
     node, _ = busy_node()
-    whole = chunk("x") + USAGE_CHUNK + DONE
+    whole = chunk("x") + chunk(None, "stop") + USAGE_CHUNK + DONE
     pieces = [whole[i:i + 17] for i in range(0, len(whole), 17)]
-    sent = await drive(fresh(stream_app(pieces, delay=0.001), node))
+    sent = await drive(fresh(stream_app(pieces, delay=0.001), node, stream_event=True))
     parsed = events(body_of(sent))
-    assert parsed[0] == chunk("x")
-    assert json.loads(sse_data(parsed[1]))["energy"]["tokens"] == 3
-    assert parsed[2] == DONE and json.loads(sse_data(parsed[3]))["tokens"] == 3
+    assert parsed[0] == chunk("x") and parsed[1] == chunk(None, "stop")
+    assert json.loads(sse_data(parsed[2]))["energy"]["tokens"] == 3
+    assert parsed[3] == DONE and json.loads(sse_data(parsed[4]))["tokens"] == 3
 
 
 async def test_options_switch_stream_energy_off() -> None:
@@ -191,7 +192,9 @@ async def test_no_trailers_otherwise(headers: list, extensions: dict) -> None:
     assert "trailers" not in start_of(sent)
 
 
-async def test_app_trailers_are_kept_and_ours_added() -> None:
+async def test_app_trailers_are_kept_as_they_are() -> None:
+    """An app that declares and sends its own trailers gets them delivered as it sent them
+    (Starlette's test_capture_trailers): our figure is at /energy/requests/{id}."""
     node, _ = busy_node()
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
@@ -205,8 +208,7 @@ async def test_app_trailers_are_kept_and_ours_added() -> None:
                        extensions={"http.response.trailers": {}})
     trailers = [m for m in sent if m["type"] == "http.response.trailers"]
     assert len(trailers) == 1
-    names = [k for k, _ in trailers[0]["headers"]]
-    assert names[0] == b"x-app" and b"x-energy-joules" in names
+    assert trailers[0]["headers"] == [(b"x-app", b"1")]
 
 
 async def test_plain_chunked_stream_passes_untouched_with_trailers() -> None:
@@ -268,7 +270,8 @@ async def test_crash_mid_stream_is_reraised_and_recorded() -> None:
 async def test_stream_tokens_reach_the_stats_settled() -> None:
     node, _ = busy_node()
     stats = RecordingStats()
-    await drive(fresh(stream_app([chunk("a"), USAGE_CHUNK, DONE]), node, stats=stats))
+    await drive(fresh(stream_app([chunk("a"), chunk(None, "stop"), USAGE_CHUNK, DONE]), node,
+                      stats=stats))
     record = (await settled_records(stats))[-1]
     assert record.outcome == "ok" and record.energy.tokens == 3 and record.energy.settled
 
@@ -293,7 +296,7 @@ def test_trailers_through_starlettes_test_client() -> None:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     app = Starlette(routes=[StarletteRoute("/s", endpoint)])
-    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers())
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(), stream_event=True)
     with TestClient(app) as client:
         asked = client.get("/s", headers={"TE": "trailers"})
         plain = client.get("/s")
@@ -331,13 +334,13 @@ async def test_nothing_is_appended_where_there_is_no_body(method: str, status: i
     sent = await drive(fresh(one_message_app(b"", SSE, status), node), method=method)
     assert body_of(sent) == b""
     assert start_of(sent)["status"] == status
-    assert header(start_of(sent), b"x-energy-method") is not None  # the figure in headers
+    assert header(start_of(sent), b"x-energy-id") is not None  # where its figure is kept
 
 
 async def test_a_last_event_without_its_blank_line_gets_nothing_glued_on() -> None:
     node, _ = busy_node()
     pieces = [chunk("a"), b"data: last"]
-    sent = await drive(fresh(stream_app(pieces), node))
+    sent = await drive(fresh(stream_app(pieces), node, stream_event=True))
     assert body_of(sent) == b"".join(pieces)  # not b"data: lastevent: energy ..."
 
 
@@ -345,10 +348,11 @@ async def test_a_held_usage_chunk_is_delivered_when_the_app_raises() -> None:
     """Without the middleware the client receives the usage chunk; it must with it too."""
     node, _ = busy_node()
     sent: list[Message] = []
-    app = stream_app([chunk("a"), USAGE_CHUNK, chunk("never")], fail_after=2, delay=0.001)
+    app = stream_app([chunk("a"), chunk(None, "stop"), USAGE_CHUNK, chunk("never")],
+                     fail_after=3, delay=0.001)
     with pytest.raises(RuntimeError, match="mid-stream"):
         await drive(fresh(app, node), on_send=sent.append)
-    assert body_of(sent) == chunk("a") + USAGE_CHUNK
+    assert body_of(sent) == chunk("a") + chunk(None, "stop") + USAGE_CHUNK
     assert all(m.get("more_body", True) for m in sent if m["type"] == "http.response.body")
 
 
@@ -386,8 +390,8 @@ async def test_an_event_that_never_ends_costs_linear_work(
     """8000 lines of 100 bytes and no blank line: the scanner rescanned its partial buffer
     on every chunk (about 24 s of CPU; concurrent requests waited 22.6 s behind it)."""
     node, _ = busy_node()
-    counting = CountingPattern(report._EVENT_END)
-    monkeypatch.setattr(report, "_EVENT_END", counting)
+    counting = CountingPattern(sse_module._TERMINATOR)
+    monkeypatch.setattr(sse_module, "_TERMINATOR", counting)
     lines = [b"data: " + b"x" * 92 + b"\r\n" for _ in range(8000)]
     sent = await drive(fresh(stream_app(lines, delay=0), node))
     stream = b"".join(lines)
@@ -400,7 +404,8 @@ async def test_a_deeply_nested_usage_event_passes_byte_for_byte() -> None:
     node, _ = busy_node()
     deep = (b'data: {"choices":[],"usage":{"completion_tokens":1,"x":'
             + b"[" * 100_000 + b"]" * 100_000 + b"}}\n\n")
-    sent = await drive(fresh(stream_app([chunk("a"), deep, DONE], delay=0), node))
+    sent = await drive(fresh(stream_app([chunk("a"), deep, DONE], delay=0), node,
+                             stream_event=True))
     raw = body_of(sent)
     assert raw.startswith(chunk("a") + deep + DONE)
     assert raw[len(chunk("a") + deep + DONE):].startswith(b"event: energy")

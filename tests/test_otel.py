@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from giul_asgi.energy import Energy
 from giul_asgi.exporters.otel import energy_attributes, otel_recorder
+from giul_asgi.listeners import Settled
 
 
 def test_a_recording_span_carries_the_energy_and_unknowns_stay_absent() -> None:
@@ -49,10 +50,11 @@ def test_metrics_match_what_was_recorded() -> None:
     reader = InMemoryMetricReader()
     recorder = otel_recorder(MeterProvider(metric_readers=[reader]))
     for _ in range(5):
-        recorder(Energy(2.0, "measured", node="gpu0", tier="8b", route="/v1/chat", tokens=3),
-                 outcome="ok", status=200)
-    recorder(Energy(None, "unknown", node="gpu0", tier="8b", route="/v1/chat"), outcome="error", status=500)
-    recorder(object(), outcome="ok", status=200)  # type: ignore[arg-type]
+        recorder.settled([Settled(
+            Energy(2.0, "measured", node="gpu0", tier="8b", route="/v1/chat", tokens=3), "ok", 200)])
+    unknown = Energy(None, "unknown", node="gpu0", tier="8b", route="/v1/chat")
+    recorder.settled([Settled(unknown, "error", 500)])
+    recorder.settled([Settled(object(), "ok", 200)])  # type: ignore[arg-type]
     assert recorder.errors == 1
     data = reader.get_metrics_data()
     assert data is not None

@@ -11,9 +11,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount
 from starlette.routing import Route as StarletteRoute
 
+from giul_asgi.asgi.routing import UNMATCHED, PathSet, Router, mount_template, route_template
 from giul_asgi.config import Node, Route, Tier
 from giul_asgi.errors import ConfigError
-from giul_asgi.routing import UNMATCHED, PathSet, Router, mount_template, route_template
 
 
 async def ok(request: Any) -> PlainTextResponse:

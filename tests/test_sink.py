@@ -11,6 +11,7 @@ import pytest
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
 from giul_asgi.exporters.sink import CallbackSink, JsonLinesSink, RecordSink
+from giul_asgi.listeners import Settled
 
 
 def test_a_json_lines_sink_writes_every_record_by_close(tmp_path: Path) -> None:
@@ -18,7 +19,7 @@ def test_a_json_lines_sink_writes_every_record_by_close(tmp_path: Path) -> None:
     sink = JsonLinesSink(path, max_queue=100_000)
     assert isinstance(sink, RecordSink)
     for i in range(5000):
-        sink(Energy(float(i + 1), "measured", id=str(i), route="/r"), outcome="ok", status=200)
+        sink.settled([Settled(Energy(float(i + 1), "measured", id=str(i), route="/r"), "ok", 200)])
     sink.close()
     sink.close()  # idempotent
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -31,7 +32,7 @@ def test_a_json_lines_sink_writes_every_record_by_close(tmp_path: Path) -> None:
 async def test_aclose_flushes_too(tmp_path: Path) -> None:
     sink = JsonLinesSink(tmp_path / "r.jsonl")
     for i in range(300):
-        sink(Energy(None, "unknown", id=str(i)), outcome="disconnect", status=None)
+        sink.settled([Settled(Energy(None, "unknown", id=str(i)), "disconnect", None)])
     await sink.aclose()
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert len(lines) == 300 and json.loads(lines[0])["joules"] is None
@@ -47,12 +48,12 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
 
     sink = CallbackSink(slow, max_queue=10)
     for i in range(100):  # the writer holds at most one batch; the queue holds 10
-        sink(Energy(1.0, "measured", id=str(i)), outcome="ok", status=200)
+        sink.settled([Settled(Energy(1.0, "measured", id=str(i)), "ok", 200)])
     assert sink.dropped > 0
     release.set()
     sink.close()
     assert len(seen) + sink.dropped == 100
-    sink(Energy(1.0, "measured"), outcome="ok", status=200)  # after close: counted, not raised
+    sink.settled([Settled(Energy(1.0, "measured"), "ok", 200)])  # after close: counted, not raised
     assert len(seen) + sink.dropped == 101
 
 
@@ -61,7 +62,7 @@ def test_a_failing_callback_is_counted_not_raised() -> None:
         raise ValueError("disk full")
 
     sink = CallbackSink(bad)
-    sink(Energy(1.0, "measured"), outcome="ok", status=200)
+    sink.settled([Settled(Energy(1.0, "measured"), "ok", 200)])
     sink.close()
     assert sink.errors == 1 and sink.written == 0 and "disk full" in (sink.last_error or "")
 

@@ -30,7 +30,7 @@ def test_json_and_stream_under_trio() -> None:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     ledgers = Ledgers()
-    mw = EnergyMiddleware(app, nodes=[node], ledgers=ledgers, settle_timeout=0.5)
+    mw = EnergyMiddleware(app, nodes=[node], ledgers=ledgers, settle_timeout=0.5, stream_event=True)
 
     async def call(path: str) -> bytes:
         sent: list[dict] = []

@@ -6,18 +6,20 @@ giul_asgi imports it, so without the extra there is no cost.
 - :meth:`OtelRecorder.annotate` sets ``giul.energy.*`` attributes, and the GenAI
   ``gen_ai.usage.output_tokens`` / ``gen_ai.usage.input_tokens`` where the record's token
   kind says which, on a span that is recording. Unknown stays absent, never 0.
-- Calling the recorder like a sink, ``recorder(energy, outcome=..., status=...)``, adds the
-  settled record to counters equivalent to the Prometheus ones: ``giul.energy`` (J, a
+- As a listener of settled figures (``recorder.settled(batch)``), it adds each settled
+  record to counters equivalent to the Prometheus ones: ``giul.energy`` (J, a
   counter like the hardware semconv's ``hw.energy``), ``giul.requests``, ``giul.tokens``
   and the ``giul.request.energy`` histogram (J, log-spaced bucket advice).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import metrics, trace
 
+from ..listeners import Settled
 from ..stats import JOULE_BUCKETS, METHOD_MIX, NONE, OUTCOMES, UNMATCHED
 
 
@@ -87,8 +89,12 @@ class OtelRecorder:
         except Exception:
             self.errors += 1
 
-    def __call__(self, energy: Any, *, outcome: str, status: int | None) -> None:
-        """Count one settled record (a sink's signature). Never raises."""
+    def settled(self, batch: Sequence[Settled]) -> None:
+        """Count settled records (a listener). Never raises."""
+        for record in batch:
+            self._count(record.energy, record.outcome)
+
+    def _count(self, energy: Any, outcome: str) -> None:
         try:
             attrs = {
                 "route": energy.route or UNMATCHED, "node": energy.node or NONE,

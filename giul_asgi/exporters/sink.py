@@ -1,8 +1,9 @@
 """Record sinks: every settled record, for offline analysis, off the request path.
 
-A sink is called with ``(energy, outcome=..., status=...)`` when a request's figure
-settles (on the event loop or the ledger's reader thread). The call only puts the record on
-a bounded queue (``put_nowait``): it never blocks and never raises. A writer thread of the
+A sink is a listener (:mod:`giul_asgi.listeners`): it gets the figures a reading settles,
+as a batch of :class:`~giul_asgi.listeners.Settled`, on the ledger's reader thread. The
+call only puts the records on a bounded queue (``put_nowait``): it never blocks and never
+raises. A writer thread of the
 sink's own hands records to the callback or writes them as JSON lines. When the queue is
 full the record is counted in ``dropped`` (a slow disk costs records, not latency); a
 clean shutdown (``close()`` or ``await aclose()``) drains the queue first, so nothing
@@ -14,33 +15,33 @@ from __future__ import annotations
 import json
 import queue
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 import anyio.to_thread
 
 from ..errors import ConfigError
+from ..listeners import Settled
 
 _STOP = object()
 
 
 @runtime_checkable
 class RecordSink(Protocol):
-    """What the middleware calls at settle time, and closes at lifespan shutdown."""
+    """A listener the middleware also closes at lifespan shutdown (queued records drained)."""
 
-    def __call__(self, energy: Any, *, outcome: str, status: int | None) -> None: ...
+    def settled(self, batch: Sequence[Settled]) -> None: ...
 
     def close(self) -> None: ...
 
     async def aclose(self) -> None: ...
 
 
-def record_dict(energy: Any, outcome: str, status: int | None, t: float) -> dict[str, Any]:
+def record_dict(record: Settled) -> dict[str, Any]:
     """The sink's line: the record's fields (``Energy.as_dict()``) with what became of it."""
-    out = dict(energy.as_dict())
-    out.update({"outcome": outcome, "status": status, "time": t})
+    out = dict(record.energy.as_dict())
+    out.update({"outcome": record.outcome, "status": record.status, "time": record.t})
     return out
 
 
@@ -61,16 +62,18 @@ class QueueSink:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def __call__(self, energy: Any, *, outcome: str, status: int | None) -> None:
+    def settled(self, batch: Sequence[Settled]) -> None:
         if self._closed:
-            self.dropped += 1
+            self.dropped += len(batch)
             return
-        try:
-            self._queue.put_nowait((energy, outcome, status, time.time()))
-        except queue.Full:
-            self.dropped += 1
-        except Exception:
-            self.errors += 1
+        put = self._queue.put_nowait
+        for record in batch:
+            try:
+                put(record)
+            except queue.Full:
+                self.dropped += 1
+            except Exception:
+                self.errors += 1
 
     def _run(self) -> None:
         q = self._queue
@@ -95,7 +98,7 @@ class QueueSink:
                 self._finish()
                 return
 
-    def _write(self, records: list[tuple[Any, str, int | None, float]]) -> None:
+    def _write(self, records: list[Settled]) -> None:
         raise NotImplementedError
 
     def _finish(self) -> None:
@@ -125,10 +128,10 @@ class CallbackSink(QueueSink):
         self.callback = callback
         super().__init__(max_queue=max_queue, name="giul-sink-callback")
 
-    def _write(self, records: list[tuple[Any, str, int | None, float]]) -> None:
-        for energy, outcome, status, _t in records:
+    def _write(self, records: list[Settled]) -> None:
+        for record in records:
             try:
-                self.callback(energy, outcome, status)
+                self.callback(record.energy, record.outcome, record.status)
             except Exception as exc:
                 self.errors += 1
                 self.written -= 1
@@ -149,8 +152,8 @@ class JsonLinesSink(QueueSink):
             ) from exc
         super().__init__(max_queue=max_queue, name="giul-sink-jsonl")
 
-    def _write(self, records: list[tuple[Any, str, int | None, float]]) -> None:
-        lines = [json.dumps(record_dict(*r), separators=(",", ":")) + "\n" for r in records]
+    def _write(self, records: list[Settled]) -> None:
+        lines = [json.dumps(record_dict(r), separators=(",", ":")) + "\n" for r in records]
         self._file.writelines(lines)
         self._file.flush()
 

@@ -22,7 +22,7 @@ worker thread, off the event loop.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -35,7 +35,7 @@ from ..records import RecordStore
 from ..stats import Cell
 from .access import Access, Guard
 
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]
 RECORD_SCHEMA = "giul-asgi/energy-record/1"
 LEDGER_FIELDS = (
     "measured_j", "charged_j", "unattributed_j", "foreign_j", "in_flight_j",

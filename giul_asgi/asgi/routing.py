@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Node, Route, Tier
-from .errors import ConfigError
+from ..config import Node, Route, Tier
+from ..errors import ConfigError
 
 log = logging.getLogger("giul_asgi.routing")
 
@@ -79,7 +79,14 @@ def route_template(
     if not isinstance(now, str) or not now.startswith(root_path):
         return None
     prefix = mount_template(app, now[len(root_path):])
-    return None if prefix is None else root_path + prefix + path_format
+    if prefix is None:
+        return None
+    own = getattr(route, "path", None)
+    if _routes_of(route) is not None and isinstance(own, str) and path_format.startswith(own):
+        # The matched route is itself the last mount (``Mount("/static", StaticFiles())``):
+        # its prefix is already in the walked templates; only its rest is added.
+        path_format = path_format[len(own):]
+    return root_path + prefix + path_format
 
 
 def mount_template(app: Any, prefix: str) -> str | None:

@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from giul_asgi import report
 from giul_asgi.energy import Energy
-from giul_asgi.report import (
+from giul_asgi.wire import (
     SSESplicer,
     energy_event,
     energy_headers,
@@ -29,6 +28,9 @@ from giul_asgi.report import (
     sse_data,
     usage_tokens,
 )
+from giul_asgi.wire import body as wire_body
+from giul_asgi.wire import sse as wire_sse
+from giul_asgi.wire.sse import EVENT_ENDS, NEVER
 
 BLOCK = b'{"joules":1.5}'
 
@@ -50,9 +52,15 @@ DONE = b"data: [DONE]\n\n"
 
 def run(splicer: SSESplicer, pieces: list[bytes], block: bytes | None = BLOCK,
         event: bool = True) -> bytes:
-    """Drive a splicer as the middleware does: feed, resume when waiting, close."""
+    """Drive a splicer as the SSE responder does: a chunk its search finds nothing in goes
+    as it is; others are fed; resume when waiting; close at the end."""
     out = b""
     for piece in pieces:
+        search = splicer.search
+        if search is NEVER or (piece.endswith(EVENT_ENDS) and search(piece) is None):
+            splicer.tail = piece or splicer.tail
+            out += piece
+            continue
         out += splicer.feed(piece)
         if splicer.waiting:
             out += splicer.resume(block)
@@ -156,7 +164,7 @@ def test_usage_tokens_kinds_and_junk() -> None:
 @pytest.mark.parametrize("fast", [True, False], ids=["orjson-if-installed", "stdlib"])
 def test_parse_object_both_parsers(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if not fast:
-        monkeypatch.setattr(report, "_fast_loads", None)
+        monkeypatch.setattr(wire_body, "_fast_loads", None)
     assert parse_object(b'{"a": [1, 2]}') == {"a": [1, 2]}
     assert parse_object(b"[1]") is None
     assert parse_object(b'{"a":') is None
@@ -174,21 +182,21 @@ def test_parse_object_reads_utf8_only(
 ) -> None:
     """json.loads accepts UTF-16/32 bytes; an ASCII block spliced into them corrupts them."""
     if not fast:
-        monkeypatch.setattr(report, "_fast_loads", None)
+        monkeypatch.setattr(wire_body, "_fast_loads", None)
     assert parse_object('{"a": 1}'.encode(encoding)) is None
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["orjson-if-installed", "stdlib"])
 def test_parse_object_survives_deep_nesting(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if not fast:
-        monkeypatch.setattr(report, "_fast_loads", None)
+        monkeypatch.setattr(wire_body, "_fast_loads", None)
     deep = b'{"usage": {"completion_tokens": 1}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     assert parse_object(deep) is None  # RecursionError is the app's data, not our crash
 
 
 def test_inject_json_keeps_the_apps_bytes_and_key() -> None:
     assert inject_json(b'{"a":1}', "energy", b'{"j":2}') == b'{"a":1,"energy":{"j":2}}'
-    assert inject_json(b"{ }\n", "energy", b"{}") == b'{"energy":{}}\n'
+    assert inject_json(b"{ }\n", "energy", b"{}") == b'{"energy":{} }\n'
     assert inject_json(b'{"energy": 1}', "energy", b"{}") is None
 
 
@@ -237,8 +245,9 @@ def test_plain_stream_energy_rides_on_the_finish_chunk(compact: bool) -> None:
     obj = json.loads(sse_data(first))
     assert obj["energy"] == {"joules": 1.5}
     assert {k: v for k, v in obj.items() if k != "energy"} == json.loads(sse_data(finish))
-    assert done == DONE and splicer.spliced and splicer.done
-    assert splicer.close(BLOCK) == energy_event(BLOCK)  # for EventSource clients, after
+    assert done == DONE and splicer.spliced
+    # For EventSource clients, after, where the operator asks for it.
+    assert splicer.close(BLOCK, event=True) == energy_event(BLOCK)
 
 
 def test_include_usage_energy_rides_on_the_usage_chunk() -> None:
@@ -253,11 +262,13 @@ def test_include_usage_energy_rides_on_the_usage_chunk() -> None:
 
 def test_usage_chunks_with_null_usage_are_never_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     parsed: list[bytes] = []
-    real = report.parse_object
-    monkeypatch.setattr(report, "parse_object", lambda raw: parsed.append(raw) or real(raw))
+    real = wire_body.parse_object
+    monkeypatch.setattr(wire_sse, "parse_object", lambda raw: parsed.append(raw) or real(raw))
     splicer = SSESplicer()
-    run(splicer, [chunk("w", usage_null=True)] * 5 + [USAGE, DONE])
-    assert splicer.tokens == 3 and len(parsed) == 1
+    finish = chunk(None, "stop", usage_null=True)
+    run(splicer, [chunk("w", usage_null=True)] * 5 + [finish, USAGE, DONE])
+    # The first event says what the stream is; then only the finish and usage chunks.
+    assert splicer.tokens == 3 and len(parsed) == 3
 
 
 def test_a_held_event_not_followed_by_done_goes_unchanged() -> None:
@@ -358,14 +369,14 @@ def test_an_event_that_never_ends_is_scanned_once_and_bounded(
 ) -> None:
     """8000 lines of 100 bytes and no blank line: the old scanner rejoined and rescanned its
     partial buffer on every chunk (24 s of CPU, and every other request waited)."""
-    counting = CountingPattern(report._EVENT_END)
-    monkeypatch.setattr(report, "_EVENT_END", counting)
+    counting = CountingPattern(wire_sse._TERMINATOR)
+    monkeypatch.setattr(wire_sse, "_TERMINATOR", counting)
     lines = [b"data: " + b"x" * 93 + b"\r\n" for _ in range(8000)]
     splicer = SSESplicer()
     out = b""
     for line in lines:
         out += splicer.feed(line)
-        assert splicer._size <= splicer.max_event  # the buffer stays bounded
+        assert splicer._open_size <= splicer.max_event  # the buffer stays bounded
     out += splicer.close(BLOCK)
     stream = b"".join(lines)
     assert out == stream  # byte for byte, and no event glued onto the unfinished one

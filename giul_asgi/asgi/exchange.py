@@ -1,0 +1,171 @@
+"""One request as it passes through the middleware: its meter, how it went, its one figure.
+
+The exchange is the request's state and nothing else. It wraps the app's ``receive`` (the
+only place a client's disconnect shows: a server's ``send`` stays silent after one) and
+``send`` (the first ``http.response.start`` chooses a responder, through the ``choose``
+function it was given, built from the middleware's options; every later message goes to
+that responder). Its figure is made
+once, when someone first needs it (a header, the JSON block, a trailer): the headers, the
+block and the stream all tell the same one. What settles later goes to the listeners
+through the meter, on the reader's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from ..energy import Energy
+from ..meter import Meter
+from ..wire.body import energy_json
+from .routing import route_template
+
+if TYPE_CHECKING:
+    from .responders import Responder
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("giul_asgi.middleware")
+
+
+class Exchange:
+    """One request: the app's messages in, the responder chosen from its start, the figure."""
+
+    __slots__ = (
+        "_block", "_closed", "choose", "disconnected", "downstream", "energy", "meter",
+        "responder", "root_path", "route_app", "scope", "settle_timeout", "status", "upstream",
+    )
+
+    def __init__(
+        self, scope: Scope, receive: Receive, send: Send, meter: Meter, *,
+        choose: Callable[[Message, Exchange], Responder], settle_timeout: float, route_app: Any,
+    ) -> None:
+        self.scope = scope
+        self.upstream = receive
+        self.downstream = send
+        self.meter = meter
+        self.choose = choose
+        self.settle_timeout = settle_timeout
+        self.route_app = route_app  # whose mounts a route label is found in
+        self.root_path: str = scope.get("root_path", "")
+        self.responder: Responder | None = None
+        self.status: int | None = None
+        self.disconnected = False
+        self.energy: Energy | None = None
+        self._block: bytes | None = None
+        self._closed = False
+
+    # -- the app's side ----------------------------------------------------------------------
+    async def receive(self) -> Message:
+        message = await self.upstream()
+        if message["type"] == "http.disconnect":
+            self.disconnected = True  # the only sign of a disconnect (send() stays silent)
+        return message
+
+    def send(self, message: Message) -> Awaitable[None]:
+        # A plain function handing on the awaitable: no coroutine frame of ours per message.
+        responder = self.responder
+        if responder is not None:
+            return responder.send(message)
+        return self._first(message)
+
+    async def _first(self, message: Message) -> None:
+        if message["type"] != "http.response.start":
+            await self.downstream(message)  # not ours to judge: the server will
+            return
+        self.responder = responder = self.choose(message, self)
+        self.status = responder.head.status
+        await responder.start()
+
+    # -- the figure --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the window (once), labelled with the route the framework matched."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            label = route_template(self.scope, self.root_path, self.route_app)
+            if label is not None:
+                self.meter.route = label
+            self.meter.close()
+        except Exception:  # a bug of ours must cost the figure, not the answer
+            log.exception("giul-asgi could not close this request's window")
+
+    def figure(self) -> Energy:
+        """The answer's one figure: its headers, block and stream events all tell this."""
+        if self.energy is None:
+            try:
+                self.close()
+                self.energy = self.meter.figure()
+            except Exception as exc:
+                self.energy = self._unknown(exc)
+        return self.energy
+
+    async def finish(self) -> Energy:
+        """:meth:`figure`, first waiting (``settle_timeout`` at most) for the reading that
+        settles the window."""
+        if self.energy is None and self.settle_timeout > 0:
+            try:
+                self.close()
+                self.energy = await self.meter.settled(self.settle_timeout)
+            except Exception as exc:
+                self.energy = self._unknown(exc)
+        return self.figure()
+
+    def block(self) -> bytes:
+        """The figure as the JSON block (written once)."""
+        if self._block is None:
+            self._block = energy_json(self.figure())
+        return self._block
+
+    def tokens(self, count: int | None) -> None:
+        if count is not None and self.meter.token_count is None:
+            self.meter.tokens(count)
+
+    def _unknown(self, exc: Exception) -> Energy:
+        log.exception("giul-asgi could not make this request's figure")
+        meter = self.meter
+        return Energy(
+            joules=None, method="unknown", node=meter.node, route=meter.route,
+            tier=meter.tier.name if meter.tier is not None else None,
+            token_kind=meter.token_kind, error=f"internal error: {type(exc).__name__}: {exc}",
+            id=meter.id,
+        )
+
+    # -- how it ended ------------------------------------------------------------------------
+    async def returned(self) -> str:
+        """The app returned. A response it left unfinished keeps what it sent."""
+        responder = self.responder
+        if responder is not None and responder.complete:
+            return "ok"
+        if responder is not None:
+            await responder.flush()
+        return "disconnect" if self.disconnected else "incomplete"
+
+    async def failed(self, exc: BaseException) -> str:
+        """The app raised. What it sent goes out as it would bare (a held start, a held
+        chunk) before the exception propagates; nothing sent: the server answers 500."""
+        name = type(exc).__name__
+        if self.disconnected or name == "ClientDisconnect":
+            outcome = "disconnect"
+        elif name in ("CancelledError", "Cancelled"):
+            outcome = "cancelled"  # the server stopped the request (shutdown, timeout)
+        else:
+            outcome = "error"  # OSError included: the app's, not the client's
+        responder = self.responder
+        if responder is None:
+            if outcome == "error":
+                self.status = 500  # nothing reached the client: the server answers 500
+            return outcome
+        try:
+            await responder.flush()
+        except Exception:  # the connection is gone: nothing to deliver
+            log.debug("giul-asgi could not deliver what was held after the app raised")
+        return outcome
+
+
+__all__ = ["Exchange"]

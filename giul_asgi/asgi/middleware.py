@@ -1,0 +1,280 @@
+"""EnergyMiddleware: dispatch and lifespan; each request's work lives in the parts it calls.
+
+Pure ASGI (never ``BaseHTTPMiddleware``, which stops the clock at the headers and hides
+mid-stream crashes). A request goes one way through small parts:
+
+    router (node, tier, label) -> Meter.open -> Exchange (the app's messages)
+        -> choose(head) -> a responder (JSON / SSE / pass-through) -> the server
+    ... the app returns -> Exchange.close -> Meter.report(listeners)
+
+The first figure is made once, when a responder needs it (headers, the JSON block, a
+trailer). The settled figure goes to the listeners (statistics, records by id, sinks,
+OpenTelemetry) in batches, from the node's reader thread, never on the request's path.
+Nothing here reads a card or blocks: the ledger does that, once per node.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..config import Node, Route, Tier
+from ..context import meter_var
+from ..errors import ConfigError, GiulError
+from ..ledger import Ledgers, default_ledgers
+from ..listeners import Listener, Listeners
+from ..meter import Meter
+from ..records import RecordStore
+from ..serve.access import check_token
+from .exchange import Exchange
+from .options import Options, check_callable
+from .responders import choose
+from .routing import Decider, PathSet, Router
+
+if TYPE_CHECKING:
+    from ..serve.access import Guard
+    from ..serve.endpoint import EnergyEndpoint
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("giul_asgi.middleware")
+
+
+class OtelSpans(Listener, Protocol):
+    """What the middleware asks of OpenTelemetry (``exporters.otel.otel_recorder()``)."""
+
+    def current_span(self) -> Any | None: ...
+
+    def annotate(self, span: Any | None, energy: Any) -> None: ...
+
+
+class EnergyMiddleware:
+    """Meters every HTTP request of ``app`` on the node its route runs on.
+
+    With no ``nodes`` it meters one local node over every visible GPU (``unknown`` where
+    there are none). With nodes and no ``routes``, the first node takes every request.
+    ``decide(scope) -> (node, tier) | None`` routes anything patterns cannot; a handler can
+    re-bind with ``current_meter().bind(node=..., tier=...)``.
+
+    ``settings`` are :class:`~giul_asgi.asgi.options.Options`' fields (``energy_key``,
+    ``inject_json``, ``max_body``, ``stream_event``, ``usage_energy``, ``trailers``,
+    ``token_kind``, ``settle_timeout``, ``startup_timeout``, ``energy_path``,
+    ``metrics_path``, ``exclude``). Everything is checked here, once: a bad value raises
+    :class:`ConfigError` with its remedy before the app serves anything.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        nodes: Iterable[Node] | None = None,
+        tiers: Iterable[Tier] | None = None,
+        routes: Iterable[Route] | None = None,
+        *,
+        decide: Decider | None = None,
+        default_tier: Tier | str | None = None,
+        ledgers: Ledgers | None = None,
+        stats: Listener | None = None,
+        records: RecordStore | None = None,
+        sinks: Iterable[Listener] = (),
+        otel: OtelSpans | None = None,
+        endpoint_token: str | None = None,
+        endpoint_guard: Guard | None = None,
+        **settings: Any,
+    ) -> None:
+        self.app = app
+        self.options = options = Options.build(**settings)
+        check_callable("decide", decide, remedy="pass a function scope -> (node, tier) or None")
+        node_list = list(nodes or ())
+        if not node_list:
+            node_list = [Node("local", gpus=())]  # every visible GPU; honest where none
+        tier_list = list(tiers or ())
+        if isinstance(default_tier, str):
+            found = [t for t in tier_list if t.name == default_tier]
+            if not found:
+                raise ConfigError(
+                    f"default_tier {default_tier!r} is not declared",
+                    remedy="add it to tiers=[...] or name one that is",
+                )
+            default_tier = found[0]
+        elif default_tier is None and len(tier_list) == 1:
+            default_tier = tier_list[0]
+        self.router = Router(
+            node_list, tier_list, routes or (), default_node=node_list[0],
+            default_tier=default_tier, decide=decide,
+        )
+        self.ledgers = ledgers if ledgers is not None else default_ledgers()
+        self.exclude = PathSet(options.exclude)
+        if stats is None:
+            from ..stats import EnergyStats
+
+            stats = EnergyStats()
+        self.stats = stats
+        #: Every settled figure by request id, for /energy/requests/{id}.
+        self.records = records if records is not None else RecordStore()
+        sink_list = list(sinks)
+        if otel is not None and otel not in sink_list:
+            sink_list.append(otel)
+        for sink in sink_list:
+            if not callable(getattr(sink, "settled", None)):
+                raise ConfigError(f"sink {sink!r} has no settled(batch) method",
+                                  remedy="use giul_asgi.exporters.sink.JsonLinesSink or CallbackSink")
+        self.sinks = sink_list
+        #: Puts giul.energy.* on the request's recording span (OpenTelemetry, optional).
+        self.otel = otel
+        #: Where settled figures go, in batches, from the reader thread.
+        self.listeners = Listeners([stats, self.records, *sink_list])
+        self.endpoint = self._endpoint(endpoint_token, endpoint_guard)
+        self._choose = functools.partial(choose, options=options)
+        self._catalog = self.router.catalog()
+        self._energy_prefix = (options.energy_path + "/") if options.energy_path else None
+        self._started = False  # the readers were started (lifespan, or the first request)
+        self.startup_error: GiulError | None = None
+
+    def _endpoint(self, token: str | None, guard: Guard | None) -> EnergyEndpoint | None:
+        """The app that serves ``energy_path`` and ``metrics_path``, built (and its access
+        settings checked) now."""
+        options = self.options
+        check_token(token, name="endpoint_token")
+        check_callable("endpoint_guard", guard, remedy="pass a function scope -> bool")
+        if options.energy_path is None and options.metrics_path is None:
+            return None
+        from ..serve.endpoint import EnergyEndpoint
+
+        return EnergyEndpoint(
+            stats=self.stats, ledgers=self.ledgers, path=options.energy_path or "/energy",
+            metrics_path=options.metrics_path, token=token, guard=guard, records=self.records,
+        )
+
+    def _serves(self, path: str) -> bool:
+        options = self.options
+        energy = options.energy_path
+        if energy is not None and (path == energy or path.startswith(self._energy_prefix or energy)):
+            return True
+        return options.metrics_path is not None and path == options.metrics_path
+
+    # -- a request ---------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._lifespan(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if self.endpoint is not None and self._serves(path):
+            await self.endpoint(scope, receive, send)
+            return
+        if path in self.exclude:  # metrics, health checks
+            await self.app(scope, receive, send)
+            return
+        if not self._started:
+            self._start_without_lifespan()
+        target = self.router.match(scope)
+        meter = Meter(
+            self.ledgers.get(target.node), target.tier, route=target.label,
+            token_kind=self.options.token_kind, ledgers=self.ledgers, catalog=self._catalog,
+        )
+        meter.open()
+        exchange = Exchange(
+            scope, receive, send, meter, choose=self._choose,
+            settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
+        )
+        span = self.otel.current_span() if self.otel is not None else None
+        outcome = "incomplete"
+        token = meter_var.set(meter)
+        try:
+            await self.app(scope, exchange.receive, exchange.send)
+            responder = exchange.responder
+            outcome = "ok" if responder is not None and responder.complete else await exchange.returned()
+        except BaseException as exc:
+            outcome = await exchange.failed(exc)
+            raise
+        finally:
+            meter_var.reset(token)
+            exchange.close()
+            try:
+                meter.report(self.listeners, outcome, exchange.status)
+            except Exception:  # a bug of ours costs the record, never the answer
+                log.exception("giul-asgi could not file this request's figure")
+            if span is not None and self.otel is not None:
+                self.otel.annotate(span, exchange.figure())
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Start the readers at startup (a reader that cannot work fails the startup, with
+        its remedy, so ``uvicorn app:app`` stops with it); stop them at shutdown."""
+        answered = False
+
+        async def receive_lifespan() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+            return message
+
+        async def send_lifespan(message: Message) -> None:
+            nonlocal answered
+            kind = message["type"]
+            if kind == "lifespan.startup.complete" and self.startup_error is not None:
+                answered = True
+                await send({"type": "lifespan.startup.failed", "message": self._failure()})
+                return
+            if kind in ("lifespan.startup.complete", "lifespan.startup.failed"):
+                answered = True
+            if kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                await self.aclose()
+            await send(message)
+
+        try:
+            await self.app(scope, receive_lifespan, send_lifespan)
+        except BaseException:
+            # An app without lifespan support raises here; our own failure still stops
+            # the server rather than letting it serve figures that cannot be measured.
+            if self.startup_error is not None and not answered:
+                await send({"type": "lifespan.startup.failed", "message": self._failure()})
+                return
+            raise
+
+    def _failure(self) -> str:
+        error = self.startup_error
+        assert error is not None
+        text = f"giul-asgi: {error.message}"
+        return f"{text}. {error.remedy}" if error.remedy else text
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Start each node's reader and wait (``startup_timeout`` at most) until built.
+        A reader asked for by name that cannot work is kept in :attr:`startup_error`."""
+        self._started = True
+        try:
+            await self.ledgers.start(
+                list(self.router.nodes.values()),
+                timeout=self.options.startup_timeout if timeout is None else timeout,
+            )
+        except GiulError as exc:
+            # Kept for lifespan (it fails the startup with it); the ledger has logged it.
+            self.startup_error = exc
+
+    def _start_without_lifespan(self) -> None:
+        # No lifespan (or a server that does not send it): the first request starts the
+        # readers and does not wait for them (a wedged driver must not hold it); a failure
+        # is logged once by the ledger and figures say unknown, never a 500 from us.
+        self._started = True
+        for node in self.router.nodes.values():
+            self.ledgers.get(node).ensure_started()
+
+    async def aclose(self) -> None:
+        """Stop the readers and settle every figure, then flush the sinks (lifespan
+        shutdown does this): no settled record is lost on a clean shutdown."""
+        await self.ledgers.aclose(timeout=self.options.startup_timeout)
+        for sink in self.sinks:
+            aclose = getattr(sink, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+__all__ = ["EnergyMiddleware"]

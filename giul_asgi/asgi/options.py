@@ -1,0 +1,137 @@
+"""The middleware's settings: one frozen value, checked once when the middleware is built.
+
+Every setting that could later break a request, or make ``/energy`` fall through to the
+app, is checked here and fails at once with :class:`~giul_asgi.errors.ConfigError` and its
+remedy: a string where a number belongs (``settle_timeout="0.5"``), a negative size or
+timeout, a path without its leading slash, an empty key, a token too short to be one.
+A setting changes a default; none is needed to make the defaults right.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..energy import TOKEN_KINDS
+from ..errors import ConfigError
+
+DEFAULT_EXCLUDE: tuple[str, ...] = (
+    "/energy", "/energy/*", "/metrics", "/health", "/healthz", "/livez", "/readyz", "/ping",
+)
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How the middleware answers. Build with :meth:`build`, which checks every value."""
+
+    #: The key of the block spliced into JSON bodies and chunks.
+    energy_key: str = "energy"
+    #: Splice the block into JSON object bodies (headers are added either way).
+    inject_json: bool = True
+    #: The largest JSON body held to splice; a larger one passes as sent.
+    max_body: int = DEFAULT_MAX_BODY
+    #: Close an event stream with an ``event: energy`` (only where the operator asks: a
+    #: consumer that counts events or parses every ``data:`` line would see one more).
+    stream_event: bool = False
+    #: Put the block into an OpenAI stream's finish or usage chunk.
+    usage_energy: bool = True
+    #: Send the figure in HTTP trailers when the client asks and the server offers them.
+    trailers: bool = True
+    #: Which token count ``tokens`` is: output (generated), input or total.
+    token_kind: str = "output"
+    #: Wait this long (seconds) for the settled figure before answering; 0: answer at once.
+    settle_timeout: float = 0.0
+    #: Wait this long at startup for the readers to be built.
+    startup_timeout: float = 0.5
+    #: Where ``/energy`` is served (None: not served).
+    energy_path: str | None = "/energy"
+    #: Where Prometheus text is served (None: not served).
+    metrics_path: str | None = None
+    #: Paths never metered.
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+
+    @classmethod
+    def build(cls, **values: Any) -> Options:
+        """The options, every value checked; a bad one raises :class:`ConfigError`."""
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(
+                f"unknown middleware setting(s): {', '.join(unknown)}",
+                remedy=f"the settings are: {', '.join(sorted(cls.__dataclass_fields__))}",
+            )
+        defaults = {name: f.default for name, f in cls.__dataclass_fields__.items()}
+        key = values.get("energy_key", defaults["energy_key"])
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError(f"energy_key={key!r} must be a non-empty string",
+                              remedy='use the default "energy"')
+        for name in ("inject_json", "stream_event", "usage_energy", "trailers"):
+            if name in values and not isinstance(values[name], bool):
+                raise ConfigError(f"{name}={values[name]!r} must be True or False",
+                                  remedy=f"pass {name}=True or {name}=False")
+        if "max_body" in values:
+            _count("max_body", values["max_body"], remedy="use a size in bytes, e.g. 4 * 1024 * 1024")
+        for name in ("settle_timeout", "startup_timeout"):
+            if name in values:
+                values[name] = _seconds(name, values[name])
+        kind = values.get("token_kind", defaults["token_kind"])
+        if kind not in TOKEN_KINDS:
+            raise ConfigError(f"token_kind must be one of {TOKEN_KINDS}, got {kind!r}",
+                              remedy="use output (generated tokens), input or total")
+        for name in ("energy_path", "metrics_path"):
+            if name in values:
+                _path(name, values[name])
+        energy, metrics = values.get("energy_path", defaults["energy_path"]), values.get("metrics_path")
+        if energy is not None and metrics is not None and (
+            metrics == energy or metrics.startswith(energy + "/")
+        ):
+            raise ConfigError(f"metrics_path={metrics!r} lies inside energy_path={energy!r}",
+                              remedy='serve metrics elsewhere, e.g. metrics_path="/metrics"')
+        if "exclude" in values:
+            values["exclude"] = _patterns(values["exclude"])
+        return cls(**values)
+
+
+def _count(name: str, value: Any, *, remedy: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name}={value!r} must be a whole number >= 0", remedy=remedy)
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        math.isfinite(value) and value >= 0
+    ):
+        raise ConfigError(f"{name}={value!r} must be a number of seconds >= 0",
+                          remedy=f"pass a number, e.g. {name}=0.5 (not a string)")
+    return float(value)
+
+
+def _path(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or len(value) < 2 or not value.startswith("/") or value.endswith("/"):
+        raise ConfigError(f"{name}={value!r} must start with / and not end with one",
+                          remedy=f'use e.g. {name}="/energy", or None to serve nothing there')
+
+
+def _patterns(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigError(f"exclude={value!r} must be a list of paths or patterns",
+                          remedy='pass e.g. exclude=["/health", "/static/*"]')
+    items = tuple(value)
+    for item in items:
+        if not (isinstance(item, str) and item.startswith("/")) and not hasattr(item, "match"):
+            raise ConfigError(f"exclude entry {item!r} must be a path starting with / or a regex",
+                              remedy='write it as "/path", "/path/*", "/items/{id}" or re.compile(...)')
+    return items
+
+
+def check_callable(name: str, value: Any, *, remedy: str) -> None:
+    """A hook the operator passes (``decide``, ``endpoint_guard``): callable or None."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"{name}={value!r} must be callable", remedy=remedy)
+
+
+__all__ = ["DEFAULT_EXCLUDE", "DEFAULT_MAX_BODY", "Options", "check_callable"]

@@ -1,0 +1,202 @@
+"""The ``"energy"`` block in a JSON body, and the token counts in an OpenAI ``usage``.
+
+A figure becomes a compact JSON object (the same as :meth:`Energy.as_dict`, a test holds
+the two equal) and is spliced into the app's JSON object at its top level, keeping every
+byte of the app's body: its key order, its whitespace, the indentation before its closing
+brace. Whatever cannot be parsed or spliced safely (invalid or non-UTF-8 JSON, not an
+object, nesting deeper than the parser goes, the key already taken) is left untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from ..energy import Energy
+from .headers import TEMPLATES_MAX
+
+TOKEN_KEYS: dict[str, tuple[str, ...]] = {
+    # Chat Completions names first, then the Responses API's.
+    "output": ("completion_tokens", "output_tokens"),
+    "input": ("prompt_tokens", "input_tokens"),
+    "total": ("total_tokens",),
+}
+
+
+def _orjson_loads() -> Callable[[bytes], Any] | None:
+    try:
+        from orjson import loads
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+    return loads
+
+
+_fast_loads = _orjson_loads()
+
+
+def json_number(value: float | None) -> bytes:
+    """As :meth:`Energy.as_dict` writes a float: nine significant digits, null if unknown."""
+    # x - x is 0.0 for a finite float and nan for inf or nan.
+    return b"null" if value is None or value - value else b"%.9g" % value
+
+
+@lru_cache(maxsize=4096)
+def json_string(text: str | None) -> str:
+    return "null" if text is None else json.dumps(text)
+
+
+def _jbool(value: bool | None) -> str:
+    return "null" if value is None else ("true" if value else "false")
+
+
+_BLOCKS: dict[tuple[Any, ...], bytes] = {}
+
+
+def _block_template(e: Energy, key: tuple[Any, ...]) -> bytes:
+    def fixed(text: str) -> str:
+        return text.replace("%", "%%")
+
+    template = (
+        '{"joules":%s,'
+        f'"method":{fixed(json_string(e.method))},"backend":{fixed(json_string(e.backend))},'
+        f'"source":{fixed(json_string(e.source))},"node":{fixed(json_string(e.node))},'
+        f'"tier":{fixed(json_string(e.tier))},"route":{fixed(json_string(e.route))},'
+        '"seconds":%s,'
+        f'"idle_watts":{json_number(e.idle_watts).decode()},'
+        f'"idle_known":{_jbool(e.idle_known)},'
+        '"mean_watts":%s,"tokens":%s,'
+        f'"token_kind":{fixed(json_string(e.token_kind))},'
+        '"joules_per_token":%s,"concurrency":%s,'
+        f'"split":{fixed(json_string(e.split))},'
+        '"uncertainty_joules":%s,'
+        f'"settled":{_jbool(e.settled)},"stages":{{}},"contended":{_jbool(e.contended)},'
+        '"foreign_watts":%s,"error":%s,"id":%s}'
+    ).encode()
+    if len(_BLOCKS) >= TEMPLATES_MAX:
+        _BLOCKS.clear()
+    _BLOCKS[key] = template
+    return template
+
+
+def energy_json(energy: Energy) -> bytes:
+    """``energy.as_dict()`` as compact JSON bytes (a test holds the two equal).
+
+    A record without stages (nearly every one) fills a template built once per route,
+    node and tier: one bytes formatting instead of a dict and ``json.dumps`` (measured
+    1.9 -> 0.7 us). A record with stages takes ``as_dict``.
+    """
+    e = energy
+    if e.stages:
+        return json.dumps(e.as_dict(), separators=(",", ":")).encode()
+    key = (
+        e.method, e.backend, e.source, e.node, e.tier, e.route, e.idle_watts, e.idle_known,
+        e.token_kind, e.split, e.settled, e.contended,
+    )
+    template = _BLOCKS.get(key) or _block_template(e, key)
+    tokens, error, energy_id = e.tokens, e.error, e.id
+    return template % (
+        json_number(e.joules), json_number(e.seconds), json_number(e.mean_watts),
+        b"null" if tokens is None else b"%d" % tokens,
+        json_number(e.joules_per_token), json_number(e.concurrency),
+        json_number(e.uncertainty_joules), json_number(e.foreign_watts),
+        b"null" if error is None else json_string(error).encode(),
+        b"null" if energy_id is None else _json_id(energy_id),
+    )
+
+
+def _json_id(energy_id: str) -> bytes:
+    # Our ids are hex and dashes: quoted as they are (json.dumps measured 1.5 us of 3.2).
+    if energy_id.isascii() and energy_id.isprintable() and '"' not in energy_id and (
+        "\\" not in energy_id
+    ):
+        return b'"' + energy_id.encode() + b'"'
+    return json.dumps(energy_id).encode()
+
+
+# -- reading bodies -----------------------------------------------------------------------
+def is_mapping(obj: Any) -> bool:
+    """``isinstance(obj, Mapping)``, sparing dicts (nearly every parsed body) the ABC check."""
+    return type(obj) is dict or isinstance(obj, Mapping)
+
+
+def usage_tokens(usage: Any, kind: str = "output") -> int | None:
+    """The token count of ``kind`` in an OpenAI-style ``usage`` object, or None."""
+    if not is_mapping(usage):
+        return None
+    for key in TOKEN_KEYS.get(kind, ()):
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    if kind == "total":
+        parts = [usage_tokens(usage, "input"), usage_tokens(usage, "output")]
+        if all(p is not None for p in parts):
+            return sum(p for p in parts if p is not None)
+    return None
+
+
+def find_usage(obj: Any) -> Any:
+    """``usage`` at the top of a body, or inside a Responses API ``response`` object."""
+    if not is_mapping(obj):
+        return None
+    usage = obj.get("usage")
+    if usage is None and is_mapping(obj.get("response")):
+        usage = obj["response"].get("usage")
+    return usage
+
+
+def parse_object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None: invalid JSON, not UTF-8, not an object, or
+    nested deeper than a parser goes (RecursionError is the app's data, not our crash).
+
+    Only UTF-8 is read: ``json.loads`` also accepts UTF-16 and UTF-32 bytes, into which an
+    ASCII block cannot be spliced. orjson (``giul-asgi[fast]``) parses several times
+    faster; what it refuses (integers past 64 bits, NaN) the standard library decides.
+    """
+    if _fast_loads is not None:
+        try:
+            obj = _fast_loads(body)
+            return obj if type(obj) is dict else None
+        except ValueError:
+            pass
+    try:
+        obj = json.loads(body.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return obj if type(obj) is dict else None
+
+
+def splice_object(body: bytes, obj: Mapping[str, Any], key: str, block: bytes) -> bytes | None:
+    """``body`` (already parsed as ``obj``) with ``"key": block`` added as its last member,
+    every other byte kept (the whitespace before the closing brace included); None when it
+    must pass through untouched: we never overwrite the app's own ``key``."""
+    if key in obj:
+        return None
+    end = len(body.rstrip())
+    if body[end - 1:end] != b"}":
+        return None
+    close = end - 1
+    head = body[:close].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return head + sep + json_string(key).encode() + b":" + block + body[len(head):]
+
+
+def inject_json(body: bytes, key: str, block: bytes) -> bytes | None:
+    """Parse and splice in one step; None when the body must pass through untouched."""
+    obj = parse_object(body)
+    return None if obj is None else splice_object(body, obj, key, block)
+
+
+__all__ = [
+    "TOKEN_KEYS",
+    "energy_json",
+    "find_usage",
+    "inject_json",
+    "is_mapping",
+    "json_number",
+    "json_string",
+    "parse_object",
+    "splice_object",
+    "usage_tokens",
+]

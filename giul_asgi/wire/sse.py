@@ -1,0 +1,391 @@
+"""An event stream going by, with the energy put where OpenAI-compatible clients read it.
+
+Sans-IO (bytes in, bytes out), so it is tested on its own. The rules it keeps:
+
+- **Every chunk goes out at once**, as the app sent it, with two exceptions that delay no
+  event a client could already dispatch: the event that can carry the answer's energy (a
+  chat chunk whose ``finish_reason`` has a value, the ``usage`` chunk of
+  ``include_usage``, a Responses API ``response.completed``) is held until the next event,
+  and an unfinished event that is such a candidate is held until its blank line.
+- **Additions only where the client is known to read them.** The first ``data:`` event
+  says what the stream is: OpenAI Chat/Completions chunks, Responses API events, or
+  anything else. Only the first two get the block, inside the held event's JSON when
+  ``[DONE]`` (or the end) follows it. Any other stream passes untouched; its figure rides in
+  trailers and at ``/energy/requests/{id}``.
+- **Event ends are found at any chunk boundary** in the three line endings SSE allows
+  (LF, CR, CRLF), a CRLF split over two chunks included, from the last four bytes seen.
+- **Linear and bounded**: each byte is scanned once; a held event is at most
+  ``max_event`` bytes, past which it passes as sent.
+
+The common chunk never reaches :meth:`SSESplicer.feed`: the caller checks that it ends
+between events (``endswith(EVENT_ENDS)``) and tries :attr:`SSESplicer.search` on it (one
+C-level regex search for what can end or carry the answer); when that finds nothing, it
+sends the chunk as it is and keeps it as :attr:`SSESplicer.tail`. Once the stream is known
+not to be OpenAI-shaped, ``search`` is :data:`NEVER` and every chunk passes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from .body import find_usage, is_mapping, parse_object, splice_object, usage_tokens
+
+Search = Callable[[bytes], Any]
+
+_TERMINATOR = re.compile(rb"\r\n|\r|\n")
+#: What a stream is before its first byte: at an event boundary.
+START = b"\n\n"
+#: Before the first ``data:`` line nothing is known about the stream.
+_UNDECIDED: Search = re.compile(rb"data:").search
+#: A chat chunk whose ``finish_reason`` has a value (a string, not ``null``).
+_FINISH: Search = re.compile(rb'_reason"\s*:\s*"').search
+#: The same, or a ``usage`` object (when we read tokens without holding anything).
+_FINISH_OR_USAGE: Search = re.compile(rb'_reason"\s*:\s*"|"usage"\s*:\s*\{').search
+#: The Responses API's last event.
+_COMPLETED: Search = re.compile(rb"response\.completed").search
+#: Anchored at the start and failing at once: the chunk passes (measured 0.06 us).
+NEVER: Search = re.compile(rb"\A(?!)").search
+#: How a chunk that ends between events ends (LF, CR or CRLF pairs).
+EVENT_ENDS = (b"\n\n", b"\n\r\n", b"\r\r")
+#: Matches every chunk: the caller hands each one to :meth:`SSESplicer.feed`.
+_ALWAYS: Search = re.compile(rb"").search
+
+CHAT, RESPONSES, OTHER = "chat", "responses", "other"
+
+
+def event_ends(tail: bytes, chunk: bytes) -> list[int]:
+    """Offsets in ``chunk`` just past each blank line (an event's end), given ``tail``,
+    the last bytes (up to four) of the stream before it."""
+    base = len(tail)
+    ends: list[int] = []
+    prev = -1
+    for match in _TERMINATOR.finditer(tail + chunk):
+        start, end = match.span()
+        if start == prev and end > base:
+            ends.append(end - base)
+        prev = end
+    return ends
+
+
+def at_boundary(tail: bytes) -> bool:
+    """Whether a stream ending in ``tail`` ends between events."""
+    prev = last_blank = -1
+    for match in _TERMINATOR.finditer(tail):
+        start, end = match.span()
+        if start == prev:
+            last_blank = end
+        prev = end
+    return last_blank == len(tail)
+
+
+def sse_data(raw: bytes) -> bytes:
+    """The data of one event (its ``data:`` lines joined by newlines)."""
+    lines = []
+    for line in raw.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(lines)
+
+
+def energy_event(block: bytes, event: str = "energy") -> bytes:
+    """An SSE event an EventSource listens for with ``addEventListener("energy", ...)``."""
+    return b"event: " + event.encode() + b"\ndata: " + block + b"\n\n"
+
+
+def splice_event(
+    raw: bytes, key: str, block: bytes, obj: dict[str, Any] | None = None
+) -> bytes | None:
+    """One ``data:`` JSON-object event with ``"key": block`` added, or None if it cannot be
+    (several data lines, not an object, the key taken). ``obj``: the data, if parsed."""
+    lines = raw.splitlines(keepends=True)
+    data_lines = [i for i, line in enumerate(lines) if line.startswith(b"data:")]
+    if len(data_lines) != 1:
+        return None
+    i = data_lines[0]
+    line = lines[i]
+    body = line.rstrip(b"\r\n")
+    prefix = b"data: " if body.startswith(b"data: ") else b"data:"
+    data = body[len(prefix):]
+    if obj is None:
+        obj = parse_object(data)
+    injected = None if obj is None else splice_object(data, obj, key, block)
+    if injected is None:
+        return None
+    lines[i] = prefix + injected + line[len(body):]
+    return b"".join(lines)
+
+
+def is_usage_chunk(obj: Any) -> bool:
+    """The last chunk a chat stream sends with ``include_usage``: usage and no choices."""
+    return is_mapping(obj) and is_mapping(obj.get("usage")) and obj.get("choices") in ([], None)
+
+
+def _finishes(obj: dict[str, Any]) -> bool:
+    choices = obj.get("choices")
+    return type(choices) is list and any(
+        is_mapping(choice) and isinstance(choice.get("finish_reason"), str) for choice in choices
+    )
+
+
+def _might_be_done(partial: bytes) -> bool:
+    """Whether an unfinished event could still turn out to be ``data: [DONE]``."""
+    text = partial.lstrip(b"\r\n")
+    for form in (b"data: [DONE]", b"data:[DONE]"):
+        if form.startswith(text[: len(form)]) and (
+            len(text) <= len(form) or not text[len(form):].strip(b"\r\n ")
+        ):
+            return True
+    return False
+
+
+class SSESplicer:
+    """One event stream's splicing state. See the module's docstring for the rules.
+
+    The caller sends a chunk as it is when ``search`` is :data:`NEVER`, or the chunk ends
+    between events and ``search(chunk)`` finds nothing, storing it as :attr:`tail`;
+    otherwise it sends what :meth:`feed` returns. When :attr:`waiting` turns true
+    (``[DONE]`` followed the held event), it closes its window and sends what
+    :meth:`resume` returns for the block. At the end it sends :meth:`close`'s bytes; when
+    the app stops abruptly, :meth:`flush`'s.
+    """
+
+    MAX_EVENT = 256 * 1024
+
+    def __init__(
+        self, *, key: str = "energy", token_kind: str = "output", splice: bool = True,
+        max_event: int = MAX_EVENT,
+    ) -> None:
+        self.key = key
+        self.token_kind = token_kind
+        self.splice = splice
+        self.max_event = max_event
+        #: What the caller tries on each chunk; a chunk it finds nothing in passes as is.
+        self.search: Search = _UNDECIDED
+        #: The stream's last bytes (the caller may store a whole chunk: its end is used).
+        self.tail = START
+        #: ``chat``, ``responses`` or ``other``, once the first ``data:`` event is seen.
+        self.kind: str | None = None
+        #: The last token count a ``usage`` object in the stream gave.
+        self.tokens: int | None = None
+        #: ``[DONE]`` followed the held event: call :meth:`resume` with the block.
+        self.waiting = False
+        #: The energy went out inside an event.
+        self.spliced = False
+        self._held: bytes | None = None  # the complete event that may carry the energy
+        self._held_obj: dict[str, Any] | None = None
+        self._behind: list[bytes] = []  # what came after the held event, still withheld
+        self._open: list[bytes] | None = None  # an unfinished event, withheld from its start
+        self._open_size = 0
+        self._after = b""  # from [DONE] on, while waiting
+        #: A chat answer has finished: every chunk to the end is looked at (a few).
+        self._ending = False
+
+    # -- the stream ----------------------------------------------------------------------
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send now for ``chunk`` (the app's next piece of the stream)."""
+        tail = self.tail[-4:]
+        if self.waiting:
+            self.tail = (tail + chunk)[-4:]
+            self._after += chunk
+            return b""
+        self.tail = (tail + chunk)[-4:]
+        out: list[bytes] = []
+        pos = 0
+        begins = at_boundary(tail)
+        if self.kind == CHAT and not self._ending and _FINISH(chunk) is not None:
+            self._ending = True
+        for end in event_ends(tail, chunk):
+            piece = chunk[pos:end]
+            if self._open is not None:
+                raw = b"".join(self._open) + piece
+                self._open, self._open_size = None, 0
+                self._complete(raw, out)
+            elif not begins:  # the start of this event went out already: it passes
+                self._pass(piece, out)
+            else:
+                self._complete(piece, out)
+            pos, begins = end, True
+            if self.waiting:  # [DONE] after the held event: the rest waits for the block
+                self._after += chunk[pos:]
+                return b"".join(out)
+        rest = chunk[pos:]
+        if rest:
+            self._partial(rest, begins, out)
+        self._choose_search()
+        return b"".join(out)
+
+    def _partial(self, rest: bytes, begins: bool, out: list[bytes]) -> None:
+        """The unfinished event at the end of a chunk: withheld only when it may carry the
+        energy or be the ``[DONE]`` that the held event waits for."""
+        if self._open is not None:
+            self._open.append(rest)
+            self._open_size += len(rest)
+            if self._open_size > self.max_event:  # not an event we can follow: let it go
+                opened, self._open, self._open_size = self._open, None, 0
+                self._pass(b"".join(opened), out)
+            return
+        # An unfinished event cannot be dispatched yet: holding it to its end delays no
+        # event. Held until the energy went out (any of them may turn out to carry it), and
+        # the first, which says what the stream is.
+        if self._held is not None and not (_might_be_done(rest) or b'"usage"' in rest):
+            self._release(out)  # the held event waits only for [DONE] or the usage chunk
+        if begins and (self.kind is None or (
+            self.splice and self.kind != OTHER and not self.spliced
+        )):
+            self._open, self._open_size = [rest], len(rest)
+            return
+        self._pass(rest, out)
+
+    def _candidate_search(self, data: bytes) -> Any:
+        # Which events are parsed: one that may carry the energy or a token count.
+        return (_COMPLETED if self.kind == RESPONSES else _FINISH_OR_USAGE)(data)
+
+    def _complete(self, raw: bytes, out: list[bytes]) -> None:
+        """One complete event none of whose bytes went out yet."""
+        data = sse_data(raw)
+        if not data:  # a comment or a blank line: it goes where it stands
+            if self._held is not None:
+                self._behind.append(raw)
+            else:
+                out.append(raw)
+            return
+        if self.kind is None:
+            self.kind = _kind_of(data)
+        if data.strip() == b"[DONE]":
+            if self._held is not None:
+                self.waiting = True
+                self._after = raw
+                return
+            self.search = NEVER  # the answer is over: the rest passes
+            self._ending = False
+            self._pass(raw, out)
+            return
+        obj = None
+        if self.kind in (CHAT, RESPONSES) and self._candidate_search(data) is not None:
+            obj = parse_object(data)
+            count = usage_tokens(find_usage(obj), self.token_kind)
+            if count is not None:
+                self.tokens = count
+        if obj is not None and self.splice and not self.spliced and self._carries(obj):
+            self._release(out)
+            self._held, self._held_obj = raw, obj
+            return
+        self._pass(raw, out)
+
+    def _carries(self, obj: dict[str, Any]) -> bool:
+        if self.kind == RESPONSES:
+            return obj.get("type") == "response.completed" or is_mapping(obj.get("response"))
+        return _finishes(obj) or is_usage_chunk(obj)
+
+    def _pass(self, data: bytes, out: list[bytes]) -> None:
+        """Bytes that go out unchanged, after whatever was held before them."""
+        self._release(out)
+        out.append(data)
+
+    def _release(self, out: list[bytes]) -> None:
+        if self._held is not None:
+            out.append(self._held)
+            out.extend(self._behind)
+            self._held, self._held_obj, self._behind = None, None, []
+
+    def _choose_search(self) -> None:
+        if self._held is not None or self._open is not None or self._ending:
+            self.search = _ALWAYS  # every next chunk decides what is withheld
+        elif self.search is NEVER:
+            return
+        elif self.kind == CHAT:
+            self.search = _FINISH if self.splice else _FINISH_OR_USAGE
+        elif self.kind == RESPONSES:
+            self.search = _COMPLETED
+        elif self.kind == OTHER:
+            self.search = NEVER
+        else:
+            self.search = _UNDECIDED
+
+    def _spliced_held(self, block: bytes | None) -> bytes:
+        held, obj = self._held, self._held_obj
+        out: list[bytes] = []
+        if held is not None and block is not None:
+            spliced = splice_event(held, self.key, block, obj)
+            if spliced is not None:
+                self.spliced = True
+                out.append(spliced)
+                out.extend(self._behind)
+                self._held, self._held_obj, self._behind = None, None, []
+        self._release(out)
+        return b"".join(out)
+
+    def resume(self, block: bytes | None) -> bytes:
+        """After :attr:`waiting`: the held event with ``block`` in it, and what followed."""
+        self.waiting = False
+        out = self._spliced_held(block)
+        after, self._after = self._after, b""
+        self.search = NEVER  # [DONE] went by: the rest passes
+        self._ending = False
+        return out + after
+
+    # -- the end -------------------------------------------------------------------------
+    @property
+    def holding(self) -> bool:
+        """Whether any of the app's bytes are withheld."""
+        return self._held is not None or self._open is not None or self.waiting
+
+    def close(self, block: bytes | None, *, event: bool = False) -> bytes:
+        """The end of the stream: what is held (a held event with ``block`` in it), then,
+        when ``event`` and the stream ends between events, a closing ``event: energy``."""
+        out = self._spliced_held(block)
+        if self.waiting:
+            self.waiting = False
+            out += self._after
+            self._after = b""
+        if self._open is not None:
+            out += b"".join(self._open)
+            self._open, self._open_size = None, 0
+        if event and block is not None and at_boundary(self.tail[-4:]):
+            out += energy_event(block)
+        return out
+
+    def flush(self) -> bytes:
+        """Everything withheld, unchanged: the app stopped (raised, or returned mid-stream)."""
+        out: list[bytes] = []
+        self._release(out)
+        if self._open is not None:
+            out.extend(self._open)
+            self._open, self._open_size = None, 0
+        out.append(self._after)
+        self._after, self.waiting = b"", False
+        return b"".join(out)
+
+
+def _kind_of(data: bytes) -> str:
+    """What a stream is, from its first event's data."""
+    obj = parse_object(data)
+    if obj is None:
+        return OTHER
+    if type(obj.get("choices")) is list or obj.get("object") in (
+        "chat.completion.chunk", "text_completion",
+    ):
+        return CHAT
+    kind = obj.get("type")
+    if isinstance(kind, str) and kind.startswith("response."):
+        return RESPONSES
+    return OTHER
+
+
+__all__ = [
+    "CHAT",
+    "EVENT_ENDS",
+    "NEVER",
+    "OTHER",
+    "RESPONSES",
+    "SSESplicer",
+    "at_boundary",
+    "energy_event",
+    "event_ends",
+    "is_usage_chunk",
+    "splice_event",
+    "sse_data",
+]
