@@ -97,6 +97,7 @@ class EnergyCollector(Collector):
             hist.add_metric(list(labels), cumulative, sum_value=j)
         yield from (joules, requests, unknown, tokens, hist)
         yield from node_families(ledger_totals(self.ledgers), view)
+        yield from reader_families(self.ledgers)
 
 
 def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
@@ -125,6 +126,24 @@ def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
     yield power
 
 
+def reader_families(ledgers: Iterable[Any] | None) -> Iterator[Metric]:
+    """Each node's reader as its thread last saw it: 1 while it reads, 0 while it fails,
+    is unavailable or has not read yet (alert on it beside the last reading's age)."""
+    up = GaugeMetricFamily(
+        "giul_node_reader_up", "1 while the node's reader reads, 0 while it fails or is unavailable.",
+        labels=["node", "reader"])
+    try:
+        items = list(ledgers or ())
+    except Exception:  # a scrape never breaks on a ledger
+        items = []
+    for ledger in items:
+        health = getattr(ledger, "health", None)
+        node = getattr(getattr(ledger, "node", None), "name", None)
+        if health is not None and node is not None:
+            up.add_metric([str(node), str(health.reader)], 1.0 if health.state == "ok" else 0.0)
+    yield up
+
+
 def _le(bound: float) -> str:
     return repr(float(bound))
 
@@ -136,4 +155,4 @@ def prometheus_text(collector: Collector) -> bytes:
     return generate_latest(registry)
 
 
-__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "node_families", "prometheus_text"]
+__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "node_families", "prometheus_text", "reader_families"]

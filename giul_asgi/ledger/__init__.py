@@ -311,7 +311,7 @@ class Ledger:
                 node.name, self._build if self.reader is None else (lambda: self.reader),  # type: ignore[arg-type,return-value]
                 self, read_timeout=self.read_timeout, clock=self.clock, chores=self._chores(),
                 busy=self._windows_open, idle_s=None if _watches_idle(node) else IDLE_S,
-                reader_name="custom" if node.reader_factory is not None else node.reader,
+                reader_name=_reader_name(node, self.reader),
                 target=_target(node), load=self.own_load,
             )
             self._poller.start()
@@ -391,6 +391,13 @@ def _watches_idle(node: Node) -> bool:
     """Whether an idle node still reads at its counter's period: it watches for a foreign
     load it subtracts, or for the load of others (the upstream's, other workers')."""
     return node.foreign == "subtract" or node.upstream is not None or node.workers_dir is not None
+
+
+def _reader_name(node: Node, built: Reader | None) -> str:
+    """The reader's name for people: the node's, or what a reader handed in says it is."""
+    if built is not None:
+        return built.backend
+    return "custom" if node.reader_factory is not None else node.reader
 
 
 def _target(node: Node) -> str:

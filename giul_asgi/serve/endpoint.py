@@ -137,6 +137,7 @@ class EnergyEndpoint:
         rates = view.node_rates() if hasattr(view, "node_rates") else {}
         nodes = data["nodes"]
         empty = None
+        readers = _reader_health(self.ledgers)
         for t in totals:
             name = str(getattr(t, "node", None) or "<none>")
             if node is not None and name != node:
@@ -148,6 +149,7 @@ class EnergyEndpoint:
             watts, reads = rates.get(name, (None, None))
             ledger["power_w"] = watts
             ledger["reads_per_s"] = reads
+            ledger["reader"] = readers.get(name)
             nodes[name] = {**nodes[name], "ledger": ledger}
         for section in nodes.values():
             section.setdefault("ledger", None)
@@ -178,6 +180,19 @@ class EnergyEndpoint:
             return
         await _send(send, scope, 200, _dumps({"schema": RECORD_SCHEMA, "record": energy.as_dict()}),
                     "application/json")
+
+
+def _reader_health(ledgers: Any) -> dict[str, dict[str, Any]]:
+    """Each node's reader as its thread last saw it (state, target, last error, remedy)."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for ledger in list(ledgers or ()):
+            health = getattr(ledger, "health", None)
+            if health is not None:
+                out[str(ledger.node.name)] = health.as_dict()
+    except Exception:  # the page never breaks on a ledger
+        pass
+    return out
 
 
 def _ledger_dict(totals: Any) -> dict[str, Any]:
