@@ -14,7 +14,7 @@ and in the durations, never as 0 J in a sum or a quantile.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .labels import METHOD_MIX, OUTCOMES
@@ -27,6 +27,8 @@ _log10 = math.log10
 _ceil = math.ceil
 _FIRST = LOWEST_EXP * BINS_PER_DECADE  # sketch.bin_of, inlined in add(): three calls a record
 _TOP = BINS - 1
+Point = tuple[int, float | None, float | None, float | None, float | None]
+Quantiles = Callable[[int, Sequence[float]], list[float | None]]
 
 
 class Cell:
@@ -84,14 +86,7 @@ class Cell:
         """Add ``other`` into this cell."""
         if not other.requests:
             return
-        self.requests += other.requests
-        self.known += other.known
-        self.nj += other.nj
-        self.tokens += other.tokens
-        self.tok_nj += other.tok_nj
-        self.tok_tokens += other.tok_tokens
-        self.us += other.us
-        self.contended += other.contended
+        self.merge_counters(other)
         mine = self.bins
         if not mine:
             mine.update(other.bins)
@@ -99,6 +94,17 @@ class Cell:
         get = mine.get
         for k, c in other.bins.items():
             mine[k] = get(k, 0) + c
+
+    def merge_counters(self, other: Cell, sign: int = 1) -> None:
+        """Add ``other``'s counters, not its bins, into this cell (``sign=-1``: subtract)."""
+        self.requests += sign * other.requests
+        self.known += sign * other.known
+        self.nj += sign * other.nj
+        self.tokens += sign * other.tokens
+        self.tok_nj += sign * other.tok_nj
+        self.tok_tokens += sign * other.tok_tokens
+        self.us += sign * other.us
+        self.contended += sign * other.contended
 
     def subtract(self, other: Cell) -> None:
         """Take ``other`` (merged in earlier) back out, exactly."""
@@ -133,46 +139,13 @@ class Cell:
     def summary(self, statuses: Mapping[str, int] | None = None,
                 outcomes: Mapping[str, int] | None = None,
                 methods: Mapping[str, int] | None = None) -> dict[str, Any]:
-        """The documented per-label figures (docs/energy-schema.md, ``Summary``), with the
-        status class, outcome and method counts of the keys merged into this cell."""
-        statuses, outcomes, methods = statuses or {}, outcomes or {}, methods or {}
-        n, known = self.requests, self.known
-        p50, p90, p99 = quantiles(self.bins, J, (0.5, 0.9, 0.99))
-        (jpt_p50,) = quantiles(self.bins, JPT, (0.5,))
-        s50, s99 = quantiles(self.bins, SEC, (0.5, 0.99))
-        jpt_agg = self.tok_nj / NJ / self.tok_tokens if self.tok_tokens else None
-        mix = {m: methods.get(m, 0) for m in METHOD_MIX}
-        return {
-            "requests": n,
-            "joules": {
-                "known": known,
-                "sum": rounded(self.nj / NJ) if known else None,
-                "mean": rounded(self.nj / NJ / known) if known else None,
-                "p50": rounded(p50),
-                "p90": rounded(p90),
-                "p99": rounded(p99),
-            },
-            "tokens": self.tokens,
-            "joules_per_token": {"p50": rounded(jpt_p50), "aggregate": rounded(jpt_agg)},
-            "tokens_per_joule": {
-                "p50": rounded(1.0 / jpt_p50) if jpt_p50 else None,
-                "aggregate": rounded(1.0 / jpt_agg) if jpt_agg else None,
-            },
-            "seconds": {
-                "sum": rounded(self.us / US),
-                "p50": rounded(s50),
-                "p99": rounded(s99),
-            },
-            "outcomes": {o: outcomes.get(o, 0) for o in OUTCOMES},
-            "statuses": dict(sorted(statuses.items())),
-            "methods": mix,
-            "method_shares": {
-                **{m: rounded(c / n) if n else None for m, c in mix.items()},
-                "contended": rounded(self.contended / n) if n else None,
-            },
-        }
+        """The documented per-label figures (:func:`summary`) of this cell alone."""
+        return summary(self, self.quantiles, statuses or {}, outcomes or {}, methods or {})
 
-    def point(self) -> tuple[int, float | None, float | None, float | None, float | None]:
+    def quantiles(self, sketch: int, qs: Sequence[float]) -> list[float | None]:
+        return quantiles(self.bins, sketch, qs)
+
+    def point(self) -> Point:
         """One point of a time series: requests, joules, p50, p90, joules per token p50."""
         p50, p90 = quantiles(self.bins, J, (0.5, 0.9))
         (jpt,) = quantiles(self.bins, JPT, (0.5,))
@@ -194,10 +167,52 @@ class Cell:
         return cell
 
 
+def summary(cell: Cell, quantiles_of: Quantiles, statuses: Mapping[str, int],
+            outcomes: Mapping[str, int], methods: Mapping[str, int]) -> dict[str, Any]:
+    """The documented per-label figures (docs/energy-schema.md, ``Summary``): ``cell``'s
+    counters, quantiles from ``quantiles_of(sketch, qs)``, and the status class, outcome
+    and method counts of the keys merged into it."""
+    n, known = cell.requests, cell.known
+    p50, p90, p99 = quantiles_of(J, (0.5, 0.9, 0.99))
+    (jpt_p50,) = quantiles_of(JPT, (0.5,))
+    s50, s99 = quantiles_of(SEC, (0.5, 0.99))
+    jpt_agg = cell.tok_nj / NJ / cell.tok_tokens if cell.tok_tokens else None
+    mix = {m: methods.get(m, 0) for m in METHOD_MIX}
+    return {
+        "requests": n,
+        "joules": {
+            "known": known,
+            "sum": rounded(cell.nj / NJ) if known else None,
+            "mean": rounded(cell.nj / NJ / known) if known else None,
+            "p50": rounded(p50),
+            "p90": rounded(p90),
+            "p99": rounded(p99),
+        },
+        "tokens": cell.tokens,
+        "joules_per_token": {"p50": rounded(jpt_p50), "aggregate": rounded(jpt_agg)},
+        "tokens_per_joule": {
+            "p50": rounded(1.0 / jpt_p50) if jpt_p50 else None,
+            "aggregate": rounded(1.0 / jpt_agg) if jpt_agg else None,
+        },
+        "seconds": {
+            "sum": rounded(cell.us / US),
+            "p50": rounded(s50),
+            "p99": rounded(s99),
+        },
+        "outcomes": {o: outcomes.get(o, 0) for o in OUTCOMES},
+        "statuses": dict(sorted(statuses.items())),
+        "methods": mix,
+        "method_shares": {
+            **{m: rounded(c / n) if n else None for m, c in mix.items()},
+            "contended": rounded(cell.contended / n) if n else None,
+        },
+    }
+
+
 def rounded(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(f"{value:.6g}")
 
 
-__all__ = ["NJ", "US", "Cell", "rounded"]
+__all__ = ["NJ", "US", "Cell", "Point", "Quantiles", "rounded", "summary"]

@@ -5,17 +5,18 @@ several workers' slots line up. Each finite window keeps a ring of at most ``poi
 each a whole number of steps wide (1m: 6 slots of 10 s; 15m: 30 of 30 s; 1h: 30 of 2 min).
 
 A record goes into ONE cell: its key's cell of the current step (:attr:`Rolling.cell`).
-When the step moves on, that cell is folded into the slot of each ring it belongs to: once
-per key and step, never per record. A slot that leaves the longest ring goes into ``base``,
-so "since start" is ``base`` plus the longest ring plus the current cell. A window is merged
-when someone reads: its ring's closed slots (kept merged, and updated by adding the slots
-that closed and subtracting the ones that left: cells subtract exactly), plus its open slot,
-plus the current cell.
+When the step moves on, that cell is set aside whole (``pending``: no merge). Whoever reads
+(:meth:`Rolling.fold`) folds the pending cells into the slots of each ring and drops the
+slots that left their window (what leaves the longest ring goes into ``base``, so "since
+start" is ``base`` plus the longest ring plus the current cell). Reads are rare and
+records are not, so the merging is done by the reader; if nobody reads for
+``pending_steps`` steps the reader thread folds (the same work, once per key and step).
 
 A window ``w`` covers the last ``w`` seconds to within one slot: the newest slot is partial,
 the oldest one is dropped whole.
 
-Memory, per key: one current cell, ``sum(points of each ring)`` slots and ``base``:
+Memory, per key: one current cell, at most ``pending_steps`` pending cells, ``points``
+slots per ring, ``base`` and the since-start merge kept for reads:
 :meth:`Geometry.slots_per_key`.
 """
 
@@ -93,9 +94,14 @@ class Geometry:
         finite = [w for w in self.names if self.ring_of[w] is not None]
         return "15m" if "15m" in finite else (finite[0] if finite else self.names[0])
 
+    @property
+    def pending_steps(self) -> int:
+        """Past steps' cells a key keeps unfolded for a reader: two of the widest slot."""
+        return 2 * max((w for w, _ in self.rings), default=1)
+
     def slots_per_key(self) -> int:
-        """The most cells one key holds: the current one, every ring's slots, base."""
-        return 1 + sum(n for _, n in self.rings) + 1
+        """The most cells one key holds: current, pending, every ring's slots, base, start."""
+        return 1 + self.pending_steps + sum(n for _, n in self.rings) + 2
 
     def describe(self) -> list[object]:
         """What another worker's state must match to be merged."""
@@ -103,121 +109,146 @@ class Geometry:
 
 
 class Ring:
-    """One window's slots for one key (slot index -> cell, oldest first), and the merge of
-    its closed slots as of the last read (``closed`` covers the slots below ``upto``)."""
+    """One window's slots for one key: slot index -> cell, oldest first."""
 
-    __slots__ = ("closed", "n", "slots", "upto", "width")
+    __slots__ = ("n", "slots", "width")
 
     def __init__(self, width: int, n: int) -> None:
         self.width = width  # steps a slot
         self.n = n  # slots in the window
         self.slots: dict[int, Cell] = {}
-        self.closed: Cell | None = None
-        self.upto = 0
 
-    def add(self, slot: int, cell: Cell) -> None:
+    def add(self, slot: int, cell: Cell, *, adopt: bool = False) -> bool:
+        """Merge ``cell`` into ``slot`` (``adopt``: take the cell itself when the slot is
+        new); keeps the slots in order. Returns whether the cell was adopted."""
         mine = self.slots.get(slot)
-        if mine is None:
-            self.slots[slot] = cell.copy()
-        else:
+        if mine is not None:
             mine.merge(cell)
+            return False
+        self.slots[slot] = cell if adopt else cell.copy()
+        if len(self.slots) > 1 and slot < next(reversed(self.slots.keys())):
+            self.slots = dict(sorted(self.slots.items()))  # another worker's older slot
+        return adopt
 
-    def prune(self, newest: int, spill: Cell | None) -> None:
-        """Drop the slots before the window that ends at slot ``newest`` (into ``spill``)."""
+    def prune(self, newest: int) -> list[tuple[int, Cell]]:
+        """Drop the slots before the window that ends at slot ``newest``; returns them."""
         oldest = newest - self.n + 1
         slots = self.slots
+        gone = []
         while slots:
             first = next(iter(slots))
             if first >= oldest:
                 break
-            cell = slots.pop(first)
-            if self.closed is not None and first < self.upto:
-                self.closed.subtract(cell)
-            if spill is not None:
-                spill.merge(cell)
-
-    def window(self, newest: int) -> Cell:
-        """A new cell: the merge of the slots in the window that ends at slot ``newest``."""
-        closed = self.closed
-        if closed is None:
-            closed = self.closed = Cell()
-            self.upto = min(self.slots, default=newest)
-        if self.upto < newest:
-            for slot, cell in self.slots.items():
-                if self.upto <= slot < newest:
-                    closed.merge(cell)
-            self.upto = newest
-        out = closed.copy()
-        current = self.slots.get(newest)
-        if current is not None:
-            out.merge(current)
-        return out
-
-    def forget(self) -> None:
-        """Drop the merged closed slots (the slots changed under them)."""
-        self.closed, self.upto = None, 0
+            gone.append((first, slots.pop(first)))
+        return gone
 
 
 class Rolling:
-    """One key's cells over time: the current step's cell (where records go), a ring per
-    finite window, and ``base`` (what left the longest ring)."""
+    """One key's cells over time: the current step's cell (where records go), the past
+    steps' cells not folded yet, a ring per finite window, ``base`` (what left the longest
+    ring), and ``start``: ``base`` plus the longest ring's slots before ``start_upto``, kept
+    for the since-start counters."""
 
-    __slots__ = ("base", "cell", "longest", "rings", "step")
+    __slots__ = ("base", "cell", "dirty", "limit", "longest", "pending", "rings", "start",
+                 "start_upto", "step")
 
     def __init__(self, geometry: Geometry, step: int) -> None:
         self.step = step  # the step ``cell`` counts
         self.cell = Cell()
+        self.pending: dict[int, Cell] = {}  # step -> its cell, oldest first
+        self.limit = geometry.pending_steps
         self.rings = [Ring(w, n) for w, n in geometry.rings]
         self.longest = self.rings[geometry.longest] if geometry.longest is not None else None
         self.base = Cell()
+        self.start: Cell | None = None
+        self.start_upto = 0
+        #: slots left their window without a reader seeing them go (the readers' merges are stale)
+        self.dirty = False
 
     def at(self, step: int) -> Cell:
-        """The cell of ``step`` (not before :attr:`step`): the older one folds into the rings."""
+        """The cell of ``step`` (not before :attr:`step`)."""
         if step != self.step:
-            self.roll(step)
+            self.move(step)
         return self.cell
 
-    def roll(self, step: int) -> None:
-        """Fold the current cell into its slots, drop what left the windows at ``step``."""
-        cell = self.cell
-        if cell.requests:
-            for ring in self.rings:
-                ring.add(self.step // ring.width, cell)
-            if self.longest is None:
-                self.base.merge(cell)
+    def move(self, step: int) -> None:
+        """Set the current cell aside (whole) and start ``step``'s."""
+        if self.cell.requests:
+            self.pending[self.step] = self.cell
             self.cell = Cell()
         self.step = step
+        if len(self.pending) > self.limit:  # nobody read for a while: fold here
+            self.fold()
+            self.dirty = True
+
+    def fold(self) -> list[list[tuple[int, Cell]]]:
+        """Fold the pending cells into the rings' slots and drop the slots that left their
+        windows at the current step; returns those, per ring. What leaves the longest ring
+        goes into ``base`` (and into ``start`` if it was not counted there yet)."""
+        for step, cell in self.pending.items():
+            adopted = False  # one ring takes the cell itself (nobody writes it again): one copy less
+            for ring in self.rings:
+                adopted = ring.add(step // ring.width, cell, adopt=not adopted) or adopted
+            if self.longest is None:
+                self.base.merge(cell)
+        self.pending.clear()
+        gone = []
         for ring in self.rings:
-            ring.prune(step // ring.width, self.base if ring is self.longest else None)
+            left = ring.prune(self.step // ring.width)
+            if left and ring is self.longest:
+                for slot, cell in left:
+                    self.base.merge(cell)
+                    if self.start is not None and slot >= self.start_upto:
+                        self.start.merge(cell)
+            gone.append(left)
+        return gone
 
-    def window(self, index: int) -> Cell:
-        """Ring ``index``'s window at the current step (call :meth:`roll` first)."""
-        ring = self.rings[index]
-        out = ring.window(self.step // ring.width)
-        out.merge(self.cell)
+    def open_cell(self, index: int | None) -> Cell:
+        """A new cell: the open slot of ring ``index`` (the longest for ``None``, since start)
+        and the current cell (call :meth:`fold` first)."""
+        ring = self.longest if index is None else self.rings[index]
+        out = self.cell.copy()
+        if ring is not None:
+            current = ring.slots.get(self.step // ring.width)
+            if current is not None:
+                out.merge(current)
         return out
 
-    def window_slot(self, index: int) -> Cell:
-        """A new cell: ring ``index``'s open slot and the current cell (call :meth:`roll` first)."""
-        ring = self.rings[index]
-        out = Cell()
-        current = ring.slots.get(self.step // ring.width)
-        if current is not None:
-            out.merge(current)
-        out.merge(self.cell)
-        return out
+    def closed_since_start(self) -> Cell:
+        """``start``, brought up to the open slot: ``base`` and the longest ring's closed
+        slots (kept; call :meth:`fold` first)."""
+        longest = self.longest
+        if longest is None:
+            return self.base
+        newest = self.step // longest.width
+        start = self.start
+        if start is None:
+            start = self.start = self.base.copy()
+            self.start_upto = min(longest.slots, default=newest)
+        if self.start_upto < newest:
+            for slot, cell in longest.slots.items():
+                if self.start_upto <= slot < newest:
+                    start.merge(cell)
+            self.start_upto = newest
+        return start
 
     def since_start(self) -> Cell:
-        """Everything this key counted (call :meth:`roll` first)."""
-        longest = self.longest
-        out = longest.window(self.step // longest.width) if longest is not None else Cell()
-        out.merge(self.base)
-        out.merge(self.cell)
+        """A new cell: everything this key counted (call :meth:`fold` first)."""
+        out = self.closed_since_start().copy()
+        out.merge(self.open_cell(None))
         return out
 
-    def cells(self) -> int:
-        """Cells held now (for the memory bound)."""
-        return 2 + sum(len(r.slots) for r in self.rings)
+    def forget(self) -> None:
+        """Drop the since-start merge (the slots changed under it)."""
+        self.start, self.start_upto = None, 0
+
+    def cells(self) -> list[Cell]:
+        """Every cell held now (for the memory bound)."""
+        out = [self.cell, self.base, *self.pending.values()]
+        out += [c for ring in self.rings for c in ring.slots.values()]
+        if self.start is not None:
+            out.append(self.start)
+        return out
 
 
 __all__ = ["Geometry", "Ring", "Rolling", "parse_window"]

@@ -1,24 +1,23 @@
 """What ``/energy`` serves: the documented JSON (docs/energy-schema.md), built at read time.
 
-The statistics hand over plain values (:class:`Reading`: one merged cell per label key for
-the window asked, the series' points, the node samples); this module merges the keys into
-the groups (per route, node, tier, method, and the totals) and writes the dict. Nothing here
+The statistics hand over plain values (:class:`Reading`: the window's groups, merged per
+label, the series' points, the node samples); this module writes the dict. Nothing here
 touches the statistics' state or lock.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .cell import Cell, rounded
-from .labels import GROUPS, Key
+from .cell import Point, rounded
+from .groups import Table, totals
+from .labels import GROUPS
 from .nodes import Sample
 
 SCHEMA = "giul-asgi/energy/1"
-Point = tuple[int, float | None, float | None, float | None, float | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +33,7 @@ class Points:
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """Everything one answer needs, taken under the statistics' lock."""
+    """Everything one answer needs, taken from the statistics by a reader."""
 
     generated_at: float
     started_at: float
@@ -43,70 +42,15 @@ class Reading:
     windows: tuple[str, ...]
     step_s: float
     dropped: int
-    cells: list[tuple[Key, Cell]]
+    table: Table  # the window's groups: group -> label -> Group
     points: Points | None
     nodes: Mapping[str, list[Sample]]
-
-
-class Group:
-    """A group label's merged cell, with the outcome, status class and method counts of the
-    keys merged into it."""
-
-    __slots__ = ("cell", "methods", "outcomes", "statuses")
-
-    def __init__(self) -> None:
-        self.cell = Cell()
-        self.outcomes: dict[str, int] = {}
-        self.statuses: dict[str, int] = {}
-        self.methods: dict[str, int] = {}
-
-    def add(self, key: Key, cell: Cell) -> None:
-        self.cell.merge(cell)
-        n = cell.requests
-        self.methods[key[3]] = self.methods.get(key[3], 0) + n
-        self.outcomes[key[4]] = self.outcomes.get(key[4], 0) + n
-        self.statuses[key[5]] = self.statuses.get(key[5], 0) + n
-
-    def summary(self) -> dict[str, Any]:
-        return self.cell.summary(self.statuses, self.outcomes, self.methods)
-
-
-def groups(cells: Iterable[tuple[Key, Cell]]) -> tuple[Group, dict[str, dict[str, Group]]]:
-    """The totals and, per group, label -> its merge of the keys' cells."""
-    totals = Group()
-    tables: dict[str, dict[str, Group]] = {g: {} for g in GROUPS}
-    by_group = [tables[g] for g in GROUPS]
-    for key, cell in cells:
-        if not cell.requests:
-            continue
-        totals.add(key, cell)
-        for i, table in enumerate(by_group):
-            group = table.get(key[i])
-            if group is None:
-                group = table[key[i]] = Group()
-            group.add(key, cell)
-    return totals, tables
-
-
-def slot_points(cells: Iterable[tuple[Key, Cell]]) -> dict[str, dict[str, Point]]:
-    """Per group and label, the point of one slot (the merge of its keys' cells)."""
-    merged: dict[str, dict[str, Cell]] = {g: {} for g in GROUPS}
-    by_group = [merged[g] for g in GROUPS]
-    for key, cell in cells:
-        if not cell.requests:
-            continue
-        for i, table in enumerate(by_group):
-            mine = table.get(key[i])
-            if mine is None:
-                mine = table[key[i]] = Cell()
-            mine.merge(cell)
-    return {g: {name: c.point() for name, c in table.items()} for g, table in merged.items()}
 
 
 def render(reading: Reading, *, route: str | None = None, node: str | None = None) -> dict[str, Any]:
     """The documented JSON. ``route``/``node`` keep only that row in its section (and its
     series); the other sections and the totals are the whole host's."""
-    totals, tables = groups(reading.cells)
+    tables = reading.table
     keep = {"route": route, "node": node}
     out: dict[str, Any] = {
         "schema": SCHEMA,
@@ -117,13 +61,13 @@ def render(reading: Reading, *, route: str | None = None, node: str | None = Non
         "windows": list(reading.windows),
         "step_s": reading.step_s,
         "filters": {"route": route, "node": node},
-        "totals": totals.summary(),
+        "totals": totals(tables).summary(),
     }
     for group in GROUPS:
         want = keep.get(group)
         out[group + "s"] = {
             name: g.summary() for name, g in sorted(tables[group].items())
-            if want is None or name == want
+            if (want is None or name == want) and g.cell.requests
         }
     if reading.points is not None:
         out["series"] = _series(reading.points, reading.nodes, reading.step_s, keep)
@@ -171,4 +115,4 @@ def _series(points: Points, nodes: Mapping[str, list[Sample]], step_s: float,
     return out
 
 
-__all__ = ["SCHEMA", "Group", "Points", "Reading", "groups", "render", "slot_points"]
+__all__ = ["SCHEMA", "Points", "Reading", "render"]

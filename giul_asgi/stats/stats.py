@@ -33,12 +33,13 @@ from typing import Any
 from ..energy import Energy
 from ..errors import ConfigError
 from ..listeners import Settled
-from .cell import Cell
+from .cell import NJ, Cell, Point
+from .groups import Sums, Table, points, table, window_table
 from .labels import NONE, Key, Labels, is_key, key_bound
 from .nodes import NodeSamples
 from .rolling import Geometry, Rolling
 from .sketch import BINS, JOULE_BUCKETS, joule_buckets
-from .snapshot import Points, Reading, render, slot_points
+from .snapshot import Points, Reading, render
 
 #: Format of :meth:`EnergyStats.state` (what one worker writes for the others).
 STATE_SCHEMA = "giul-asgi/stats-state/2"
@@ -71,8 +72,11 @@ class EnergyStats:
         self._keys: dict[Key, Rolling] = {}
         self._raw: dict[tuple[Any, ...], Rolling] = {}  # raw labels -> their key's cells
         self._step = int(clock() // self.geometry.step_s)  # the latest step seen
-        # (ring, slot) -> group -> label -> point, for closed slots (they no longer change)
-        self._points: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+        # What readers keep between reads (under the read lock): per ring, the merge per group
+        # label of its closed slots; since start, the same; the closed slots' points.
+        self._sums = [Sums() for _ in self.geometry.rings]
+        self._all = Sums()
+        self._points: dict[tuple[int, int], dict[str, dict[str, Point]]] = {}
         span = max((w * n for w, n in self.geometry.rings), default=1) * self.geometry.step_s
         self._nodes = NodeSamples(self.geometry.step_s, span)
         self.started_at = clock()
@@ -155,14 +159,74 @@ class EnergyStats:
 
     # -- reading --------------------------------------------------------------------------
 
-    def _roll_all(self) -> int:
-        """Fold every key's past cell into its slots (under the lock): after this, the
-        closed slots of every ring no longer change."""
+    def _fold_all(self) -> int:
+        """Under both locks: fold every key's pending cells into its slots, and take the
+        slots that left their window out of the readers' sums. Returns the current step."""
         step = self._now()
-        for rolling in self._keys.values():
+        longest = self.geometry.longest
+        every = self._all
+        dirty = False
+        for key, rolling in self._keys.items():
             if rolling.step != step:
-                rolling.roll(step)
+                rolling.move(step)
+            if rolling.dirty:
+                dirty, rolling.dirty = True, False
+            for index, left in enumerate(rolling.fold()):
+                sums = self._sums[index]
+                for slot, cell in left:
+                    if sums.upto is not None and slot < sums.upto:
+                        sums.add_cell(key, cell, -1)
+                    if index == longest and every.upto is not None and slot >= every.upto:
+                        every.add_cell(key, cell)  # left before a reader counted it
+        if dirty:  # slots left unseen (no reader for a while): merge again from the keys
+            for sums in (*self._sums, every):
+                sums.reset()
+            self._points.clear()
         return step
+
+    def _close(self, index: int, newest: int) -> dict[int, Table]:
+        """Under both locks: bring ring ``index``'s sums up to slot ``newest`` (adding the
+        slots that closed since the last read); returns those slots' tables."""
+        sums = self._sums[index]
+        n = self.geometry.rings[index][1]
+        first = newest - n + 1
+        if sums.upto is None:
+            sums.upto = first
+        tables = {}
+        for slot in range(max(sums.upto, first), newest):
+            t = tables[slot] = table((k, c) for k, r in self._keys.items()
+                                     if (c := r.rings[index].slots.get(slot)) is not None)
+            sums.add(t)
+            self._points[(index, slot)] = points(t)
+        sums.upto = newest
+        for gone in [k for k in self._points if k[0] == index and k[1] < first]:
+            del self._points[gone]
+        return tables
+
+    def _since_start(self, step: int) -> Table:
+        """Under both locks: the since-start sums, brought up to date (a new table)."""
+        every = self._all
+        index = self.geometry.longest
+        if index is None:
+            return table((k, r.since_start()) for k, r in self._keys.items())
+        width, _ = self.geometry.rings[index]
+        newest = step // width
+        tables = self._close(index, newest)
+        if every.upto is None:
+            for key, rolling in self._keys.items():
+                every.add_cell(key, rolling.closed_since_start())
+        else:
+            for slot in range(every.upto, newest):
+                t = tables.get(slot)
+                if t is not None:
+                    every.add(t)
+                else:  # not tabled by this read (the ring's sums had it): from the keys
+                    for key, rolling in self._keys.items():
+                        cell = rolling.rings[index].slots.get(slot)
+                        if cell is not None:
+                            every.add_cell(key, cell)
+        every.upto = newest
+        return every.table
 
     def snapshot(
         self, window: str | None = None, *, route: str | None = None, node: str | None = None,
@@ -176,61 +240,38 @@ class EnergyStats:
         window = window or self.default_window
         window_s = self.geometry.seconds(window)  # validates
         index = self.geometry.ring_of[window]
+        ring = self.geometry.longest if index is None else index
         with self._read_lock:
             with self._lock:
-                step = self._roll_all()
-                cells = [(key, r.since_start() if index is None else r.window(index))
-                         for key, r in self._keys.items()]
-                todo = self._points_todo(index, step) if series else None
+                step = self._fold_all()
+                if index is None:
+                    closed = self._since_start(step)
+                elif ring is not None:
+                    self._close(ring, step // self.geometry.rings[ring][0])
+                    closed = self._sums[ring].table
+                # the open slot of each key: copies, since records go on
+                opens = [(k, r.open_cell(ring)) for k, r in self._keys.items()]
                 nodes = self._nodes.copy()
                 dropped = self.dropped
-            points = self._points_from(*todo) if todo is not None else None
+            current = table(opens)
+            merged = window_table(closed, current) if ring is not None else current
+            pts = self._series(ring, step, current) if series else None
         reading = Reading(
             generated_at=self.clock(), started_at=self.started_at, window=window,
             window_s=window_s, windows=self.windows, step_s=self.step_s, dropped=dropped,
-            cells=cells, points=points, nodes=nodes,
+            table=merged, points=pts, nodes=nodes,
         )
         return render(reading, route=route, node=node)
 
-    def _points_todo(
-        self, index: int | None, step: int,
-    ) -> tuple[int, int, int, int, dict[int, list[tuple[Key, Cell]]]]:
-        """(ring, width, n, newest, slot -> the keys' cells to merge) for the slots whose
-        points are not kept yet; the open slot's cells are copies (records go on)."""
-        geometry = self.geometry
-        if index is None:
-            index = geometry.longest
-        if index is None:
-            return (-1, 1, 1, step, {step: [(k, r.since_start()) for k, r in self._keys.items()]})
-        width, n = geometry.rings[index]
+    def _series(self, ring: int | None, step: int, current: Table) -> Points:
+        """A window's points: the closed slots' kept ones, and the open slot's."""
+        if ring is None:
+            return Points(width=1, n=1, newest=step, groups=_by_slot({step: points(current)}))
+        width, n = self.geometry.rings[ring]
         newest = step // width
-        first = newest - n + 1
-        for gone in [k for k in self._points if k[0] == index and k[1] < first]:
-            del self._points[gone]
-        todo: dict[int, list[tuple[Key, Cell]]] = {}
-        for slot in range(first, newest):
-            if (index, slot) not in self._points:
-                todo[slot] = [(k, c) for k, r in self._keys.items()
-                              if (c := r.rings[index].slots.get(slot)) is not None]
-        todo[newest] = [(k, r.window_slot(index)) for k, r in self._keys.items()]
-        return index, width, n, newest, todo
-
-    def _points_from(
-        self, index: int, width: int, n: int, newest: int, todo: dict[int, list[tuple[Key, Cell]]],
-    ) -> Points:
-        """Points per group and label for each slot (closed ones kept for the next read)."""
-        groups: dict[str, dict[str, dict[int, Any]]] = {}
-        computed = {slot: slot_points(cells) for slot, cells in todo.items()}
-        for slot, table in computed.items():
-            if slot < newest and index >= 0:
-                self._points[(index, slot)] = table
-        for slot in range(newest - n + 1, newest + 1):
-            table = computed.get(slot) or self._points.get((index, slot)) or {}
-            for group, by_name in table.items():
-                section = groups.setdefault(group, {})
-                for name, point in by_name.items():
-                    section.setdefault(name, {})[slot] = point
-        return Points(width=width, n=n, newest=newest, groups=groups)
+        by_slot = {slot: self._points.get((ring, slot), {}) for slot in range(newest - n + 1, newest)}
+        by_slot[newest] = points(current)
+        return Points(width=width, n=n, newest=newest, groups=_by_slot(by_slot))
 
     def view(self) -> EnergyStats:
         """What a reader reports: these statistics (a HostStats answers the host's)."""
@@ -256,8 +297,8 @@ class EnergyStats:
         """Since-start counters per (route, node, tier, method, outcome): requests, known,
         joules, tokens and the joules histogram (per :data:`JOULE_BUCKETS`, last is +Inf).
         Merged at read from every key's cells; exact integers, so they never go backwards."""
-        with self._lock:
-            self._roll_all()
+        with self._read_lock, self._lock:
+            self._fold_all()
             cells = [(key, r.since_start()) for key, r in self._keys.items()]
         merged: dict[tuple[str, str, str, str, str], Cell] = {}
         for key, cell in cells:
@@ -267,17 +308,19 @@ class EnergyStats:
                 merged[five] = cell
             else:
                 mine.merge(cell)
-        return [(five, c.requests, c.known, c.nj / 1e9, c.tokens, joule_buckets(c.bins))
+        return [(five, c.requests, c.known, c.nj / NJ, c.tokens, joule_buckets(c.bins))
                 for five, c in merged.items()]
 
     def size(self) -> dict[str, int]:
-        """What the statistics hold now, to check against :meth:`bound`."""
+        """What the statistics hold now, to check against :meth:`bound` (the readers'
+        merges per group label are bounded by labels, not counted here)."""
         with self._lock:
-            cells = [c for r in self._keys.values() for c in _cells(r)]
+            per_key = [r.cells() for r in self._keys.values()]
+            cells = [c for cs in per_key for c in cs]
             return {
                 "keys": len(self._keys),
                 "cells": len(cells),
-                "most_cells_a_key": max((r.cells() for r in self._keys.values()), default=0),
+                "most_cells_a_key": max((len(cs) for cs in per_key), default=0),
                 "bins": sum(len(c.bins) for c in cells),
                 "most_bins_a_cell": max((len(c.bins) for c in cells), default=0),
                 "raw_labels": len(self._raw),
@@ -296,8 +339,8 @@ class EnergyStats:
 
     def state(self) -> dict[str, Any]:
         """Everything mergeable, JSON-ready: what a worker writes for the others to read."""
-        with self._lock:
-            step = self._roll_all()
+        with self._read_lock, self._lock:
+            step = self._fold_all()
             rows = [[*key, r.base.state(), [[[slot, c.state()] for slot, c in ring.slots.items()]
                                             for ring in r.rings], r.cell.state()]
                     for key, r in self._keys.items()]
@@ -327,8 +370,8 @@ class EnergyStats:
                 raise ValueError(f"a row without a key: {key!r}")
             parsed.append((key, Cell.from_state(row[6]), rings, Cell.from_state(row[8])))
         their_step = int(state["step"])
-        with self._lock:
-            step = self._roll_all()
+        with self._read_lock, self._lock:
+            step = self._fold_all()
             self.started_at = min(self.started_at, float(state["started_at"]))
             self.dropped += int(state.get("dropped", 0))
             for key, base, rings, cell in parsed:
@@ -337,18 +380,14 @@ class EnergyStats:
                 for ring, slots in zip(rolling.rings, rings, strict=True):
                     for slot, c in slots:
                         ring.add(slot, c)
-                    ring.slots = dict(sorted(ring.slots.items()))
-                    ring.forget()
                 if their_step >= step:
                     rolling.cell.merge(cell)
-                else:  # their current cell is in the past here: fold it into its slots
-                    for ring in rolling.rings:
-                        ring.add(their_step // ring.width, cell)
-                        ring.slots = dict(sorted(ring.slots.items()))
-                    if rolling.longest is None:
-                        rolling.base.merge(cell)
-                rolling.roll(step)
-            self._points.clear()
+                elif cell.requests:  # their current cell is in the past here
+                    rolling.pending[their_step] = cell
+                    rolling.pending = dict(sorted(rolling.pending.items()))
+                rolling.forget()
+                rolling.dirty = True  # the readers' sums must be merged again
+            self._fold_all()
 
     def empty_like(self) -> EnergyStats:
         """New, empty statistics with this configuration and clock."""
@@ -357,8 +396,17 @@ class EnergyStats:
                            clock=self.clock)
 
 
-def _cells(rolling: Rolling) -> list[Cell]:
-    return [rolling.cell, rolling.base, *(c for ring in rolling.rings for c in ring.slots.values())]
+def _by_slot(
+    by_slot: Mapping[int, Mapping[str, Mapping[str, Point]]],
+) -> dict[str, dict[str, dict[int, Point]]]:
+    """slot -> group -> label -> point, as group -> label -> slot -> point."""
+    out: dict[str, dict[str, dict[int, Point]]] = {}
+    for slot, groups in by_slot.items():
+        for group, by_name in groups.items():
+            section = out.setdefault(group, {})
+            for name, point in by_name.items():
+                section.setdefault(name, {})[slot] = point
+    return out
 
 
 __all__ = ["JOULE_BUCKETS", "STATE_SCHEMA", "EnergyStats"]
