@@ -47,13 +47,13 @@ _WHERE: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from .asgi import EnergyMiddleware
     from .config import Config, Node, Route, Tier, load_config
     from .context import current_meter
     from .energy import Energy
     from .errors import ConfigError, GiulError, ReaderUnavailable
     from .ledger import Ledger, Ledgers, TimeSplit, TokenSplit, default_ledgers
     from .meter import Meter
-    from .asgi import EnergyMiddleware
     from .stats import EnergyStats
 
 

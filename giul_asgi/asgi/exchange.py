@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..energy import Energy
 from ..meter import Meter
 from ..wire.body import energy_json
+from ..wire.sse import EVENT_ENDS, NEVER, Lane
 from .routing import route_template
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class Exchange:
     """One request: the app's messages in, the responder chosen from its start, the figure."""
 
     __slots__ = (
-        "_block", "_closed", "choose", "disconnected", "downstream", "energy", "meter",
+        "_block", "_closed", "choose", "disconnected", "downstream", "energy", "lane", "meter",
         "responder", "root_path", "route_app", "scope", "settle_timeout", "status", "upstream",
     )
 
@@ -53,6 +54,8 @@ class Exchange:
         self.route_app = route_app  # whose mounts a route label is found in
         self.root_path: str = scope.get("root_path", "")
         self.responder: Responder | None = None
+        #: Set by a streaming responder: the chunks it lets through untouched.
+        self.lane: Lane | None = None
         self.status: int | None = None
         self.disconnected = False
         self.energy: Energy | None = None
@@ -67,7 +70,16 @@ class Exchange:
         return message
 
     def send(self, message: Message) -> Awaitable[None]:
-        # A plain function handing on the awaitable: no coroutine frame of ours per message.
+        # A plain function handing on the awaitable. A stream's common chunk takes the
+        # responder's lane here: one C-level search, no other frame of ours (measured
+        # 0.43-0.53 -> 0.38-0.40 us a chunk against a call through to the responder).
+        lane = self.lane
+        if lane is not None and message.get("more_body", False):
+            body = message.get("body", b"")
+            search = lane.search
+            if search is NEVER or (body.endswith(EVENT_ENDS) and search(body) is None):
+                lane.tail = body or lane.tail
+                return self.downstream(message)
         responder = self.responder
         if responder is not None:
             return responder.send(message)

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..wire.body import find_usage, parse_object, splice_object, usage_tokens
 from ..wire.headers import energy_headers, stream_headers
-from ..wire.sse import EVENT_ENDS, NEVER, SSESplicer
+from ..wire.sse import Lane, SSESplicer
 from .exchange import Exchange, Send
 from .options import Options
 
@@ -190,13 +190,15 @@ class Responder:
 
 class PassThrough(Responder):
     """Bytes untouched; the start at once with where the request runs and its id; the
-    figure in trailers where asked."""
+    figure in trailers where asked. Its chunks take the exchange's lane."""
 
     __slots__ = ()
 
+    async def start(self) -> None:
+        self.exchange.lane = Lane()
+        await self.send_start()
+
     def send(self, message: Message) -> Awaitable[None]:
-        if message["type"] == _BODY and message.get("more_body", False):
-            return self.downstream(message)  # the common chunk: handed on as it is
         return self._rest(message)
 
     async def _rest(self, message: Message) -> None:
@@ -272,6 +274,7 @@ class JSONResponder(Responder):
         rest = PassThrough(self.exchange, self.head, self.downstream, trailers=self.trailers)
         rest.started = True
         self.exchange.responder = rest
+        self.exchange.lane = Lane()
         if self.held is not None:
             held, self.held = self.held, None
             await self.downstream({"type": _BODY, "body": held, "more_body": True})
@@ -300,16 +303,13 @@ class SSEResponder(Responder):
             key=options.energy_key, token_kind=options.token_kind, splice=options.usage_energy
         )
 
+    async def start(self) -> None:
+        # The common chunk (whole events that cannot end or carry the answer, or any chunk
+        # of a stream that is not OpenAI-shaped) takes the exchange's lane: the splicer's.
+        self.exchange.lane = self.splicer
+        await self.send_start()
+
     def send(self, message: Message) -> Awaitable[None]:
-        if message["type"] == _BODY and message.get("more_body", False):
-            body = message.get("body", b"")
-            splicer = self.splicer
-            search = splicer.search
-            # A chunk of whole events that cannot end or carry the answer (one C-level
-            # search), or any chunk of a stream that is not OpenAI-shaped, goes as it is.
-            if search is NEVER or (body.endswith(EVENT_ENDS) and search(body) is None):
-                splicer.tail = body or splicer.tail  # an empty chunk says nothing
-                return self.downstream(message)
         return self._rest(message)
 
     async def _rest(self, message: Message) -> None:

@@ -55,6 +55,16 @@ _ALWAYS: Search = re.compile(rb"").search
 CHAT, RESPONSES, OTHER = "chat", "responses", "other"
 
 
+class Lane:
+    """Chunks that go out as they are, without a frame of the responder's: those in which
+    ``search`` finds nothing and that end between events (every chunk when ``search`` is
+    :data:`NEVER`). ``tail`` keeps the last one, for where the stream stands."""
+
+    def __init__(self, search: Search = NEVER) -> None:
+        self.search = search
+        self.tail = START
+
+
 def event_ends(tail: bytes, chunk: bytes) -> list[int]:
     """Offsets in ``chunk`` just past each blank line (an event's end), given ``tail``,
     the last bytes (up to four) of the stream before it."""
@@ -141,8 +151,9 @@ def _might_be_done(partial: bytes) -> bool:
     return False
 
 
-class SSESplicer:
-    """One event stream's splicing state. See the module's docstring for the rules.
+class SSESplicer(Lane):
+    """One event stream's splicing state, and the lane its common chunks take. See the
+    module's docstring for the rules.
 
     The caller sends a chunk as it is when ``search`` is :data:`NEVER`, or the chunk ends
     between events and ``search(chunk)`` finds nothing, storing it as :attr:`tail`;
@@ -158,14 +169,11 @@ class SSESplicer:
         self, *, key: str = "energy", token_kind: str = "output", splice: bool = True,
         max_event: int = MAX_EVENT,
     ) -> None:
+        super().__init__(_UNDECIDED)
         self.key = key
         self.token_kind = token_kind
         self.splice = splice
         self.max_event = max_event
-        #: What the caller tries on each chunk; a chunk it finds nothing in passes as is.
-        self.search: Search = _UNDECIDED
-        #: The stream's last bytes (the caller may store a whole chunk: its end is used).
-        self.tail = START
         #: ``chat``, ``responses`` or ``other``, once the first ``data:`` event is seen.
         self.kind: str | None = None
         #: The last token count a ``usage`` object in the stream gave.
@@ -381,6 +389,7 @@ __all__ = [
     "NEVER",
     "OTHER",
     "RESPONSES",
+    "Lane",
     "SSESplicer",
     "at_boundary",
     "energy_event",
