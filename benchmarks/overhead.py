@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import re
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import BUILDERS, PATHS
+from _apps import BUILDERS, PATHS, PAYLOAD
 
 
 def scope_for(path: str) -> dict[str, Any]:
@@ -244,6 +245,96 @@ def added_medians(results: dict[str, dict[str, list[float]]]) -> dict[str, dict[
     return out
 
 
+def _thread_cpu(prefix: str) -> float:
+    """CPU seconds the threads whose names start with ``prefix`` have used (Linux
+    /proc/.../schedstat, in ns), or nan."""
+    import threading
+
+    total, found = 0.0, False
+    for thread in threading.enumerate():
+        if thread.name.startswith(prefix) and thread.native_id is not None:
+            try:
+                stat = Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text()
+            except OSError:
+                continue
+            total += int(stat.split()[0]) / 1e9
+            found = True
+    return total if found else float("nan")
+
+
+def _timed(fn: Any, n: int) -> float:
+    """Microseconds per call of ``fn``: the least of three runs of ``n`` calls."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, time.perf_counter() - start)
+    return best / n * 1e6
+
+
+async def breakdown(n: int) -> list[tuple[str, float, str]]:
+    """Where our JSON request's microseconds go: each part timed alone on the same objects
+    the benchmark's app uses (its busy simulated card), and the reader thread's CPU per
+    request while the app serves ``n`` JSON requests."""
+    from giul_asgi import EnergyMiddleware
+    from giul_asgi.listeners import Settled
+    from giul_asgi.meter import Meter
+    from giul_asgi.wire import energy_headers, energy_json, parse_object, splice_object
+
+    app = BUILDERS["giul-asgi"]()
+    path = PATHS["json"]
+    await run_requests(app, path, 200)  # builds the stack, starts the reader
+    layer = app.middleware_stack
+    while not isinstance(layer, EnergyMiddleware):
+        layer = layer.app
+    mw = layer
+    scope = scope_for(path)
+    target = mw.router.match(scope)
+    ledger = mw.ledgers.get(target.node)
+    body = json.dumps(PAYLOAD).encode()
+
+    def open_close() -> None:
+        ledger.close(ledger.open())
+
+    meter = Meter(ledger, target.tier, route=target.label)
+    meter.open()
+    meter.close()
+    window = meter.window
+    assert window is not None
+    share = ledger.share(window)
+    energy = meter.figure()
+
+    def output() -> None:
+        obj = parse_object(body)
+        assert obj is not None
+        energy_headers(energy)
+        splice_object(body, obj, "energy", energy_json(energy))
+
+    batch = [Settled(energy, "ok", 200, time.time())] * 16
+    rows = [
+        ("route match", _timed(lambda: mw.router.match(scope), n), "Router.match"),
+        ("window open + close", _timed(open_close, n), "Ledger.open/close on the busy card"),
+        ("figure (grade a share)", _timed(lambda: meter._grade(share, window), n),
+         "Meter._grade -> energy.grade"),
+        ("output", _timed(output, n), "parse, 11 headers, the block, the splice"),
+        ("statistics, a record", _timed(lambda: mw.stats.settled(batch), n // 16) / 16,
+         "EnergyStats.settled, batches of 16"),
+        ("records by id, a record", _timed(lambda: mw.records.settled(batch), n // 16) / 16,
+         "RecordStore.settled, batches of 16"),
+    ]
+    await asyncio.sleep(0.5)
+    reader = "giul-"  # the node's reader thread, and any sink's writer
+    before, start = _thread_cpu(reader), time.perf_counter()
+    await run_requests(app, path, n)
+    await asyncio.sleep(0.3)  # the last windows settle
+    after = _thread_cpu(reader)
+    rows.append(("reader thread, a request", (after - before) / n * 1e6,
+                 f"its CPU while serving {n} requests in {time.perf_counter() - start:.1f} s "
+                 "(reads, settling, grading, every listener)"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -251,9 +342,9 @@ def main() -> None:
     args = parser.parse_args()
     repeats, scale = (3, 3000) if args.quick else (9, 20000)
 
-    from giul_asgi import report
+    from giul_asgi.wire import body
 
-    parser_name = "orjson" if report._fast_loads is not None else "json (stdlib)"
+    parser_name = "orjson" if body._fast_loads is not None else "json (stdlib)"
     print(f"# overhead: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, body parser {parser_name}")
@@ -292,6 +383,13 @@ def main() -> None:
         print(f"{name}: ours {per:.3f} us a chunk (target <= 0.4), fixed {fixed:.1f} us "
               f"(target <= the cheapest peer's, {cheapest_fixed:.1f}), whole 1000-chunk stream "
               f"{whole:.0f} us vs starlette-exporter's {exporter:.0f} (target: below).")
+
+    print("\nWhere our JSON request's time goes: each part timed alone (least of 3), and the "
+          "reader thread's CPU per request.\n")
+    print("| part | us | what |")
+    print("|---|---:|---|")
+    for name, us, what in asyncio.run(breakdown(3000 if args.quick else 20000)):
+        print(f"| {name} | {us:.2f} | {what} |")
 
     if args.no_server:
         return
