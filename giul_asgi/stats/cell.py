@@ -86,7 +86,14 @@ class Cell:
         """Add ``other`` into this cell."""
         if not other.requests:
             return
-        self.merge_counters(other)
+        self.requests += other.requests
+        self.known += other.known
+        self.nj += other.nj
+        self.tokens += other.tokens
+        self.tok_nj += other.tok_nj
+        self.tok_tokens += other.tok_tokens
+        self.us += other.us
+        self.contended += other.contended
         mine = self.bins
         if not mine:
             mine.update(other.bins)
@@ -105,26 +112,6 @@ class Cell:
         self.tok_tokens += sign * other.tok_tokens
         self.us += sign * other.us
         self.contended += sign * other.contended
-
-    def subtract(self, other: Cell) -> None:
-        """Take ``other`` (merged in earlier) back out, exactly."""
-        if not other.requests:
-            return
-        self.requests -= other.requests
-        self.known -= other.known
-        self.nj -= other.nj
-        self.tokens -= other.tokens
-        self.tok_nj -= other.tok_nj
-        self.tok_tokens -= other.tok_tokens
-        self.us -= other.us
-        self.contended -= other.contended
-        mine = self.bins
-        for k, c in other.bins.items():
-            left = mine[k] - c
-            if left:
-                mine[k] = left
-            else:
-                del mine[k]
 
     def copy(self) -> Cell:
         cell = Cell()

@@ -118,17 +118,15 @@ class Ring:
         self.n = n  # slots in the window
         self.slots: dict[int, Cell] = {}
 
-    def add(self, slot: int, cell: Cell, *, adopt: bool = False) -> bool:
-        """Merge ``cell`` into ``slot`` (``adopt``: take the cell itself when the slot is
-        new); keeps the slots in order. Returns whether the cell was adopted."""
+    def add(self, slot: int, cell: Cell) -> None:
+        """Merge ``cell`` into ``slot`` (another worker's, say), keeping the slots in order."""
         mine = self.slots.get(slot)
         if mine is not None:
             mine.merge(cell)
-            return False
-        self.slots[slot] = cell if adopt else cell.copy()
-        if len(self.slots) > 1 and slot < next(reversed(self.slots.keys())):
-            self.slots = dict(sorted(self.slots.items()))  # another worker's older slot
-        return adopt
+            return
+        self.slots[slot] = cell.copy()
+        if slot < max(self.slots):
+            self.slots = dict(sorted(self.slots.items()))
 
     def prune(self, newest: int) -> list[tuple[int, Cell]]:
         """Drop the slots before the window that ends at slot ``newest``; returns them."""
@@ -185,10 +183,18 @@ class Rolling:
         """Fold the pending cells into the rings' slots and drop the slots that left their
         windows at the current step; returns those, per ring. What leaves the longest ring
         goes into ``base`` (and into ``start`` if it was not counted there yet)."""
-        for step, cell in self.pending.items():
+        rings = self.rings
+        for step, cell in self.pending.items():  # in step order, so each ring's slots stay in order
             adopted = False  # one ring takes the cell itself (nobody writes it again): one copy less
-            for ring in self.rings:
-                adopted = ring.add(step // ring.width, cell, adopt=not adopted) or adopted
+            for ring in rings:
+                slot = step // ring.width
+                mine = ring.slots.get(slot)
+                if mine is not None:
+                    mine.merge(cell)
+                elif adopted:
+                    ring.slots[slot] = cell.copy()
+                else:
+                    ring.slots[slot], adopted = cell, True
             if self.longest is None:
                 self.base.merge(cell)
         self.pending.clear()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import add
 from typing import Any
 
 from ..energy import Energy
@@ -77,6 +78,7 @@ class EnergyStats:
         self._sums = [Sums() for _ in self.geometry.rings]
         self._all = Sums()
         self._points: dict[tuple[int, int], dict[str, dict[str, Point]]] = {}
+        self._buckets: dict[Key, tuple[int, list[int]]] = {}  # key -> (requests, its buckets)
         span = max((w * n for w, n in self.geometry.rings), default=1) * self.geometry.step_s
         self._nodes = NodeSamples(self.geometry.step_s, span)
         self.started_at = clock()
@@ -297,19 +299,36 @@ class EnergyStats:
         """Since-start counters per (route, node, tier, method, outcome): requests, known,
         joules, tokens and the joules histogram (per :data:`JOULE_BUCKETS`, last is +Inf).
         Merged at read from every key's cells; exact integers, so they never go backwards."""
-        with self._read_lock, self._lock:
-            self._fold_all()
-            cells = [(key, r.since_start()) for key, r in self._keys.items()]
-        merged: dict[tuple[str, str, str, str, str], Cell] = {}
-        for key, cell in cells:
-            five = key[:5]
-            mine = merged.get(five)
-            if mine is None:
-                merged[five] = cell
-            else:
-                mine.merge(cell)
-        return [(five, c.requests, c.known, c.nj / NJ, c.tokens, joule_buckets(c.bins))
-                for five, c in merged.items()]
+        merged: dict[tuple[str, str, str, str, str], list[Any]] = {}
+        with self._read_lock:
+            with self._lock:
+                self._fold_all()
+                parts = [(key, r.closed_since_start(), r.open_cell(None))
+                         for key, r in self._keys.items()]
+                # ``closed`` changes only under the lock: read what is needed of it now
+                parts_now = [(key, closed.requests, closed.known, closed.nj, closed.tokens,
+                              self._closed_buckets(key, closed), current)
+                             for key, closed, current in parts]
+            for key, n, known, nj, tokens, buckets, current in parts_now:
+                acc = merged.get(key[:5])
+                if acc is None:
+                    acc = merged[key[:5]] = [0, 0, 0, 0, [0] * (len(JOULE_BUCKETS) + 1)]
+                acc[0] += n + current.requests
+                acc[1] += known + current.known
+                acc[2] += nj + current.nj
+                acc[3] += tokens + current.tokens
+                acc[4] = list(map(add, acc[4], buckets))
+                if current.known:
+                    acc[4] = list(map(add, acc[4], joule_buckets(current.bins)))
+        return [(five, n, known, nj / NJ, tokens, buckets)
+                for five, (n, known, nj, tokens, buckets) in merged.items()]
+
+    def _closed_buckets(self, key: Key, closed: Cell) -> list[int]:
+        """``joule_buckets`` of a key's since-start closed cell, kept until it grows."""
+        kept = self._buckets.get(key)
+        if kept is None or kept[0] != closed.requests:
+            kept = self._buckets[key] = (closed.requests, joule_buckets(closed.bins))
+        return kept[1]
 
     def size(self) -> dict[str, int]:
         """What the statistics hold now, to check against :meth:`bound` (the readers'
@@ -387,6 +406,7 @@ class EnergyStats:
                     rolling.pending = dict(sorted(rolling.pending.items()))
                 rolling.forget()
                 rolling.dirty = True  # the readers' sums must be merged again
+            self._buckets.clear()
             self._fold_all()
 
     def empty_like(self) -> EnergyStats:
