@@ -265,7 +265,8 @@ class Book:
             above -= taken
         self._busy_booked += covered
         self._time_booked += seconds
-        if not self._tails:
+        unwatched = self.subtract_foreign and level is None
+        if not self._tails and not unwatched:
             self.prior.learn_span(above / covered, covered, seconds, members)
         open_members = 0
         if not self.split.known_at_open:
@@ -344,6 +345,9 @@ class Book:
             uncovered = 0.0
         per_stamp = 2 * span.stamp_s * (abs(above) / seconds + (idle or 0.0)) if seconds > 0 else 0.0
         foreign_unc = doubt_w * seconds if self.subtract_foreign else 0.0
+        # Asked to take a foreign load off but none could be looked for yet (no quiet time
+        # seen): all of the span may be one.
+        unwatched = self.subtract_foreign and level is None
         shared = len(members) > 1
         tails = self._tails
         for i, (window, overlap) in enumerate(members):
@@ -364,7 +368,11 @@ class Book:
                     # goes to the others, and theirs to it: about ramp_s / 5 at its rate.
                     window.edge_sq += (abs(share) / overlap * self.ramp_s / 5) ** 2
             window.linear_unc += span.unc_j * part
-            window.linear_unc += foreign_unc * part
+            if unwatched:
+                window.linear_unc += abs(share)
+                window.unwatched = True
+            else:
+                window.linear_unc += foreign_unc * part
             if shared:
                 window.alone = False
                 rules = window.rules
@@ -437,7 +445,7 @@ class Book:
         else:
             self.charged_j += window.share
             self.estimated_j += window.fill_j
-            if window.filled_s <= 0:
+            if window.filled_s <= 0 and not window.unwatched:
                 self.prior.learn_settled(window, _measured_unc(window))
         settled.append(window)
 

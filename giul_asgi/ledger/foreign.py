@@ -7,9 +7,12 @@ neighbour, and over consecutive spans those errors cancel), with the mean absolu
 deviation of single spans about it, so figures can say ``contended`` with the watts seen,
 and a node with ``foreign="subtract"`` can take that level off the spans windows share.
 
-What the watch never sees while windows run is how the level moves under them: the doubt of
-a subtracted level grows with the time since it was last witnessed and with how little of
-it was witnessed at all (a few short quiet gaps between requests).
+What the watch never sees while windows run is how the level moves under them. Its doubt
+has two parts, both ratios of decayed sums like the level (never an average that starts
+from zero and takes seconds to grow): how far single spans scatter about the level beyond
+what their own step stamps explain (the load itself moves: a bursty load), and the level's
+standard error from the spans witnessed so far (a load seen only in short quiet gaps
+between requests is known less well than one watched for seconds).
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class ForeignWatch:
     def __init__(self) -> None:
         self._j = 0.0
         self._s = 0.0
+        self._dev_j = 0.0  # decayed sum of |span watts - level| x seconds
+        self._noise_j = 0.0  # decayed sum of what the spans' stamps explain of it
+        self.noise_w = 0.0
         self.level_w: float | None = None  # the witnessed level (W above idle)
         self.dev_w = 0.0  # mean absolute deviation of single spans from the level
         self.seen_s = 0.0
@@ -50,11 +56,17 @@ class ForeignWatch:
             return
         watts = span.above_j / seconds
         decay = math.exp(-seconds / FOREIGN_TAU_S)
-        if self.level_w is not None:
-            self.dev_w += (1 - decay) * (abs(watts - self.level_w) - self.dev_w)
+        # How far a span's watts may stray by its stamps alone (both ends, and its mJ).
+        noise = 2 * span.stamp_s * (abs(watts) + idle_w) / seconds + span.unc_j / seconds
+        # One span has no scatter to compare: its stamps' doubt stands in for it.
+        deviation = noise if self.level_w is None else abs(watts - self.level_w)
         self._j = self._j * decay + span.above_j
+        self._dev_j = self._dev_j * decay + deviation * seconds
+        self._noise_j = self._noise_j * decay + noise * seconds
         self._s = self._s * decay + seconds
         self.level_w = self._j / self._s
+        self.dev_w = self._dev_j / self._s
+        self.noise_w = self._noise_j / self._s
         self.seen_s += seconds
         self.seen_t = span.t1
         self.spans += 1
@@ -68,8 +80,10 @@ class ForeignWatch:
         return level if level >= max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * (idle_w or 0.0)) else 0.0
 
     def doubt_w(self) -> float:
-        """How far the level may be from the load under the windows, in watts."""
-        return FOREIGN_SPREAD * self.dev_w
+        """How far the level may be from the load under the windows, in watts: how much
+        the load itself moves, and the level's standard error from the spans seen."""
+        moves = max(0.0, self.dev_w - self.noise_w)
+        return FOREIGN_SPREAD * (moves + self.dev_w / math.sqrt(max(1, self.spans)))
 
     def recent(self, now: float | None) -> bool:
         return self.seen_t is not None and (now is None or now - self.seen_t <= FOREIGN_KEEP_S)

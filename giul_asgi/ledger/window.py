@@ -106,6 +106,7 @@ class Window:
         "t_open",
         "tokens",
         "trouble",
+        "unwatched",
         "waiting",
         "waits_on",
         "weight",
@@ -131,6 +132,9 @@ class Window:
         self.fill_unc = 0.0
         self.trouble: str | None = None
         self.basis: str | None = None  # what the filled part was taken from
+        #: A span it shared may hold a foreign load nobody could look for yet: its figure
+        #: teaches the prior nothing.
+        self.unwatched = False
         self.waiting = 0  # spans waiting on weights that include this window
         self.waits_on: list[Waiting] | None = None  # those spans, while the window is open
         self.seen_end = False

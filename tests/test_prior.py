@@ -1,0 +1,57 @@
+"""The prior that fills what the card has not reported: its rate, its learnt bias and
+conformal spread, and what it fills when no reading will cover a window's time."""
+
+from __future__ import annotations
+
+import math
+
+from giul_asgi.ledger.prior import COLD_SPREAD, COVER, Prior
+from giul_asgi.ledger.window import First, Window
+
+
+def window(t_open: float, t_close: float, share: float = 0.0, measured_s: float = 0.0) -> Window:
+    w = Window(t_open, 0.0)
+    w.t_close, w.share, w.measured_s = t_close, share, measured_s
+    return w
+
+
+def test_nothing_learnt_nothing_guessed() -> None:
+    prior = Prior(0.1, lambda: 0.1)
+    w = window(0.0, 0.3)
+    assert prior.first_guess(w, True, 0.0) is None
+    w.filled_s = 0.3
+    assert prior.fill(w, True) is None
+
+
+def test_a_cold_ledger_fills_from_the_windows_own_measured_rate_with_its_whole_scale() -> None:
+    prior = Prior(0.1, lambda: 0.1)
+    w = window(0.0, 0.5, share=72.0, measured_s=0.4)  # 180 W over the measured part
+    w.filled_s = 0.1  # before the tape's first step
+    fill = prior.fill(w, True)
+    assert fill is not None and fill.basis == "the window's own measured rate"
+    assert math.isclose(fill.joules, 18.0)
+    assert math.isclose(fill.uncertainty, COLD_SPREAD * 18.0 + 0.05 * 18.0)
+
+
+def test_the_run_rate_wins_and_a_window_closing_alone_gets_a_tail() -> None:
+    prior = Prior(0.1, lambda: 0.1)
+    prior.learn_span(200.0, covered=0.1, seconds=0.1, members=[(window(0, 1), 0.1)])
+    w = window(0.0, 0.3, share=20.0, measured_s=0.1)
+    alone = prior.first_guess(w, True, 0.0)
+    shared = prior.first_guess(w, False, 0.0)
+    assert alone is not None and shared is not None
+    assert math.isclose(shared.guess, 200.0 * 0.2) and math.isclose(alone.guess, 200.0 * 0.22)
+    assert alone.basis == "the node's prior"
+
+
+def test_bias_and_spread_are_learnt_from_first_figures_once_there_are_enough() -> None:
+    prior = Prior(0.1, lambda: 0.1)
+    assert prior.bias_spread() == (0.0, COLD_SPREAD)
+    for i in range(40):
+        w = window(0.0, 1.0, share=110.0 + (i % 5), measured_s=1.0)
+        w.first = First(reported=0.0, guess=100.0, scale=100.0)
+        prior.learn_settled(w, measured_unc=0.0)
+    bias, spread = prior.bias_spread()
+    assert math.isclose(bias, 0.12)  # first figures fell 12% short, typically
+    assert 0.01 < spread <= 0.03
+    assert math.ceil(41 * COVER) <= 40
