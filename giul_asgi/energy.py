@@ -47,6 +47,25 @@ class Provenance:
     idle_watts: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class Carbon:
+    """What a kWh drawn by a node emits, and how we know: grams = joules x pue x g_per_kwh
+    / 3.6e6. ``g_per_kwh`` is None where it is unknown, or too old to be used."""
+
+    g_per_kwh: float | None
+    pue: float = 1.0
+    #: Where the intensity comes from: ``static``, ``electricitymaps``, ``file``, ...
+    source: str = "static"
+    #: ``average`` (Electricity Maps) or ``marginal`` (WattTime); None when not said.
+    signal: str | None = None
+    #: How old the intensity is, in seconds (None: a fixed figure).
+    age_s: float | None = None
+
+    def grams(self, joules: float | None) -> float | None:
+        if joules is None or self.g_per_kwh is None:
+            return None
+        return joules * self.pue * self.g_per_kwh / 3.6e6
+
 
 @dataclass(slots=True)
 class Share:
@@ -114,6 +133,18 @@ class Energy:
     error: str | None = None
     #: The request's id (``X-Energy-Id``), under which its settled record can be fetched.
     id: str | None = None
+    #: Who the request was for: a name, or a short stable hash of a key (never the key).
+    tenant: str | None = None
+    #: What the joules emitted (joules x pue x carbon_g_per_kwh / 3.6e6), or None.
+    carbon_grams: float | None = None
+    carbon_g_per_kwh: float | None = None
+    pue: float | None = None
+    #: ``static``, ``electricitymaps``, ``file``, ... (None: no carbon configured).
+    carbon_source: str | None = None
+    #: ``average`` or ``marginal``.
+    carbon_signal: str | None = None
+    #: How old the intensity was when the figure was made (seconds).
+    carbon_age_s: float | None = None
 
     @property
     def known(self) -> bool:
@@ -145,6 +176,13 @@ class Energy:
             "foreign_watts": _num(self.foreign_watts),
             "error": self.error,
             "id": self.id,
+            "tenant": self.tenant,
+            "carbon_grams": _num(self.carbon_grams),
+            "carbon_g_per_kwh": _num(self.carbon_g_per_kwh),
+            "pue": _num(self.pue),
+            "carbon_source": self.carbon_source,
+            "carbon_signal": self.carbon_signal,
+            "carbon_age_s": _num(self.carbon_age_s),
         }
 
 
@@ -178,6 +216,8 @@ def grade(
     hint_per_1k: float = 0.0,
     stages: Mapping[str, Energy] | None = None,
     id: str | None = None,
+    tenant: str | None = None,
+    carbon: Carbon | None = None,
 ) -> Energy:
     """The rules, in one place: a raw share in, an honestly labelled record out."""
     provenance = share.provenance
@@ -205,12 +245,19 @@ def grade(
         elif (mostly or share.trouble) and error is None:
             error = _estimated(share, joules, method)
     per_token = joules / valid_tokens if joules is not None and valid_tokens else None
-    return Energy(
+    energy = Energy(
         joules, method, backend, source, node, tier, route, share.seconds,
         provenance.idle_watts, provenance.idle_watts is not None, mean_watts, tokens,
         token_kind, per_token, share.concurrency, share.split, uncertainty, share.settled,
         stages if stages is not None else {}, share.contended, share.foreign_watts, error, id,
+        tenant,
     )
+    if carbon is not None:
+        energy.carbon_grams = carbon.grams(joules)
+        energy.carbon_g_per_kwh, energy.pue = carbon.g_per_kwh, carbon.pue
+        energy.carbon_source, energy.carbon_signal = carbon.source, carbon.signal
+        energy.carbon_age_s = carbon.age_s
+    return energy
 
 
 __all__ = [
@@ -218,6 +265,7 @@ __all__ = [
     "METHODS",
     "SOURCES",
     "TOKEN_KINDS",
+    "Carbon",
     "Energy",
     "Method",
     "Provenance",

@@ -58,7 +58,7 @@ def run(splicer: SSESplicer, pieces: list[bytes], block: bytes | None = BLOCK,
     for piece in pieces:
         search = splicer.search
         if search is NEVER or (piece.endswith(EVENT_ENDS) and search(piece) is None):
-            splicer.tail = piece or splicer.tail
+            splicer.tail = piece if len(piece) > 3 else splicer.tail[-4:] + piece
             out += piece
             continue
         out += splicer.feed(piece)

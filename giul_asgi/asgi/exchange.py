@@ -78,7 +78,7 @@ class Exchange:
             body = message.get("body", b"")
             search = lane.search
             if search is NEVER or (body.endswith(EVENT_ENDS) and search(body) is None):
-                lane.tail = body or lane.tail
+                lane.tail = body if len(body) > 3 else lane.tail[-4:] + body  # a short one joins
                 return self.downstream(message)
         responder = self.responder
         if responder is not None:

@@ -72,7 +72,14 @@ def _block_template(e: Energy, key: tuple[Any, ...]) -> bytes:
         f'"split":{fixed(json_string(e.split))},'
         '"uncertainty_joules":%s,'
         f'"settled":{_jbool(e.settled)},"stages":{{}},"contended":{_jbool(e.contended)},'
-        '"foreign_watts":%s,"error":%s,"id":%s}'
+        '"foreign_watts":%s,"error":%s,"id":%s,'
+        f'"tenant":{fixed(json_string(e.tenant))},'
+        '"carbon_grams":%s,'
+        f'"carbon_g_per_kwh":{json_number(e.carbon_g_per_kwh).decode()},'
+        f'"pue":{json_number(e.pue).decode()},'
+        f'"carbon_source":{fixed(json_string(e.carbon_source))},'
+        f'"carbon_signal":{fixed(json_string(e.carbon_signal))},'
+        '"carbon_age_s":%s}'
     ).encode()
     if len(_BLOCKS) >= TEMPLATES_MAX:
         _BLOCKS.clear()
@@ -92,7 +99,8 @@ def energy_json(energy: Energy) -> bytes:
         return json.dumps(e.as_dict(), separators=(",", ":")).encode()
     key = (
         e.method, e.backend, e.source, e.node, e.tier, e.route, e.idle_watts, e.idle_known,
-        e.token_kind, e.split, e.settled, e.contended,
+        e.token_kind, e.split, e.settled, e.contended, e.tenant, e.carbon_g_per_kwh, e.pue,
+        e.carbon_source, e.carbon_signal,
     )
     template = _BLOCKS.get(key) or _block_template(e, key)
     tokens, error, energy_id = e.tokens, e.error, e.id
@@ -103,6 +111,7 @@ def energy_json(energy: Energy) -> bytes:
         json_number(e.uncertainty_joules), json_number(e.foreign_watts),
         b"null" if error is None else json_string(error).encode(),
         b"null" if energy_id is None else _json_id(energy_id),
+        json_number(e.carbon_grams), json_number(e.carbon_age_s),
     )
 
 

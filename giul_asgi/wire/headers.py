@@ -98,12 +98,14 @@ def energy_headers(energy: Energy) -> list[tuple[bytes, bytes]]:
     ]
     if e.id is not None:
         headers.append((b"x-energy-id", id_header(e.id)))
+    if e.carbon_source is not None:  # the node has a carbon intensity configured
+        headers.append((b"x-energy-carbon-grams", header_number(e.carbon_grams)))
     return headers
 
 
 #: Every name :func:`energy_headers` writes, for a ``Trailer`` announcement.
 ENERGY_HEADER_NAMES: tuple[bytes, ...] = tuple(
-    name for name, _ in energy_headers(Energy(joules=None, method="unknown", id="x"))
+    name for name, _ in energy_headers(Energy(joules=None, method="unknown", id="x", carbon_source="x"))
 )
 _TRAILER = (b"trailer", b", ".join(ENERGY_HEADER_NAMES))
 
