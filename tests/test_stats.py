@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 import threading
+from pathlib import Path
 
 import pytest
 
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
-from giul_asgi.listeners import Settled
-from giul_asgi.stats import OTHER, EnergyStats, key_bound, parse_window, status_class
-from giul_asgi.stats.sketch import BINS
+from giul_asgi.listeners import Listener, Listeners, Settled
+from giul_asgi.stats import (
+    JOULE_BUCKETS,
+    OTHER,
+    EnergyStats,
+    HostStats,
+    key_bound,
+    parse_window,
+    status_class,
+)
+from giul_asgi.stats.sketch import BINS, HIGHEST
 
 
 class Clock:
@@ -262,3 +272,163 @@ def _round(obj: object) -> object:
     if isinstance(obj, list | tuple):
         return [_round(v) for v in obj]
     return obj
+
+
+def test_windows_and_groups_agree_with_a_direct_count_whenever_they_are_read() -> None:
+    """Reads at random moments (and long stretches with none, when the reader thread folds)
+    give what counting the records in each window directly gives."""
+    rng = random.Random(11)
+    clock = Clock()
+    stats = EnergyStats(clock=clock)
+    seen: list[tuple[int, str, int]] = []  # (step, route, nanojoules)
+    folded_unread = 0
+    for i in range(3000):
+        silent = (i // 500) % 2 == 1  # no reader for a while: the recording thread folds
+        clock.t += rng.choice((0.5, 3.0, 9.0, 40.0, 400.0)) if not silent else 10.0
+        batch = []
+        for _ in range(rng.randint(1, 6)):
+            route, joules = f"/r{rng.randrange(5)}", rng.uniform(0.5, 50.0)
+            batch.append(Settled(energy(joules, route=route, node=f"gpu{rng.randrange(2)}"), "ok", 200))
+            seen.append((int(clock.t // 10), route, round(joules * 1e9)))
+        stats.settled(batch)
+        if not silent and rng.random() < 0.2:
+            folded_unread += any(r.dirty for r in stats._keys.values())
+            window = rng.choice(("1m", "15m", "1h", "all"))
+            snap = stats.snapshot(window)
+            now = int(clock.t // 10)
+            index = stats.geometry.ring_of[window]
+            if index is None:
+                inside = seen
+            else:
+                width, n = stats.geometry.rings[index]
+                inside = [r for r in seen if r[0] // width >= now // width - n + 1]
+            assert snap["totals"]["requests"] == len(inside), window
+            want = sum(r[2] for r in inside) / 1e9
+            assert snap["totals"]["joules"]["sum"] == pytest.approx(want, rel=1e-5)  # 6 digits
+            for route, row in snap["routes"].items():
+                assert row["requests"] == sum(1 for r in inside if r[1] == route), (window, route)
+    assert folded_unread
+
+def test_a_bad_record_in_a_batch_costs_only_itself() -> None:
+    stats = EnergyStats(clock=Clock())
+    good = energy(2.0)
+    stats.settled([
+        Settled(good, "ok", 200),
+        Settled("not a figure", "ok", 200),  # type: ignore[arg-type]
+        Settled(energy("12"), "ok", 200),  # type: ignore[arg-type]
+        Settled(energy(3.0, seconds=None), "ok", 200),  # type: ignore[arg-type]
+        Settled(energy(4.0, tokens="5", contended=None), "ok", "200"),  # type: ignore[arg-type]
+        Settled(good, "ok", 200),
+    ])
+    total = stats.snapshot("all")["totals"]
+    assert stats.dropped == 3 and total["requests"] == 3
+    assert total["joules"]["sum"] == 8.0 and total["tokens"] == 20  # "5" tokens are no tokens
+    assert total["statuses"] == {"2xx": 2, "none": 1}
+
+
+def test_prometheus_buckets_are_exact_at_their_edges_and_the_range_is_clamped() -> None:
+    stats = EnergyStats(clock=Clock())
+    rng = random.Random(4)
+    values = [rng.lognormvariate(1, 3) for _ in range(3000)]
+    for edge in JOULE_BUCKETS:
+        values += [edge * (1 - 1e-9), edge * (1 + 1e-9)]
+    values += [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 1e4, 1e5, 1e-30, 1e30]
+    stats.settled([Settled(energy(v), "ok", 200) for v in values])
+    ((_, n, known, joules, _, buckets),) = stats.counters()
+    want = [0] * (len(JOULE_BUCKETS) + 1)
+    for v in values:
+        want[bisect.bisect_left(JOULE_BUCKETS, v)] += 1
+    assert buckets == want and n == known == len(values)
+    assert joules == pytest.approx(math.fsum(values), rel=1e-12)
+    j = stats.snapshot("all")["totals"]["joules"]
+    assert j["p99"] <= HIGHEST * 1.01  # beyond the range reads as its edge
+
+
+def test_since_start_counters_never_go_backwards_and_stay_exact() -> None:
+    clock = Clock()
+    stats = EnergyStats(clock=clock)
+    rng = random.Random(8)
+    last: dict[tuple[str, ...], tuple[int, float]] = {}
+    exact = 0
+    for i in range(3000):
+        clock.t += rng.uniform(0, 12)  # 5 hours: slots leave every ring into base
+        joules = rng.uniform(0.1, 99.9)
+        exact += round(joules * 1e9)
+        stats.record(energy(joules, route=f"/r{i % 3}"), outcome=("ok", "error")[i % 2], status=200)
+        if i % 37 == 0:
+            for key, n, _, j, _, _ in stats.counters():
+                before = last.get(key, (0, 0.0))
+                assert n >= before[0] and j >= before[1], key
+                last[key] = (n, j)
+            if i % 3 == 0:
+                stats.snapshot(rng.choice(("15m", "all")))
+    assert sum(c[3] for c in stats.counters()) == pytest.approx(exact / 1e9, rel=1e-15)
+
+
+def test_a_clock_that_steps_back_counts_in_the_latest_slot() -> None:
+    clock = Clock()
+    stats = EnergyStats(clock=clock)
+    stats.record(energy(1.0), outcome="ok", status=200)
+    clock.t -= 3600.0  # NTP stepped the clock back an hour
+    stats.record(energy(2.0), outcome="ok", status=200)
+    assert stats.snapshot("1m")["totals"]["joules"]["sum"] == 3.0
+
+
+def test_a_worker_state_with_a_bad_row_changes_nothing() -> None:
+    clock = Clock()
+    mine, theirs = EnergyStats(clock=clock), EnergyStats(clock=clock)
+    mine.record(energy(1.0), outcome="ok", status=200)
+    theirs.record(energy(2.0), outcome="ok", status=200)
+    state = theirs.state()
+    row = ["/r", "n", "t", "measured", "ok", "9xx", *state["keys"][0][6:]]  # no such status class
+    bad = {**state, "keys": [*state["keys"], row]}
+    with pytest.raises(ValueError):
+        mine.merge_state(bad)
+    assert mine.snapshot("all")["totals"]["requests"] == 1
+    mine.merge_state(state)
+    assert mine.snapshot("all")["totals"]["joules"]["sum"] == 3.0
+
+
+def test_the_statistics_are_a_listener_of_settled_figures(tmp_path: Path) -> None:
+    stats = EnergyStats(clock=Clock())
+    host = HostStats(EnergyStats(clock=Clock()), tmp_path, flush_s=60)
+    try:
+        listeners = Listeners([stats, host])
+        assert all(isinstance(x, Listener) for x in listeners)
+        listeners.settled([Settled(energy(5.0), "ok", 200),
+                           Settled(energy(None, method="unknown"), "error", 500)])
+        for s in (stats, host):
+            total = s.snapshot("all")["totals"]
+            assert total["requests"] == 2 and total["joules"]["sum"] == 5.0
+            assert total["outcomes"]["error"] == 1
+    finally:
+        host.close()
+
+
+def test_recording_on_one_thread_while_another_reads_loses_nothing() -> None:
+    clock = Clock()
+    stats = EnergyStats(clock=clock)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                stats.snapshot("15m")
+                stats.counters()
+                stats.snapshot("all")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(4000):
+            clock.t += 0.7
+            stats.settled([Settled(energy(1.0, route=f"/r{i % 7}"), "ok", 200)] * 3)
+    finally:
+        done.set()
+        reader.join()
+    assert not errors
+    assert stats.snapshot("all")["totals"]["joules"]["sum"] == 12000.0
+    assert sum(c[1] for c in stats.counters()) == 12000
