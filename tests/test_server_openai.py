@@ -153,3 +153,47 @@ def test_stats_see_every_request_settled(gateway: tuple[str, FastAPI], client: O
     record = list(stats)[-1]
     assert record.outcome == "ok" and record.status == 200 and record.energy.settled
     assert record.energy.route == "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def usage_gateway() -> Iterator[str]:
+    """The same gateway with ``energy_in_usage=True``: the energy inside ``usage``."""
+    card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.02)
+    node = Node("sim-u", idle_w=70.0, period_s=0.02,
+                reader_factory=lambda _n: SimulatedReader(card, period=0.02))
+    app = FastAPI()
+    app.add_route("/v1/chat/completions", openai_chat(card), methods=["POST"])
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(), stats=RecordingStats(),
+                       energy_in_usage=True)
+    with serve(app) as url:
+        yield url
+
+
+def test_energy_in_usage_reaches_the_openai_clients_usage(usage_gateway: str) -> None:
+    """Tools that log ``usage`` as it is (spend logs, observability callbacks) capture the
+    energy with no change of theirs: the real client keeps it in ``usage.model_extra``."""
+    with OpenAI(base_url=usage_gateway + "/v1", api_key="x", max_retries=0) as client:
+        completion = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8)
+        assert completion.usage is not None and completion.usage.completion_tokens == 8
+        extra = completion.usage.model_extra or {}
+        energy = (completion.model_extra or {})["energy"]
+        assert extra["energy_joules"] == energy["joules"]  # the same figure, null if unknown
+        assert "carbon_grams" not in extra  # no carbon configured on this node
+        stream = client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=5, stream=True,
+            stream_options={"include_usage": True},
+        )
+        found = [chunk.usage.model_extra for chunk in stream if chunk.usage is not None]
+    assert len(found) == 1 and found[0] is not None and "energy_joules" in found[0]
+
+
+def test_energy_in_usage_never_overwrites_the_apps_own() -> None:
+    from giul_asgi.wire.body import splice_usage, usage_open
+
+    body = b'{"usage": {"energy_joules": 7}}'
+    assert not usage_open(json.loads(body))
+    assert splice_usage(b'{"a": {"usage": {"x": 1}}}', b'"energy_joules":1') is None  # nested
+    note = b'{"note": "\\"usage\\": {}", "usage": {"t": 3}\n}'
+    assert splice_usage(note, b'"energy_joules":1') == (
+        b'{"note": "\\"usage\\": {}", "usage": {"t": 3,"energy_joules":1}\n}'
+    )

@@ -38,6 +38,9 @@ class Options:
     stream_event: bool = False
     #: Put the block into an OpenAI stream's finish or usage chunk.
     usage_energy: bool = True
+    #: Add ``energy_joules`` (and ``carbon_grams``) to an OpenAI ``usage`` object, JSON or
+    #: streamed, so tools that log ``usage`` as it is capture the energy with no change.
+    energy_in_usage: bool = False
     #: Send the figure in HTTP trailers when the client asks and the server offers them.
     trailers: bool = True
     #: Which token count ``tokens`` is: output (generated), input or total.
@@ -67,7 +70,7 @@ class Options:
         if not isinstance(key, str) or not key.strip():
             raise ConfigError(f"energy_key={key!r} must be a non-empty string",
                               remedy='use the default "energy"')
-        for name in ("inject_json", "stream_event", "usage_energy", "trailers"):
+        for name in ("inject_json", "stream_event", "usage_energy", "trailers", "energy_in_usage"):
             if name in values and not isinstance(values[name], bool):
                 raise ConfigError(f"{name}={values[name]!r} must be True or False",
                                   remedy=f"pass {name}=True or {name}=False")

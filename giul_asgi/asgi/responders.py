@@ -26,7 +26,15 @@ from collections.abc import Awaitable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..wire.body import find_usage, parse_object, splice_object, usage_tokens
+from ..wire.body import (
+    find_usage,
+    parse_object,
+    splice_object,
+    splice_usage,
+    usage_fields,
+    usage_open,
+    usage_tokens,
+)
 from ..wire.headers import energy_headers, stream_headers
 from ..wire.sse import Lane, SSESplicer
 from .exchange import Exchange, Send
@@ -250,6 +258,8 @@ class JSONResponder(Responder):
         headers = head.headers
         if obj is not None:
             spliced = splice_object(body, obj, options.energy_key, exchange.block())
+            if spliced is not None and options.energy_in_usage and usage_open(obj):
+                spliced = splice_usage(spliced, usage_fields(energy)) or spliced
             if spliced is not None:
                 body = spliced
                 if head.length_at >= 0:  # corrected in place, the common case
@@ -291,7 +301,7 @@ class SSEResponder(Responder):
     """An event stream: the start at once, every chunk as it comes, the energy in the
     event that ends the answer."""
 
-    __slots__ = ("event", "splicer")
+    __slots__ = ("event", "in_usage", "splicer")
 
     def __init__(
         self, exchange: Exchange, head: Head, downstream: Send, options: Options, *,
@@ -299,6 +309,7 @@ class SSEResponder(Responder):
     ) -> None:
         super().__init__(exchange, head, downstream, trailers=trailers)
         self.event = options.stream_event
+        self.in_usage = options.energy_in_usage
         self.splicer = SSESplicer(
             key=options.energy_key, token_kind=options.token_kind, splice=options.usage_energy
         )
@@ -320,7 +331,7 @@ class SSEResponder(Responder):
         body = message.get("body", b"")
         out = splicer.feed(body)
         if splicer.waiting:  # [DONE] after the event that carries the energy
-            out += splicer.resume(await self._block())
+            out += splicer.resume(await self._block(), self._usage())
         if message.get("more_body", False):
             if out == body:
                 await self.downstream(message)  # as the app sent it
@@ -328,11 +339,14 @@ class SSEResponder(Responder):
                 await self.downstream({"type": _BODY, "body": out, "more_body": True})
             return
         block = await self._block() if splicer.holding or self.event else None
-        out += splicer.close(block, event=self.event)
+        out += splicer.close(block, event=self.event, usage=self._usage() if block else None)
         if self.head.trailers:
             await self.downstream({"type": _BODY, "body": out, "more_body": False})
         else:
             await self.end({"type": _BODY, "body": out, "more_body": False})
+
+    def _usage(self) -> bytes | None:
+        return usage_fields(self.exchange.figure()) if self.in_usage else None
 
     async def _block(self) -> bytes:
         exchange = self.exchange

@@ -10,6 +10,7 @@ object, nesting deeper than the parser goes, the key already taken) is left unto
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -191,6 +192,67 @@ def splice_object(body: bytes, obj: Mapping[str, Any], key: str, block: bytes) -
     return head + sep + json_string(key).encode() + b":" + block + body[len(head):]
 
 
+#: A JSON string (escapes included) or a structural character: what a walk over a body's
+#: top levels needs to see, found by one C-level scan per token.
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:]')
+#: Where an OpenAI ``usage`` object sits: Chat Completions, then the Responses API.
+USAGE_PATHS: tuple[tuple[bytes, ...], ...] = ((b'"usage"',), (b'"response"', b'"usage"'))
+
+
+def find_object(body: bytes, path: tuple[bytes, ...]) -> int | None:
+    """Where the object at ``path`` (quoted keys, from the top) closes in ``body``: the
+    offset of its ``}``, or None. Strings are skipped whole, so a key inside a string or a
+    deeper object never matches."""
+    depth, want, key, after_colon = 0, 0, b"", False
+    for match in _TOKEN.finditer(body):
+        token = match.group()
+        if token == b"{" or token == b"[":
+            if after_colon and want < len(path) and depth == want + 1 and key == path[want] and (
+                token == b"{"
+            ):
+                want += 1
+            depth += 1
+        elif token == b"}" or token == b"]":
+            if token == b"}" and want == len(path) and depth == want + 1:
+                return match.start()
+            depth -= 1
+            if depth < want + 1 and want:
+                return None  # the object we were inside closed without it
+        elif token == b":":
+            after_colon = True
+            continue
+        else:
+            key = token
+        after_colon = False
+    return None
+
+
+def splice_usage(body: bytes, fields: bytes) -> bytes | None:
+    """``body`` with ``fields`` (``"k":v`` pairs) added at the end of its OpenAI ``usage``
+    object, every other byte kept; None where it has none."""
+    for path in USAGE_PATHS:
+        close = find_object(body, path)
+        if close is not None:
+            head = body[:close].rstrip()
+            sep = b"" if head.endswith(b"{") else b","
+            return head + sep + fields + body[len(head):]
+    return None
+
+
+def usage_open(obj: Any) -> bool:
+    """The body has a ``usage`` object without our fields in it (never overwritten)."""
+    usage = find_usage(obj)
+    return is_mapping(usage) and "energy_joules" not in usage
+
+
+def usage_fields(energy: Energy) -> bytes:
+    """What goes into ``usage`` for tools that log it as it is: the joules (and grams)."""
+    out = b'"energy_joules":' + json_number(energy.joules)
+    if energy.carbon_source is not None:
+        out += b',"carbon_grams":' + json_number(energy.carbon_grams)
+    return out
+
+
 def inject_json(body: bytes, key: str, block: bytes) -> bytes | None:
     """Parse and splice in one step; None when the body must pass through untouched."""
     obj = parse_object(body)
@@ -207,5 +269,8 @@ __all__ = [
     "json_string",
     "parse_object",
     "splice_object",
+    "splice_usage",
+    "usage_fields",
+    "usage_open",
     "usage_tokens",
 ]

@@ -30,7 +30,15 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .body import find_usage, is_mapping, parse_object, splice_object, usage_tokens
+from .body import (
+    find_usage,
+    is_mapping,
+    parse_object,
+    splice_object,
+    splice_usage,
+    usage_open,
+    usage_tokens,
+)
 
 Search = Callable[[bytes], Any]
 
@@ -106,10 +114,12 @@ def energy_event(block: bytes, event: str = "energy") -> bytes:
 
 
 def splice_event(
-    raw: bytes, key: str, block: bytes, obj: dict[str, Any] | None = None
+    raw: bytes, key: str, block: bytes, obj: dict[str, Any] | None = None,
+    usage: bytes | None = None,
 ) -> bytes | None:
-    """One ``data:`` JSON-object event with ``"key": block`` added, or None if it cannot be
-    (several data lines, not an object, the key taken). ``obj``: the data, if parsed."""
+    """One ``data:`` JSON-object event with ``"key": block`` added (and ``usage``'s fields
+    added to its ``usage`` object, where it has one), or None if it cannot be (several data
+    lines, not an object, the key taken). ``obj``: the data, if parsed."""
     lines = raw.splitlines(keepends=True)
     data_lines = [i for i, line in enumerate(lines) if line.startswith(b"data:")]
     if len(data_lines) != 1:
@@ -124,6 +134,8 @@ def splice_event(
     injected = None if obj is None else splice_object(data, obj, key, block)
     if injected is None:
         return None
+    if usage is not None and usage_open(obj):
+        injected = splice_usage(injected, usage) or injected
     lines[i] = prefix + injected + line[len(body):]
     return b"".join(lines)
 
@@ -313,11 +325,11 @@ class SSESplicer(Lane):
         else:
             self.search = _UNDECIDED
 
-    def _spliced_held(self, block: bytes | None) -> bytes:
+    def _spliced_held(self, block: bytes | None, usage: bytes | None = None) -> bytes:
         held, obj = self._held, self._held_obj
         out: list[bytes] = []
         if held is not None and block is not None:
-            spliced = splice_event(held, self.key, block, obj)
+            spliced = splice_event(held, self.key, block, obj, usage)
             if spliced is not None:
                 self.spliced = True
                 out.append(spliced)
@@ -326,10 +338,11 @@ class SSESplicer(Lane):
         self._release(out)
         return b"".join(out)
 
-    def resume(self, block: bytes | None) -> bytes:
-        """After :attr:`waiting`: the held event with ``block`` in it, and what followed."""
+    def resume(self, block: bytes | None, usage: bytes | None = None) -> bytes:
+        """After :attr:`waiting`: the held event with ``block`` in it (and ``usage``'s
+        fields in its ``usage``), and what followed."""
         self.waiting = False
-        out = self._spliced_held(block)
+        out = self._spliced_held(block, usage)
         after, self._after = self._after, b""
         self.search = NEVER  # [DONE] went by: the rest passes
         self._ending = False
@@ -341,10 +354,12 @@ class SSESplicer(Lane):
         """Whether any of the app's bytes are withheld."""
         return self._held is not None or self._open is not None or self.waiting
 
-    def close(self, block: bytes | None, *, event: bool = False) -> bytes:
+    def close(
+        self, block: bytes | None, *, event: bool = False, usage: bytes | None = None
+    ) -> bytes:
         """The end of the stream: what is held (a held event with ``block`` in it), then,
         when ``event`` and the stream ends between events, a closing ``event: energy``."""
-        out = self._spliced_held(block)
+        out = self._spliced_held(block, usage)
         if self.waiting:
             self.waiting = False
             out += self._after
