@@ -254,3 +254,43 @@ def test_a_record_store_without_a_place_keeps_to_itself(tmp_path: Path) -> None:
     assert store.get("r1") is not None and store.get("r2") is None
     with pytest.raises(ConfigError):
         RecordStore(max_records=True)  # type: ignore[arg-type]
+
+
+def keep_records(directory: str, ready: Any, stop: str) -> None:
+    from giul_asgi.energy import Energy
+    from giul_asgi.listeners import Settled
+    from giul_asgi.records import RecordStore
+
+    store = RecordStore(share=directory)
+    stage = Energy(0.5, "measured", node="gpu0")
+    store.put(Energy(1.0, "measured", node="gpu0", settled=False, id="first-only"))
+    store.put(Energy(2.0, "measured", node="gpu0", settled=False, id="then-settled"))
+    store.settled([Settled(Energy(2.5, "measured", node="gpu0", stages={"prefill": stage},
+                                  id="then-settled"))])
+    deadline = time.monotonic() + 30
+    while store._queue and time.monotonic() < deadline:  # the writer thread's batch
+        time.sleep(0.01)
+    ready.set()
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_record_kept_by_one_process_is_found_by_another(ctx: Any, tmp_path: Path) -> None:
+    from giul_asgi.records import RecordStore
+
+    ready, stop = ctx.Event(), tmp_path / "stop"
+    proc = ctx.Process(target=keep_records, args=(str(tmp_path), ready, str(stop)), daemon=True)
+    proc.start()
+    try:
+        assert ready.wait(60)
+        store = RecordStore(share=tmp_path)
+        assert store.shared
+        first = store.get("first-only")
+        assert first is not None and first.joules == 1.0 and first.settled is False
+        settled = store.get("then-settled")
+        assert settled is not None and settled.joules == 2.5 and settled.settled is True
+        assert settled.stages["prefill"].joules == 0.5
+        assert store.get("nobody") is None and len(store) == 0  # found there, kept there
+    finally:
+        stop.touch()
+        proc.join(10)
