@@ -1,0 +1,197 @@
+"""What an idle gateway process costs: CPU share of its reader thread with no window open.
+
+Issue 16: an idle process read its card about 100 times a second, 2.3-2.6% of a core each.
+Target: <= 0.3% of a core. Each row is one child process that starts a ledger on a card,
+lets the reader thread settle into its pace (``--warm`` seconds), then measures
+``time.process_time()`` (every thread of the process) over ``--seconds`` of wall time:
+
+- ``before: always fast``: the reader thread with no busy signal, reading ten times a
+  counter period, as every idle process did before the doze;
+- ``window open``: one window held open the whole time (the busy pace, by design);
+- ``idle``: no window, nothing to watch: the thread dozes, one read per second;
+- ``idle, foreign watch``: no window, ``foreign="subtract"``: one read per counter period.
+
+Cards: ``nvml-fake`` is NvmlReader over tests/fake_nvml.LiveGpu (a 100 ms counter; the read
+is a Python call where a real NVML read is a few us of C), ``simulated`` the in-process
+simulated card of ``Node(reader="simulated")``, ``gateway`` a whole gateway process over it
+(uvicorn, EnergyMiddleware, its statistics and the host's sharing; one request served, then
+idle; "before" there sets the idle pace to the busy one). Configurations are interleaved, each
+repeated ``--repeats`` times; the table gives medians and ranges.
+
+    python benchmarks/idle.py [--seconds 10] [--repeats 3] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = 0.3  # % of a core
+CONFIGS = ("before: always fast", "window open", "idle", "idle, foreign watch")
+CARDS = ("nvml-fake", "simulated", "gateway")
+
+
+def _reader_factory(card: str) -> Any:
+    if card == "nvml-fake":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from fake_nvml import FakeNvml, LiveGpu
+
+        from giul_asgi.readers.base import ReaderSpec
+        from giul_asgi.readers.nvml import NvmlReader
+
+        nvml = FakeNvml([LiveGpu(watts=70.0, step_s=0.1, processes=[])])
+        return lambda node: NvmlReader(ReaderSpec(gpus=(0,)), nvml=nvml)
+    return None
+
+
+def one_gateway(config: str, seconds: float, warm: float) -> dict[str, Any]:
+    """In the child: a whole gateway process (uvicorn, the middleware, the statistics, the
+    host's sharing) over the in-process simulated card, one request served, then idle."""
+    import threading
+
+    import httpx
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    import giul_asgi.ledger
+    from giul_asgi import EnergyMiddleware, Node
+    from giul_asgi.ledger import default_ledgers
+
+    if config == "before: always fast":
+        giul_asgi.ledger.IDLE_S = 0.0  # type: ignore[attr-defined]  # the idle pace = the busy pace
+
+    async def chat(request: Request) -> JSONResponse:
+        return JSONResponse({"id": "x"})
+
+    node = Node("idle", idle_w=60.0, reader="simulated",
+                foreign="subtract" if config == "idle, foreign watch" else "charge")
+    app = Starlette(routes=[Route("/", chat)])
+    app.add_middleware(EnergyMiddleware, nodes=[node])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    httpx.get(f"http://127.0.0.1:{port}/")
+    time.sleep(warm)
+    ledger = next(iter(default_ledgers()))
+    reads0 = ledger.totals().reads
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    cpu1, wall1 = time.process_time(), time.perf_counter()
+    reads1 = ledger.totals().reads
+    server.should_exit = True
+    thread.join(10)
+    return {"config": config, "card": "gateway", "cpu_pct": 100.0 * (cpu1 - cpu0) / (wall1 - wall0),
+            "reads_per_s": (reads1 - reads0) / (wall1 - wall0)}
+
+
+def one(config: str, card: str, seconds: float, warm: float) -> dict[str, Any]:
+    """In the child: start the ledger, let it settle, measure."""
+    if card == "gateway":
+        return one_gateway(config, seconds, warm)
+    from giul_asgi.config import Node
+    from giul_asgi.ledger import Ledger
+    from giul_asgi.ledger.poller import Poller
+
+    factory = _reader_factory(card)
+    node = Node(
+        "idle", idle_w=60.0, reader="simulated" if factory is None else "auto",
+        foreign="subtract" if config == "idle, foreign watch" else "charge", reader_factory=factory,
+    )
+    ledger = Ledger(node)
+    if config == "before: always fast":
+        # The poller as it was: no busy signal, so the busy pace for ever.
+        ledger._poller = Poller(node.name, ledger._build, ledger, clock=ledger.clock)
+        ledger._poller.start()
+    else:
+        ledger.ensure_started()
+    window = ledger.open() if config == "window open" else None
+    time.sleep(warm)
+    reads0 = ledger.totals().reads
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    cpu1, wall1 = time.process_time(), time.perf_counter()
+    reads1 = ledger.totals().reads
+    if window is not None:
+        ledger.close(window)
+    ledger.stop()
+    return {"config": config, "card": card, "cpu_pct": 100.0 * (cpu1 - cpu0) / (wall1 - wall0),
+            "reads_per_s": (reads1 - reads0) / (wall1 - wall0)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warm", type=float, default=3.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cards", default=",".join(CARDS))
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--one", nargs=2, metavar=("CONFIG", "CARD"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], args.one[1], args.seconds, args.warm)))
+        return 0
+    cards = [c for c in args.cards.split(",") if c]
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for repeat in range(args.repeats):
+        for card in cards:
+            for config in CONFIGS:
+                if card == "gateway" and config == "window open":
+                    continue
+                out = subprocess.run(
+                    [sys.executable, __file__, "--one", config, card, "--seconds", str(args.seconds),
+                     "--warm", str(args.warm)], capture_output=True, text=True, check=True, cwd=ROOT,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
+                result = json.loads(out.stdout.strip().splitlines()[-1])
+                runs.setdefault((card, config), []).append(result)
+                print(f"repeat {repeat + 1}: {card:9} {config:22} {result['cpu_pct']:.3f}% "
+                      f"{result['reads_per_s']:.1f} reads/s", file=sys.stderr)
+    lines = [
+        f"# idle: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node() or 'host'}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        "",
+        f"python benchmarks/idle.py --seconds {args.seconds:g} --warm {args.warm:g} --repeats {args.repeats}",
+        "",
+        "CPU share of one idle process (every thread), `time.process_time()` over wall time, "
+        f"{args.seconds:g} s a run after {args.warm:g} s to settle; configurations interleaved; "
+        f"median (min-max) of {args.repeats}.",
+        "",
+        "| card | configuration | CPU, % of a core | reads/s | target <= 0.3% |",
+        "|---|---|---:|---:|---|",
+    ]
+    for card in cards:
+        for config in CONFIGS:
+            rs = runs.get((card, config))
+            if not rs:
+                continue
+            cpu = [r["cpu_pct"] for r in rs]
+            reads = statistics.median(r["reads_per_s"] for r in rs)
+            verdict = "n/a (busy by design)" if config in ("window open", "before: always fast") \
+                else ("met" if statistics.median(cpu) <= TARGET else "MISSED")
+            lines.append(f"| {card} | {config} | {statistics.median(cpu):.3f} ({min(cpu):.3f}-{max(cpu):.3f})"
+                         f" | {reads:.1f} | {verdict} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
