@@ -4,8 +4,10 @@ For local NVML: what each GPU answers (energy counter, instant and averaged powe
 compute processes), the counter's *observed* update period (read fast for a couple of
 seconds and time its steps), the counter against integrated instant power over the same
 span, and, when asked (``idle_seconds``), the measured idle floor to paste into config.
-For an agent URL, a dcgm-exporter URL and an upstream metrics URL: whether they answer,
-what they say, and what a reader built on them reads. A host without a GPU says so.
+For an agent URL, a dcgm-exporter URL, the local DCGM host engine through ``dcgmi dmon``
+and an upstream metrics URL: whether they answer, what they say, and what a reader built on
+them reads (through an agent, each GPU's counter period on its own). ``--idle`` measures the
+floor through every reader reached, or says why not. A host without a GPU says so.
 
 ``probe_report`` returns a JSON-able dict (``--json``); ``format_probe`` prints it for
 people with sensible rounding. Nothing here invents a figure: what was not measured is
@@ -269,6 +271,39 @@ def _dcgm_section(url: str, gpus: Sequence[int], idle_seconds: float | None,
         reader.close()
 
 
+def _dcgmi_section(gpus: Sequence[int], seconds: float, idle_seconds: float | None,
+                   clock: Callable[[], float], sleep: Callable[[float], None]) -> dict[str, Any]:
+    """What ``dcgmi dmon`` streams here: its first sample, the counter's period as the stream
+    shows it (never finer than dmon's interval), and the idle floor when asked."""
+    from .readers.dcgmi import DcgmiReader
+
+    try:
+        reader = DcgmiReader(ReaderSpec(gpus=tuple(gpus), clock=clock))
+    except GiulError as exc:
+        return {"reachable": False, "reason": exc.message, "remedy": exc.remedy or None,
+                "error": type(exc).__name__}
+    try:
+        first = reader.read()
+        out: dict[str, Any] = {
+            "reachable": True, "command": " ".join(reader.command), "kind": reader.kind,
+            "interval_ms": reader.interval_ms, "notes": list(reader.notes),
+            "reading": {"joules": first.joules, "watts": first.watts, "error": first.error},
+        }
+
+        def read_one() -> tuple[float | None, float | None]:
+            r = reader.read()
+            return r.joules, r.watts
+
+        out["sampling"] = analyse(sample(read_one, seconds, clock=clock, sleep=sleep,
+                                         interval=reader.period / 4))
+        out["sampling"]["note"] = f"through dcgmi dmon: never finer than its {reader.interval_ms} ms interval"
+        if idle_seconds:
+            out["idle"] = _idle(reader, idle_seconds, clock, sleep)
+        return out
+    finally:
+        reader.close()
+
+
 def _upstream_section(url: str) -> dict[str, Any]:
     from .readers.upstream import UpstreamLoad
 
@@ -293,6 +328,7 @@ def probe_report(
     agent_url: str | None = None,
     agent_token: str | None = None,
     dcgm_url: str | None = None,
+    dcgmi: bool = False,
     upstream_url: str | None = None,
     idle_seconds: float | None = None,
     sample_seconds: float = 2.0,
@@ -314,12 +350,16 @@ def probe_report(
                                          clock, sleep)
     if dcgm_url:
         report["dcgm"] = _dcgm_section(dcgm_url, gpus, idle_seconds, clock, sleep)
+    if dcgmi:
+        report["dcgmi"] = _dcgmi_section(gpus, sample_seconds, idle_seconds, clock, sleep)
+        if idle_seconds and not report["dcgmi"]["reachable"]:
+            report["dcgmi"]["idle"] = _not_measured(f"dcgmi gave no sample ({report['dcgmi']['reason']})")
     if upstream_url:
         report["upstream"] = _upstream_section(upstream_url)
-    if idle_seconds and not (local or agent_url or dcgm_url):
+    if idle_seconds and not (local or agent_url or dcgm_url or dcgmi):
         report["idle"] = _not_measured("no reader to measure it through: drop --no-local, or give "
-                                       "--agent URL or --dcgm URL")
-    for reader, url in (("nvml", None), ("agent", agent_url), ("dcgm", dcgm_url)):
+                                       "--agent URL, --dcgm URL or --dcgmi")
+    for reader, url in (("nvml", None), ("agent", agent_url), ("dcgm", dcgm_url), ("dcgmi", None)):
         idle = (report.get(reader) or {}).get("idle") or {}
         if idle.get("idle_w") is not None:
             report["suggested_config"] = {"reader": reader, "idle_w": round(idle["idle_w"], 1),
@@ -389,6 +429,21 @@ def format_probe(report: dict[str, Any]) -> str:
             lines.append("  compute processes: " + ("cannot be listed" if procs is None else (
                 ", ".join(f"{p['pid']} ({p['name'] or '?'})" for p in procs) or "none")))
             _format_idle(nvml.get("idle"), lines)
+    dmon = report.get("dcgmi")
+    if dmon is not None:
+        if not dmon["reachable"]:
+            lines.append(f"dcgmi dmon: not available: {dmon['reason']}")
+            if dmon.get("remedy"):
+                lines.append(f"  remedy: {dmon['remedy']}")
+        else:
+            r = dmon["reading"]
+            lines.append(f"dcgmi dmon: `{dmon['command']}`, {dmon['kind']}, "
+                         f"joules {_fmt(r['joules'], '', 3)}, watts {_fmt(r['watts'])}"
+                         + (f", error: {r['error']}" if r["error"] else ""))
+            _format_sampling(dmon["sampling"], lines)
+            for note in dmon["notes"]:
+                lines.append(f"  note: {note}")
+        _format_idle(dmon.get("idle"), lines)
     for key, title in (("agent", "agent"), ("dcgm", "dcgm-exporter"), ("upstream", "upstream")):
         section = report.get(key)
         if section is None:
@@ -439,6 +494,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", metavar="URL", default=None, help="a giul-agent to probe")
     parser.add_argument("--agent-token-file", metavar="FILE", default=None, help="that agent's bearer token")
     parser.add_argument("--dcgm", metavar="URL", default=None, help="a dcgm-exporter /metrics URL to probe")
+    parser.add_argument("--dcgmi", action="store_true",
+                        help="probe the local DCGM host engine through `dcgmi dmon` (reader='dcgmi')")
     parser.add_argument("--upstream", metavar="URL", default=None,
                         help="a vLLM/TGI/SGLang /metrics URL to probe")
     parser.add_argument("--no-local", action="store_true", help="skip local NVML")
@@ -455,7 +512,8 @@ def run(args: argparse.Namespace) -> int:
         with open(args.agent_token_file, encoding="utf-8") as fh:
             token = fh.read().strip() or None
     report = probe_report(local=not args.no_local, gpus=gpus, agent_url=args.agent, agent_token=token,
-                          dcgm_url=args.dcgm, upstream_url=args.upstream, idle_seconds=args.idle,
+                          dcgm_url=args.dcgm, dcgmi=args.dcgmi, upstream_url=args.upstream,
+                          idle_seconds=args.idle,
                           sample_seconds=args.sample)
     print(json.dumps(report, indent=2) if args.json else format_probe(report))
     return 0

@@ -157,3 +157,44 @@ def test_cli_idle_without_a_reader_prints_the_reason(capsys: pytest.CaptureFixtu
 
     assert cli_main(["probe", "--no-local", "--idle", "1"]) == 0
     assert "idle floor: not measured: no reader to measure it through" in capsys.readouterr().out
+
+
+def _fake_dcgmi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    import os
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "dcgmi"
+    fake = Path(__file__).with_name("fake_dcgmi.py")
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_DCGMI_MODE", mode)
+
+
+def test_probe_through_dcgmi_times_its_stream_and_measures_the_idle_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_dcgmi(tmp_path, monkeypatch, "ok")
+    report = probe_report(local=False, dcgmi=True, gpus=(0,), sample_seconds=1.0, idle_seconds=1.0)
+    json.dumps(report)
+    dmon = report["dcgmi"]
+    assert dmon["reachable"] and dmon["kind"] == "counter"
+    assert "dmon -e 155,156 -d 100 -i 0" in dmon["command"]
+    assert dmon["sampling"]["counter_steps"] >= 3
+    assert 0.08 <= dmon["sampling"]["update_period_s"] <= 0.3  # dmon's 100 ms interval
+    assert dmon["idle"]["idle_w"] == pytest.approx(61.0, rel=0.1)  # the fake GPU 0 draws 60-62 W
+    assert report["suggested_config"]["reader"] == "dcgmi"
+    assert "dcgmi dmon: `" in format_probe(report)
+
+
+def test_probe_through_dcgmi_says_why_it_cannot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_dcgmi(tmp_path, monkeypatch, "hostengine")
+    report = probe_report(local=False, dcgmi=True, sample_seconds=0.2, idle_seconds=1.0)
+    dmon = report["dcgmi"]
+    assert not dmon["reachable"] and dmon["error"] == "HostEngineUnavailable"
+    assert "nvidia-dcgm" in dmon["remedy"]
+    assert dmon["idle"]["reason"].startswith("dcgmi gave no sample (dcgmi could not reach the DCGM host")
+    text = format_probe(report)
+    assert "dcgmi dmon: not available: dcgmi could not reach" in text and "  remedy: start it" in text
