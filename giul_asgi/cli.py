@@ -3,7 +3,8 @@
     giul-asgi demo                 a metered OpenAI-compatible gateway over a simulated GPU server
     giul-asgi demo --load 200      ... sends 200 mixed requests, prints what they cost, exits
     giul-asgi demo --upstream URL  ... meters a real upstream (vLLM, TGI, llama.cpp) instead
-    giul-asgi probe [--json]       what each GPU (or agent, dcgm-exporter) answers, measured
+    giul-asgi probe [--json]       what each GPU (or agent, dcgm-exporter, dcgmi) answers, measured
+    giul-asgi probe --idle 30      ... and the idle floor through every reader it reaches
     giul-asgi agent                serve this host's GPU counters to remote gateways
     giul-asgi --version
 
