@@ -143,3 +143,29 @@ def test_power_gauge_is_integrated_with_the_trapezoid_rule_and_says_its_doubt() 
     assert math.isclose(span.total_j, 20.0) and math.isclose(span.above_j, 20.0 - 7.0)
     assert span.unc_j > 0  # the change happened somewhere in between
     assert tape.feed(Reading(5.0, watts=100.0))[0].__class__ is Gap  # no sample for 4.9 s
+
+
+def test_after_a_long_silence_the_step_is_stamped_within_a_period_of_the_read() -> None:
+    """A reader that dozes for a second while no window is open (issue 16's idle reader)
+    sees many steps at once on waking: the span must end at the last of them, where the
+    learnt line puts it, not in the middle of the silence, where it moved a window's first
+    joules into time with no window open (a false foreign load of 25-30 W, and a 2 s
+    request charged 2.5 J of the 21.8 J it caused)."""
+    readings = counter_readings(200.0, period=0.1, seconds=4.0)
+    tape = Tape("counter", IDLE)
+    pieces: list[Span | Gap] = []
+    woke: list[Span | Gap] = []
+    for reading in readings:
+        if 6.0 < reading.t < 7.0:
+            continue  # no read for a second
+        got = tape.feed(reading)
+        if reading.t > 7.0 and not woke:
+            woke = got
+        pieces += got
+    first_read = next(r.t for r in readings if r.t > 7.0)
+    last_step = 0.037 + 0.1 * math.floor((first_read - 0.037) / 0.1)
+    assert woke and abs(woke[-1].t1 - last_step) < 0.01
+    assert not [p for p in pieces if isinstance(p, Gap) and p.t0 > 5.5]
+    for span in spans(pieces):  # 130 W above idle, before, across and after the silence
+        if span.t0 > 5.5:
+            assert 110 < span.above_j / span.seconds < 150

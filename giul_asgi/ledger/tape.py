@@ -100,6 +100,7 @@ class StepClock:
         self._brackets: deque[tuple[float, float]] = deque(maxlen=BRACKETS)
         self._reads = deque[bool](maxlen=64)  # True for a read that saw a change
         self.period: float | None = None
+        self._line: tuple[float, float] | None = None  # a step on the learnt line, its +-
 
     def saw(self, changed: bool) -> None:
         self._reads.append(changed)
@@ -112,6 +113,15 @@ class StepClock:
 
     def step(self, a: float, b: float) -> tuple[float, float]:
         """The step seen by a read at ``b`` after an unchanged read at ``a``: (time, +-)."""
+        period, line = self.period, self._line
+        if period is not None and line is not None and b - a > 1.5 * period:
+            # A long silence (a reader that dozed while no window was open, a slow read):
+            # many steps fell in it, the last within a period before the read, where the
+            # learnt line puts it. The bracket's middle would put the step, and the span's
+            # end, in the silence; nor does so wide a bracket teach the line anything.
+            anchor, spread = line
+            at = anchor + period * math.floor((b - anchor) / period)
+            return min(max(at, b - period, a + 1e-6), b), min(period / 2, spread + period / 20)
         self._brackets.append((a, b))
         if self.every_read:
             return b, 0.0
@@ -144,6 +154,7 @@ class StepClock:
         # The newest step itself jitters about the line: where the line falls outside its
         # bracket, the step was at the bracket's nearer end.
         clamped = min(max(at, a + 1e-6), b)
+        self._line = (at, spread)
         return clamped, min(half, max(spread, abs(clamped - at), 0.0005))
 
 
