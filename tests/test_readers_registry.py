@@ -10,7 +10,8 @@ from giul_asgi.readers.registry import READERS, Options
 
 
 def test_every_named_reader_has_a_factory() -> None:
-    assert {"auto", "nvml", "agent", "dcgm", "dcgmi", "smi", "rapl", "amd", "simulated", "none"} <= set(READERS)
+    names = {"auto", "nvml", "agent", "dcgm", "dcgmi", "smi", "rapl", "amd", "simulated", "none"}
+    assert names <= set(READERS)
     from giul_asgi.config import READER_KINDS
 
     assert set(READER_KINDS) <= set(READERS)  # every name a node may give builds a reader
