@@ -329,6 +329,15 @@ def sketch_ab(repeats: int) -> dict[str, Any]:
             bins[k] = bins.get(k, 0) + 1
         return bins
 
+    def cell_of(add: Any) -> Any:  # a slot of 100 records
+        cell = Cell()
+        for v, tok, sec in triples[:100]:
+            add(cell, v, tok, sec, False)
+        return cell
+
+    cell_bytes = {"shared keys": held(lambda: cell_of(Cell.add)),
+                  "own int keys": held(lambda: cell_of(_add_calling_bin_of))}
+
     exact = sorted(values)
     dd = DDSketch(0.01)
     bins: dict[int, int] = {}
@@ -344,6 +353,7 @@ def sketch_ab(repeats: int) -> dict[str, Any]:
                             for o, q in zip(ours_q, qs, strict=True))}
     return {"us": {k: statistics.median(v) for k, v in runs.items()},
             "bytes_10_values": {"ddsketch": held(dd_few), "histogram": held(ours_few)},
+            "cell_bytes": cell_bytes,
             "worst_quantile_error": err}
 
 
@@ -482,7 +492,9 @@ def main() -> None:
         f"{ab['worst_quantile_error']['ddsketch']:.2%} | {ab['worst_quantile_error']['histogram']:.2%} |",
         "",
         f"Bins inlined in Cell.add: {us['Cell.add']:.3f} us a record; calling sketch.bin_of per "
-        f"value: {us['Cell.add calling bin_of']:.3f} us.",
+        f"value: {us['Cell.add calling bin_of']:.3f} us. A cell of 100 records keyed with the "
+        f"shared bin ints (sketch.KEYS): {ab['cell_bytes']['shared keys']:,.0f} bytes; with an "
+        f"int object of its own per bin: {ab['cell_bytes']['own int keys']:,.0f} bytes.",
     ]
     print("\n".join(lines))
 

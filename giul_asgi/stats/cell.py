@@ -8,7 +8,8 @@ counter reset). Rounding a figure to the nanojoule and a duration to the microse
 below what either is measured to.
 
 A figure whose ``joules`` is unknown (``None``, zero, negative, NaN) counts as a request
-and in the durations, never as 0 J in a sum or a quantile.
+and in the durations, never as 0 J in a sum or a quantile. Its carbon likewise: grams are
+summed (in nanograms) over the figures whose ``carbon_grams`` is known, and counted.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .labels import METHOD_MIX, OUTCOMES
-from .sketch import BINS, BINS_PER_DECADE, JPT, LOWEST_EXP, SEC, J, quantiles
+from .sketch import BINS, BINS_PER_DECADE, JPT, KEYS, LOWEST_EXP, SEC, J, quantiles
 
 NJ = 1e9  # nanojoules a joule
+NG = 1e9  # nanograms a gram
 US = 1e6  # microseconds a second
 _INF = math.inf
 _log10 = math.log10
@@ -35,8 +37,8 @@ class Cell:
     """Requests, known figures, nanojoules, tokens, microseconds, contended requests, and the
     occupied bins of the three sketches (``sketch.J + bin`` and so on) in one dict."""
 
-    __slots__ = ("bins", "contended", "known", "nj", "requests", "tok_nj", "tok_tokens",
-                 "tokens", "us")
+    __slots__ = ("bins", "carbon_known", "carbon_ng", "contended", "known", "nj", "requests",
+                 "tok_nj", "tok_tokens", "tokens", "us")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -47,27 +49,31 @@ class Cell:
         self.tok_tokens = 0  # their tokens
         self.us = 0  # microseconds
         self.contended = 0
+        self.carbon_known = 0  # requests whose carbon grams are known
+        self.carbon_ng = 0  # their nanograms
         self.bins: dict[int, int] = {}
 
     def add(self, joules: float | None, tokens: int | None, seconds: float,
-            contended: bool | None) -> None:
+            contended: bool | None, carbon: float | None = None) -> None:
         """Count one request. Checks everything before it changes anything, so a record that
         raises (a field of the wrong type) leaves the cell as it was."""
         if not 0.0 <= seconds < _INF:
             seconds = 0.0
+        if carbon is not None and not 0.0 <= carbon < _INF:
+            carbon = None
         s = seconds if seconds > 1e-6 else 1e-6
         k = _ceil(_log10(s) * BINS_PER_DECADE) - _FIRST
-        ks = SEC + (0 if k < 0 else (_TOP if k > _TOP else k))
+        ks = KEYS[SEC + (0 if k < 0 else (_TOP if k > _TOP else k))]
         if tokens is not None and not (isinstance(tokens, int) and tokens > 0):
             tokens = None
         bins = self.bins
         if joules is not None and 0.0 < joules < _INF:
             nj = int(joules * NJ + 0.5)
             k = _ceil(_log10(joules) * BINS_PER_DECADE) - _FIRST
-            kj = 0 if k < 0 else (_TOP if k > _TOP else k)
+            kj = KEYS[0 if k < 0 else (_TOP if k > _TOP else k)]
             if tokens:
                 k = _ceil(_log10(joules / tokens) * BINS_PER_DECADE) - _FIRST
-                kt = JPT + (0 if k < 0 else (_TOP if k > _TOP else k))
+                kt = KEYS[JPT + (0 if k < 0 else (_TOP if k > _TOP else k))]
                 self.tok_nj += nj
                 self.tok_tokens += tokens
                 bins[kt] = bins.get(kt, 0) + 1
@@ -78,6 +84,9 @@ class Cell:
             self.tokens += tokens
         if contended is True:
             self.contended += 1
+        if carbon is not None:
+            self.carbon_known += 1
+            self.carbon_ng += int(carbon * NG + 0.5)
         self.requests += 1
         self.us += int(seconds * US + 0.5)
         bins[ks] = bins.get(ks, 0) + 1
@@ -94,6 +103,8 @@ class Cell:
         self.tok_tokens += other.tok_tokens
         self.us += other.us
         self.contended += other.contended
+        self.carbon_known += other.carbon_known
+        self.carbon_ng += other.carbon_ng
         mine = self.bins
         if not mine:
             mine.update(other.bins)
@@ -112,6 +123,8 @@ class Cell:
         self.tok_tokens += sign * other.tok_tokens
         self.us += sign * other.us
         self.contended += sign * other.contended
+        self.carbon_known += sign * other.carbon_known
+        self.carbon_ng += sign * other.carbon_ng
 
     def copy(self) -> Cell:
         cell = Cell()
@@ -140,7 +153,8 @@ class Cell:
 
     def state(self) -> list[Any]:
         return [self.requests, self.known, self.nj, self.tokens, self.tok_nj, self.tok_tokens,
-                self.us, self.contended, [x for kv in self.bins.items() for x in kv]]
+                self.us, self.contended, [x for kv in self.bins.items() for x in kv],
+                self.carbon_known, self.carbon_ng]
 
     @classmethod
     def from_state(cls, state: Sequence[Any]) -> Cell:
@@ -149,6 +163,7 @@ class Cell:
          cell.contended) = (int(x) for x in state[:8])
         flat = state[8]
         cell.bins = {int(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        cell.carbon_known, cell.carbon_ng = int(state[9]), int(state[10])
         if any(not 0 <= k < 3 * BINS for k in cell.bins):
             raise ValueError("a bin out of range")
         return cell
@@ -181,6 +196,11 @@ def summary(cell: Cell, quantiles_of: Quantiles, statuses: Mapping[str, int],
             "p50": rounded(1.0 / jpt_p50) if jpt_p50 else None,
             "aggregate": rounded(1.0 / jpt_agg) if jpt_agg else None,
         },
+        "carbon": {
+            "known": cell.carbon_known,
+            "grams": rounded(cell.carbon_ng / NG) if cell.carbon_known else None,
+            "mean": rounded(cell.carbon_ng / NG / cell.carbon_known) if cell.carbon_known else None,
+        },
         "seconds": {
             "sum": rounded(cell.us / US),
             "p50": rounded(s50),
@@ -202,4 +222,4 @@ def rounded(value: float | None) -> float | None:
     return float(f"{value:.6g}")
 
 
-__all__ = ["NJ", "US", "Cell", "Point", "Quantiles", "rounded", "summary"]
+__all__ = ["NG", "NJ", "US", "Cell", "Point", "Quantiles", "rounded", "summary"]

@@ -38,6 +38,9 @@ BINS = (HIGHEST_EXP - LOWEST_EXP) * BINS_PER_DECADE + 1
 _FIRST = LOWEST_EXP * BINS_PER_DECADE  # the upper edge exponent of bin 0
 #: Where each sketch's bins start in a cell's one dict.
 J, JPT, SEC = 0, BINS, 2 * BINS
+#: Every bin's key as one shared int object: an int above 256 is an object of its own, so
+#: cells that key their dicts with these save 28 bytes an entry (about a third of a cell).
+KEYS: tuple[int, ...] = tuple(range(3 * BINS))
 _log10 = math.log10
 _ceil = math.ceil
 
@@ -132,6 +135,7 @@ __all__ = [
     "HIGHEST",
     "JOULE_BUCKETS",
     "JPT",
+    "KEYS",
     "LOWEST",
     "LOWEST_EXP",
     "SEC",

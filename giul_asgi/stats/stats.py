@@ -4,16 +4,21 @@ Every metered request is counted once, from its settled figure, whatever became 
 response. Figures arrive in batches on a ledger's reader thread (:meth:`EnergyStats.settled`,
 the :class:`~giul_asgi.listeners.Listener` contract): one lock a batch, and each record goes
 into one cell, its key's cell of the current step, in constant time. Windows and groups
-are merged when someone reads (:meth:`snapshot`, :meth:`counters`): reads are rare, records
-are not.
+are merged when someone reads (:meth:`snapshot`, :meth:`counters`, :meth:`state`): reads are
+rare, records are not. A reader folds the past steps' cells into the windows' slots
+(:mod:`.rolling`) and keeps, per window, the merge per group label of the closed slots
+(:mod:`.groups`), so that the next read adds only what closed since.
 
 Memory is bounded by keys x slots x bins, whatever the number of requests:
 
 * keys <= ``labels.key_bound(max_keys)`` (``max_keys`` + 140: method x outcome x status
   class past the bound), each group at most ``max_labels`` names;
-* slots per key <= ``Geometry.slots_per_key()``: 1 current + the rings' ``points`` + base
-  (68 with the default windows: 6 + 30 + 30 + 2);
+* cells per key <= ``Geometry.slots_per_key()``: 1 current + ``pending_steps`` past steps
+  not folded yet + the rings' ``points`` + base + the since-start merge (93 with the default
+  windows: 1 + 24 + 6 + 30 + 30 + 2);
 * bins per cell <= ``3 * sketch.BINS`` (three sketches of 1756 bins);
+* what readers keep: per window, labels x (3 x 1756) dense counts, and the closed slots'
+  points (labels x ``points``);
 * node samples <= nodes x (longest window's steps + 2).
 
 :meth:`EnergyStats.size` counts them; tests/test_stats.py checks the bound at 1e5 and 1e6
@@ -34,7 +39,7 @@ from typing import Any
 from ..energy import Energy
 from ..errors import ConfigError
 from ..listeners import Settled
-from .cell import NJ, Cell, Point
+from .cell import NG, NJ, Cell, Point
 from .groups import Sums, Table, points, table, window_table
 from .labels import NONE, Key, Labels, is_key, key_bound
 from .nodes import NodeSamples
@@ -43,7 +48,7 @@ from .sketch import BINS, JOULE_BUCKETS, joule_buckets
 from .snapshot import Points, Reading, render
 
 #: Format of :meth:`EnergyStats.state` (what one worker writes for the others).
-STATE_SCHEMA = "giul-asgi/stats-state/2"
+STATE_SCHEMA = "giul-asgi/stats-state/3"
 Counter = tuple[tuple[str, str, str, str, str], int, int, float, int, list[int]]
 
 
@@ -117,7 +122,7 @@ class EnergyStats:
                     if rolling is None:
                         rolling = self._rolling(labels)
                     cell = rolling.cell if rolling.step == step else rolling.at(step)
-                    cell.add(e.joules, e.tokens, e.seconds, e.contended)
+                    cell.add(e.joules, e.tokens, e.seconds, e.contended, e.carbon_grams)
                 except Exception:
                     dropped += 1
             self.dropped += dropped
@@ -322,6 +327,20 @@ class EnergyStats:
                     acc[4] = list(map(add, acc[4], joule_buckets(current.bins)))
         return [(five, n, known, nj / NJ, tokens, buckets)
                 for five, (n, known, nj, tokens, buckets) in merged.items()]
+
+    def carbon_counters(self) -> dict[tuple[str, str, str, str], float]:
+        """Since-start grams of CO2eq per (route, node, tier, method), summed over the
+        figures whose carbon is known (labels with none are left out): exact integers."""
+        merged: dict[tuple[str, str, str, str], int] = {}
+        with self._read_lock, self._lock:
+            self._fold_all()
+            parts = [(key, r.closed_since_start(), r.open_cell(None)) for key, r in self._keys.items()]
+            sums = [(key[:4], closed.carbon_known + current.carbon_known,
+                     closed.carbon_ng + current.carbon_ng) for key, closed, current in parts]
+        for four, known, ng in sums:
+            if known:
+                merged[four] = merged.get(four, 0) + ng
+        return {four: ng / NG for four, ng in merged.items()}
 
     def _closed_buckets(self, key: Key, closed: Cell) -> list[int]:
         """``joule_buckets`` of a key's since-start closed cell, kept until it grows."""
