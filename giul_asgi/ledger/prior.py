@@ -62,6 +62,10 @@ class Prior:
         self._settled = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
         self._growth: deque[float] = deque(maxlen=RESIDUALS)  # settled doubt added after close
+        # The ranks of both, computed once after they change rather than at every figure
+        # (two sorts of 256 per figure were most of a window's open and close: A/B 3.9 ->
+        # 1.6 us in benchmarks/overhead.py's breakdown).
+        self._ranks: tuple[float, float, float] | None = None
 
     # -- learning -------------------------------------------------------------------------
     def learn_span(
@@ -89,6 +93,7 @@ class Prior:
             actual = window.share - first.reported
             self._residuals.append((actual - first.guess) / first.scale)
             self._growth.append(max(0.0, measured_unc - first.unc) / first.scale)
+            self._ranks = None
 
     # -- guessing -------------------------------------------------------------------------
     def rate(self, window: Window, alone: bool) -> tuple[float | None, float, str]:
@@ -134,21 +139,34 @@ class Prior:
     def growth_at(self) -> float:
         """How much the measured part's uncertainty grew from close to settling, per unit
         of scale, for COVER of past windows (0 before there are enough)."""
-        growth = self._growth
-        rank = math.ceil((len(growth) + 1) * COVER)
-        return sorted(growth)[rank - 1] if rank <= len(growth) else 0.0
+        return self._learnt()[2]
 
     def bias_spread(self) -> tuple[float, float]:
         """The learnt bias of first figures' interpolated parts (their median residual) and
         the spread about it that covers COVER of them (split conformal)."""
-        residuals = self._residuals
-        n = len(residuals)
-        rank = math.ceil((n + 1) * COVER)
-        if rank > n:
-            return 0.0, COLD_SPREAD
-        ordered = sorted(residuals)
-        bias = ordered[n // 2]
-        return bias, sorted(abs(r - bias) for r in ordered)[rank - 1]
+        bias, spread, _ = self._learnt()
+        return bias, spread
+
+    def _learnt(self) -> tuple[float, float, float]:
+        ranks = self._ranks
+        if ranks is None:
+            self._ranks = ranks = (*_bias_spread(self._residuals), _rank(self._growth))
+        return ranks
+
+
+def _rank(values: deque[float]) -> float:
+    rank = math.ceil((len(values) + 1) * COVER)
+    return sorted(values)[rank - 1] if rank <= len(values) else 0.0
+
+
+def _bias_spread(residuals: deque[float]) -> tuple[float, float]:
+    n = len(residuals)
+    rank = math.ceil((n + 1) * COVER)
+    if rank > n:
+        return 0.0, COLD_SPREAD
+    ordered = sorted(residuals)
+    bias = ordered[n // 2]
+    return bias, sorted(abs(r - bias) for r in ordered)[rank - 1]
 
 
 __all__ = ["COLD_SPREAD", "COVER", "FLOOR", "Fill", "Prior"]
