@@ -100,7 +100,10 @@ def test_a_bad_setting_fails_loudly_when_the_node_is_built() -> None:
     assert Node("n", workers_dir="off").workers_dir == "off"
 
 
-def test_a_place_that_cannot_work_says_why_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_place_that_cannot_work_says_why_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(place_module, "_logged", set())  # as in a fresh process
     blocker = tmp_path / "file"
     blocker.write_text("")
     found = resolve(blocker / "sub")
