@@ -9,12 +9,14 @@ from plain dicts or a TOML file, and a bad key is named in the error.
 from __future__ import annotations
 
 import math
+import os
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from .errors import ConfigError
 from .hostshare.place import check_setting
@@ -56,6 +58,14 @@ class Node:
     ``workers_dir`` (or ``$GIUL_ASGI_LOAD_DIR``) moves where the host's worker processes
     share the card (their windows in flight, books, statistics and records), which they do
     by default in a per-user directory on shared memory; ``False`` or ``"off"`` shares nothing.
+    ``carbon_g_per_kwh`` (a fixed grid intensity, gCO2eq/kWh) or ``carbon`` (a URL or a
+    file polled every ``carbon_every_s`` from the node's reader thread: Electricity Maps'
+    ``carbon-intensity/latest``, with ``carbon_token`` or ``$ELECTRICITYMAPS_TOKEN``, or a
+    plain ``{"g_per_kwh": ..., "signal": ...}``) and ``pue`` (the facility's power usage
+    effectiveness, 1.0 when not given) give each figure its ``carbon_grams``; a polled value
+    older than ``carbon_max_age_s`` is not used (the grams are unknown). A file that does not
+    exist yet is accepted (a job may write it after startup: the node says so until it does),
+    but its directory must exist. See :mod:`giul_asgi.carbon`.
     ``reader_factory`` builds a custom reader (tests, benchmarks); it is not part of the
     node's identity.
     """
@@ -74,6 +84,12 @@ class Node:
     serving: str | int | None = None
     upstream: str | None = None
     workers_dir: str | bool | None = None
+    carbon: str | None = None
+    carbon_g_per_kwh: float | None = None
+    pue: float | None = None
+    carbon_token: str | None = field(default=None, repr=False)
+    carbon_every_s: float = 300.0
+    carbon_max_age_s: float = 6 * 3600.0
     reader_factory: Callable[[Node], Reader] | None = field(
         default=None, compare=False, repr=False
     )
@@ -147,6 +163,72 @@ class Node:
             raise ConfigError(
                 f"node {self.name!r}: serving must be a process name or a PID, got {self.serving!r}"
             )
+        _check_carbon(self)
+
+
+def _check_carbon(node: Node) -> None:
+    """The carbon keys of a node (see :mod:`giul_asgi.carbon`): each mistake said once, here."""
+    from .carbon import MAX_G_PER_KWH, MAX_PUE
+
+    name = node.name
+    if node.carbon is not None and node.carbon_g_per_kwh is not None:
+        raise ConfigError(
+            f"node {name!r}: give carbon (a source to poll) or carbon_g_per_kwh (a fixed "
+            "intensity), not both", remedy="keep the one you mean")
+    if node.carbon_g_per_kwh is not None:
+        g = _number(node.carbon_g_per_kwh, f"node {name!r}: carbon_g_per_kwh")
+        if not 0 <= g <= MAX_G_PER_KWH:
+            raise ConfigError(
+                f"node {name!r}: carbon_g_per_kwh must be 0 to {MAX_G_PER_KWH:g} gCO2eq/kWh, got {g:g}",
+                remedy="give the grid's intensity in grams per kWh (grids range about 10 to 1,200)")
+        object.__setattr__(node, "carbon_g_per_kwh", g)
+    if node.carbon is not None:
+        target = node.carbon
+        if isinstance(target, os.PathLike):
+            target = os.fspath(target)
+        if not isinstance(target, str) or not target:
+            raise ConfigError(f"node {name!r}: carbon must be a URL or a file path, got {target!r}",
+                              remedy='carbon = "https://api.electricitymap.org/v3/carbon-intensity/'
+                                     'latest?zone=DE" or "/run/carbon.json"')
+        if "://" in target:
+            parts = urlsplit(target)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError(
+                    f"node {name!r}: carbon URL must be http(s)://host/..., got {target!r}",
+                    remedy="give a file as a plain path, without file://")
+        elif not Path(target).parent.is_dir():
+            raise ConfigError(
+                f"node {name!r}: carbon file {target!r}: its directory does not exist",
+                remedy="fix the path (the file itself may be written after startup)")
+        object.__setattr__(node, "carbon", target)
+    if node.carbon_token is not None:
+        if not isinstance(node.carbon_token, str) or not node.carbon_token:
+            raise ConfigError(f"node {name!r}: carbon_token must be a non-empty string")
+        if node.carbon is None or "://" not in node.carbon:
+            raise ConfigError(f"node {name!r}: carbon_token is sent to a carbon URL, and there is none",
+                              remedy="set carbon to the provider's URL, or drop the token")
+    has_carbon = node.carbon is not None or node.carbon_g_per_kwh is not None
+    if node.pue is not None:
+        pue = _number(node.pue, f"node {name!r}: pue")
+        if not 1.0 <= pue <= MAX_PUE:
+            raise ConfigError(
+                f"node {name!r}: pue must be 1 to {MAX_PUE:g}, got {pue:g}",
+                remedy="PUE is the facility's energy over the IT equipment's (1.1 to 2.5 in "
+                       "practice); leave it out for the card's energy alone")
+        if not has_carbon:
+            raise ConfigError(f"node {name!r}: pue scales a carbon figure, and the node has none",
+                              remedy="set carbon_g_per_kwh or carbon, or drop pue")
+        object.__setattr__(node, "pue", pue)
+    for key in ("carbon_every_s", "carbon_max_age_s"):
+        value = _number(getattr(node, key), f"node {name!r}: {key}")
+        if value <= 0:
+            raise ConfigError(f"node {name!r}: {key} must be > 0 s, got {value:g}")
+        object.__setattr__(node, key, value)
+    if node.carbon_max_age_s < node.carbon_every_s:
+        raise ConfigError(
+            f"node {name!r}: carbon_max_age_s ({node.carbon_max_age_s:g} s) is shorter than "
+            f"carbon_every_s ({node.carbon_every_s:g} s): every value would expire before the next poll",
+            remedy="poll more often or keep values longer (defaults: 300 s and 6 h)")
 
 
 @dataclass(frozen=True)
