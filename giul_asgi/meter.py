@@ -235,7 +235,8 @@ class Meter:
                     0.0, share.settled, share.provenance, t_mark - prev, split=share.split,
                     contended=share.contended, foreign_watts=share.foreign_watts,
                 )
-                stages[stage] = grade(part, node=self.node, tier=name, route=self.route)
+                stages[stage] = grade(part, node=self.node, tier=name, route=self.route,
+                                      carbon=self.ledger.carbon)
                 prev = t_mark
         return grade(
             share, node=self.node, tier=name, route=self.route, tokens=self._tokens,
@@ -253,6 +254,7 @@ class Meter:
 
         It may run on the node's reader thread: keep it cheap and thread-safe.
         """
+            carbon=self.ledger.carbon,
 
         def settled() -> None:
             callback(self.figure())

@@ -27,8 +27,9 @@ from typing import Any
 
 import anyio
 
+from ..carbon import CarbonFeed, carbon_of, static_status
 from ..config import Node
-from ..energy import Provenance, Share
+from ..energy import Carbon, Provenance, Share
 from ..errors import ConfigError, GiulError, ReaderUnavailable
 from ..hostshare import ENV as HOSTSHARE_ENV
 from ..hostshare import CardTable, Place, Setting, card_key, log_unshared, resolve
@@ -123,6 +124,11 @@ class Ledger:
         self._workers: _Workers | None = None
         self._stopped = False
         if reader is not None:
+        #: The node's carbon intensity now (None: none configured): what every figure is
+        #: graded with, one attribute read; a polled one is replaced by the reader thread.
+        self.carbon: Carbon | None
+        self._carbon_feed: CarbonFeed | None
+        self.carbon, self._carbon_feed = carbon_of(node)
             self.attach(reader)
 
     # -- the request path: O(1), no I/O ---------------------------------------------------
@@ -272,8 +278,28 @@ class Ledger:
         mine = self.totals()
         workers = self._workers
         return workers.host(mine) if workers is not None else mine
+        if self._carbon_feed is not None:
+            chores.append((self._carbon_feed.tick_s, self._carbon_tick))
 
     def own_load(self) -> tuple[float, int]:
+    def _carbon_tick(self) -> None:
+        """The carbon intensity, re-aged (and a due poll started, off this thread)."""
+        if self._carbon_feed is not None:
+            self.carbon = self._carbon_feed.tick()
+
+    @property
+    def carbon_health(self) -> dict[str, Any] | None:
+        """Where the node's carbon intensity comes from and how it is going (``/energy``)."""
+        feed = self._carbon_feed
+        if feed is None:
+            return static_status(self.carbon) if self.carbon is not None else None
+        status = feed.status()
+        poller = self._poller
+        if feed.polls == 0 and (poller is None or poller.health.state == "unavailable"):
+            status["reason"] = ("not polled: the node's reader thread polls it, and none runs (it "
+                                "starts with the first request; a node without a reader has none)")
+        return status
+
         """This process's window-seconds integral on the node so far, and windows open."""
         with self._lock:
             return self.book.load_at(self.clock())
@@ -365,6 +391,8 @@ class Ledger:
         await anyio.to_thread.run_sync(self.stop, timeout, abandon_on_cancel=True)
 
     # -- the books ------------------------------------------------------------------------
+        if self._carbon_feed is not None:
+            self._carbon_feed.close()
     def totals(self) -> LedgerTotals:
         with self._lock:
             book = self.book.totals()
