@@ -241,6 +241,7 @@ class Meter:
         return grade(
             share, node=self.node, tier=name, route=self.route, tokens=self._tokens,
             token_kind=self.token_kind, hint_per_1k=hint, stages=stages, id=self.id,
+            carbon=self.ledger.carbon,
         )
 
     @property
@@ -254,7 +255,6 @@ class Meter:
 
         It may run on the node's reader thread: keep it cheap and thread-safe.
         """
-            carbon=self.ledger.carbon,
 
         def settled() -> None:
             callback(self.figure())

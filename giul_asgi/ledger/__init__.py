@@ -123,12 +123,12 @@ class Ledger:
         self._poller: Poller | None = None
         self._workers: _Workers | None = None
         self._stopped = False
-        if reader is not None:
         #: The node's carbon intensity now (None: none configured): what every figure is
         #: graded with, one attribute read; a polled one is replaced by the reader thread.
         self.carbon: Carbon | None
         self._carbon_feed: CarbonFeed | None
         self.carbon, self._carbon_feed = carbon_of(node)
+        if reader is not None:
             self.attach(reader)
 
     # -- the request path: O(1), no I/O ---------------------------------------------------
@@ -269,19 +269,10 @@ class Ledger:
         # Other worker processes on this card: shared by default, through the host's place.
         self._workers = _Workers(self, self.node.workers_dir)
         chores.append((WORKERS_EVERY_S, self._workers))
-        return chores
-
-    def host_totals(self) -> LedgerTotals:
-        """:meth:`totals` for the whole host: every worker process's charges on this card
-        summed (what ``/energy`` and ``/metrics`` show); this process's alone where the
-        workers cannot share (``workers`` is then 1)."""
-        mine = self.totals()
-        workers = self._workers
-        return workers.host(mine) if workers is not None else mine
         if self._carbon_feed is not None:
             chores.append((self._carbon_feed.tick_s, self._carbon_tick))
+        return chores
 
-    def own_load(self) -> tuple[float, int]:
     def _carbon_tick(self) -> None:
         """The carbon intensity, re-aged (and a due poll started, off this thread)."""
         if self._carbon_feed is not None:
@@ -300,6 +291,15 @@ class Ledger:
                                 "starts with the first request; a node without a reader has none)")
         return status
 
+    def host_totals(self) -> LedgerTotals:
+        """:meth:`totals` for the whole host: every worker process's charges on this card
+        summed (what ``/energy`` and ``/metrics`` show); this process's alone where the
+        workers cannot share (``workers`` is then 1)."""
+        mine = self.totals()
+        workers = self._workers
+        return workers.host(mine) if workers is not None else mine
+
+    def own_load(self) -> tuple[float, int]:
         """This process's window-seconds integral on the node so far, and windows open."""
         with self._lock:
             return self.book.load_at(self.clock())
@@ -382,6 +382,8 @@ class Ledger:
             log.warning("node %r: the reader did not stop in time; left behind", self.node.name)
         if self._workers is not None:
             self._workers.close()  # the other workers keep this one's figures, frozen
+        if self._carbon_feed is not None:
+            self._carbon_feed.close()
         with self._lock:
             settled = self.book.force_settle()
         _fire(settled)
@@ -391,8 +393,6 @@ class Ledger:
         await anyio.to_thread.run_sync(self.stop, timeout, abandon_on_cancel=True)
 
     # -- the books ------------------------------------------------------------------------
-        if self._carbon_feed is not None:
-            self._carbon_feed.close()
     def totals(self) -> LedgerTotals:
         with self._lock:
             book = self.book.totals()
