@@ -28,6 +28,7 @@ from .energy import Energy, Provenance, Share, grade
 from .errors import ConfigError
 from .ledger import Ledger, Ledgers, Ticket, Window, default_ledgers
 from .listeners import Listener
+from .tenants import tenant_name
 
 log = logging.getLogger("giul_asgi.meter")
 
@@ -56,6 +57,8 @@ class Meter:
         self.route = route
         self.token_kind = token_kind
         self.id = f"{_PREFIX}{next(_ids):x}"
+        #: Who the request is for (a name, or ``key:`` and a hash): the middleware sets it.
+        self.tenant: str | None = None
         self._sync = sync
         self._ledgers = ledgers
         self._catalog = catalog or _NO_NAMES
@@ -141,12 +144,22 @@ class Meter:
     def token_count(self) -> int | None:
         return self._tokens
 
-    def bind(self, node: Node | str | None = None, tier: Tier | str | None = None) -> Meter:
+    def bind(
+        self, node: Node | str | None = None, tier: Tier | str | None = None, *,
+        tenant: str | None = None,
+    ) -> Meter:
         """Move this request to another node and/or tier once the handler knows its upstream.
 
         The time already spent on the old node is given back to it, unattributed: a request
-        is charged only on the node that served it.
+        is charged only on the node that served it. ``tenant`` names who the request is for
+        (made safe as :func:`~giul_asgi.tenants.tenant_name`; a key goes through
+        :func:`~giul_asgi.tenants.hashed` first, never as it is).
         """
+        if tenant is not None:
+            if not isinstance(tenant, str):
+                raise TypeError(f"tenant must be a str, got {type(tenant).__name__}")
+            self.tenant = tenant_name(tenant)
+            self._final = None
         if tier is not None:
             self.tier = self._lookup(tier, Tier)
         if node is not None:
@@ -241,6 +254,7 @@ class Meter:
         return grade(
             share, node=self.node, tier=name, route=self.route, tokens=self._tokens,
             token_kind=self.token_kind, hint_per_1k=hint, stages=stages, id=self.id,
+            tenant=self.tenant,
             carbon=self.ledger.carbon,
         )
 

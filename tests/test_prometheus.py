@@ -56,7 +56,7 @@ async def test_two_instances_sum_to_the_requests_they_served() -> None:
     per_request = {n for n in names if not n.startswith("giul_node_")}
     assert not any("mean" in n or "avg" in n for n in per_request)  # counters, never averages
     labels = {k for p in parsed for (n, lab), _ in p.items() if n == "giul_requests_total" for k, _ in lab}
-    assert labels == {"route", "node", "tier", "method", "outcome"}
+    assert labels == {"route", "node", "tier", "method", "tenant", "outcome"}
 
 
 def test_a_gateway_registers_the_collector_in_its_own_registry() -> None:
@@ -66,7 +66,8 @@ def test_a_gateway_registers_the_collector_in_its_own_registry() -> None:
     registry.register(EnergyCollector(stats, ledgers=None))
     text = generate_latest(registry).decode()
     assert samples(text)[("giul_energy_joules_total",
-                          (("method", "measured"), ("node", "n"), ("route", "/r"), ("tier", "t")))] == 2.0
+                          (("method", "measured"), ("node", "n"), ("route", "/r"), ("tenant", "<none>"),
+                           ("tier", "t")))] == 2.0
     assert isinstance(httpx, object)
 
 

@@ -145,7 +145,7 @@ class Exchange:
             joules=None, method="unknown", node=meter.node, route=meter.route,
             tier=meter.tier.name if meter.tier is not None else None,
             token_kind=meter.token_kind, error=f"internal error: {type(exc).__name__}: {exc}",
-            id=meter.id,
+            id=meter.id, tenant=meter.tenant,
         )
 
     # -- how it ended ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ..listeners import Listener, Listeners
 from ..meter import Meter
 from ..records import RecordStore
 from ..serve.access import check_token
+from ..tenants import TenantSetting, tenant_source
 from .exchange import Exchange
 from .options import Options, check_callable
 from .responders import choose
@@ -62,6 +63,12 @@ class EnergyMiddleware:
     ``decide(scope) -> (node, tier) | None`` routes anything patterns cannot; a handler can
     re-bind with ``current_meter().bind(node=..., tier=...)``.
 
+    ``tenant`` says who each request is for: a request header name (``"x-api-key"``,
+    ``"authorization"``: the value is hashed, never kept) or a function ``scope -> str |
+    None`` (its name is used, made safe); a handler may ``bind(tenant=...)``. The
+    statistics keep the ``max_tenants`` (100) tenants with the most joules under their own
+    label and the rest under ``<other>``.
+
     ``settings`` are :class:`~giul_asgi.asgi.options.Options`' fields (``energy_key``,
     ``inject_json``, ``max_body``, ``stream_event``, ``usage_energy``, ``trailers``,
     ``token_kind``, ``settle_timeout``, ``startup_timeout``, ``energy_path``,
@@ -85,10 +92,18 @@ class EnergyMiddleware:
         otel: OtelSpans | None = None,
         endpoint_token: str | None = None,
         endpoint_guard: Guard | None = None,
+        tenant: TenantSetting = None,
         **settings: Any,
     ) -> None:
         self.app = app
+        if isinstance(tenant, str):  # a header name is a plain setting; a function is held
+            settings["tenant_header"], tenant = tenant, None
+        if stats is not None and "max_tenants" in settings:
+            raise ConfigError("max_tenants applies to the statistics the middleware builds",
+                              remedy="pass EnergyStats(max_tenants=...) as stats=, or leave stats unset")
         self.options = options = Options.build(**settings)
+        #: Resolves a request's tenant (None: no tenants, and nothing is done per request).
+        self._tenant = tenant_source(tenant if tenant is not None else options.tenant_header)
         check_callable("decide", decide, remedy="pass a function scope -> (node, tier) or None")
         node_list = list(nodes or ())
         if not node_list:
@@ -113,7 +128,7 @@ class EnergyMiddleware:
         if stats is None:
             from ..stats import EnergyStats
 
-            stats = EnergyStats()
+            stats = EnergyStats(max_tenants=options.max_tenants)
         self.stats = stats
         #: Every settled figure by request id, for /energy/requests/{id}.
         self.records = records if records is not None else RecordStore()
@@ -180,6 +195,8 @@ class EnergyMiddleware:
             self.ledgers.get(target.node), target.tier, route=target.label,
             token_kind=self.options.token_kind, ledgers=self.ledgers, catalog=self._catalog,
         )
+        if self._tenant is not None:
+            meter.tenant = self._tenant(scope)
         meter.open()
         exchange = Exchange(
             scope, receive, send, meter, choose=self._choose,

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..energy import TOKEN_KINDS
 from ..errors import ConfigError
+from ..tenants import DEFAULT_MAX_TENANTS, header_name
 
 DEFAULT_EXCLUDE: tuple[str, ...] = (
     "/energy", "/energy/*", "/metrics", "/health", "/healthz", "/livez", "/readyz", "/ping",
@@ -55,6 +56,12 @@ class Options:
     metrics_path: str | None = None
     #: Paths never metered.
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    #: The request header whose value (hashed, never kept) names the tenant; None: none
+    #: (the middleware's ``tenant=`` takes a header name or a function).
+    tenant_header: str | None = None
+    #: The tenants with the most joules that keep a label of their own in the statistics
+    #: the middleware builds; the rest count under ``<other>``.
+    max_tenants: int = DEFAULT_MAX_TENANTS
 
     @classmethod
     def build(cls, **values: Any) -> Options:
@@ -94,6 +101,13 @@ class Options:
                               remedy='serve metrics elsewhere, e.g. metrics_path="/metrics"')
         if "exclude" in values:
             values["exclude"] = _patterns(values["exclude"])
+        if values.get("tenant_header") is not None:
+            values["tenant_header"] = header_name(values["tenant_header"])
+        if "max_tenants" in values:
+            _count("max_tenants", values["max_tenants"], remedy=f"use the default, {DEFAULT_MAX_TENANTS}")
+            if values["max_tenants"] < 1:
+                raise ConfigError("max_tenants=0 would give no tenant a label of its own",
+                                  remedy="use at least 1, or leave tenant unset for no tenants")
         return cls(**values)
 
 

@@ -27,7 +27,9 @@ from prometheus_client.registry import Collector
 from ..stats import JOULE_BUCKETS
 from . import ledger_totals
 
-LABELS = ["route", "node", "tier", "method"]
+#: A tenant label is one of the statistics' bounded tenants (``<other>`` for the rest, and
+#: ``<none>`` where no tenant was resolved): never a key.
+LABELS = ["route", "node", "tier", "method", "tenant"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 #: ledger totals field -> (metric name, help); counters since start, in joules or counts.
@@ -78,7 +80,7 @@ class EnergyCollector(Collector):
             "giul_request_joules", "Joules per request (known figures).", labels=LABELS)
         by_key: dict[tuple[str, ...], list[Any]] = {}
         for key, n, known, j, tok, buckets in view.counters():
-            labels = key[:4]
+            labels = (*key[:4], key[5])  # key: route, node, tier, method, outcome, tenant
             requests.add_metric([*labels, key[4]], n)
             acc = by_key.setdefault(labels, [0, 0, 0.0, 0, [0] * len(buckets)])
             acc[0] += n

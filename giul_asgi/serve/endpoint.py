@@ -3,8 +3,9 @@
 :class:`EnergyEndpoint` is a small ASGI app that the middleware hands its own paths to
 (``endpoint.handles(path)``); it can also be mounted on its own. It serves
 
-- ``GET {path}``: the JSON of docs/energy-schema.md (``"schema": "giul-asgi/energy/1"``),
-  filtered by ``?window=``, ``?route=``, ``?node=``; the page instead when the client
+- ``GET {path}``: the JSON of docs/energy-schema.md (``"schema": "giul-asgi/energy/2"``),
+  filtered by ``?window=``, ``?route=``, ``?node=``, ``?tenant=`` (a tenant's label as
+  /energy shows it: ``key:`` and a hash, never a key); the page instead when the client
   prefers ``text/html`` (a browser);
 - ``GET {path}/ui``: the page (tables and plots, drawn in the browser from the same JSON,
   refreshing itself);
@@ -127,11 +128,11 @@ class EnergyEndpoint:
     # -- content --------------------------------------------------------------------------
 
     def snapshot(self, window: str | None = None, route: str | None = None,
-                 node: str | None = None) -> dict[str, Any]:
+                 node: str | None = None, tenant: str | None = None) -> dict[str, Any]:
         """The documented JSON: the statistics, with node sections from the ledgers."""
         totals = list(ledger_totals(self.ledgers))
         self.stats.observe_nodes(totals)
-        data: dict[str, Any] = self.stats.snapshot(window, route=route, node=node)
+        data: dict[str, Any] = self.stats.snapshot(window, route=route, node=node, tenant=tenant)
         data.setdefault("workers", 1)
         view = self.stats.view() if hasattr(self.stats, "view") else self.stats
         rates = view.node_rates() if hasattr(view, "node_rates") else {}
@@ -208,7 +209,7 @@ def _ledger_dict(totals: Any) -> dict[str, Any]:
 
 
 def _filters(query: dict[str, list[str]]) -> dict[str, str | None]:
-    return {k: _first(query, k) for k in ("window", "route", "node")}
+    return {k: _first(query, k) for k in ("window", "route", "node", "tenant")}
 
 
 def _first(query: dict[str, list[str]], key: str) -> str | None:

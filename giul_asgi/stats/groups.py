@@ -1,4 +1,4 @@
-"""The groups /energy shows (per route, node, tier, method), merged from keys at read time.
+"""The groups /energy shows (per route, node, tier, method, tenant), merged from keys at read time.
 
 A key's cells hold one (route, node, tier, method, outcome, status class). A group label
 (a route, say) is the merge of every key that has it. Merging every key's whole window at
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .cell import Cell, Point, summary
-from .labels import GROUPS, Key
+from .labels import GROUP_INDEX, GROUPS, Key
 from .sketch import JPT, Counts, J
 
 #: group -> label -> Group
@@ -101,7 +101,7 @@ def table(cells: Iterable[tuple[Key, Cell]]) -> Table:
     by_group = [out[g] for g in GROUPS]
     for key, cell in cells:
         if cell.requests:
-            for i, groups in enumerate(by_group):
+            for i, groups in zip(GROUP_INDEX, by_group, strict=True):
                 group = groups.get(key[i])
                 if group is None:
                     group = groups[key[i]] = Group()
@@ -160,10 +160,10 @@ class Sums:
                     mine[name] = g.dense_copy()
 
     def add_cell(self, key: Key, cell: Cell, sign: int = 1) -> None:
-        """Add one key's cell to its four labels (``sign=-1``: take it back out)."""
+        """Add one key's cell to its labels (``sign=-1``: take it back out)."""
         if not cell.requests:
             return
-        for i, group in enumerate(GROUPS):
+        for i, group in zip(GROUP_INDEX, GROUPS, strict=True):
             by_name = self.table[group]
             mine = by_name.get(key[i])
             if mine is None:

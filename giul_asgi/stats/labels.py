@@ -1,8 +1,10 @@
 """The label key a record counts under, and the bound on how many keys there are.
 
 A settled figure is counted under one key: ``(route, node, tier, method, outcome, status
-class)``. The groups ``/energy`` shows (per route, node, tier, method) and the outcome and
-status counts are merges of keys made when someone reads, so a record touches one key only.
+class, tenant)``. The groups ``/energy`` shows (per route, node, tier, method, tenant) and the
+outcome and status counts are merges of keys made when someone reads, so a record touches
+one key only. A tenant comes already bounded (:class:`~giul_asgi.tenants.TenantPlaces`: the
+tenants with the most joules, the rest ``<other>``); its own bound here only guards merges.
 
 Labels come from the app (route templates, node and tier names) and could be unbounded
 (a path pattern fallback, a client-chosen tier). Two bounds keep memory finite whatever
@@ -17,16 +19,17 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..listeners import OUTCOMES
 
-#: The groups ``/energy`` reports, in key order.
-GROUPS: tuple[str, ...] = ("route", "node", "tier", "method")
+#: The groups ``/energy`` reports, and where each one's label is in a :data:`Key`.
+GROUPS: tuple[str, ...] = ("route", "node", "tier", "method", "tenant")
+GROUP_INDEX: tuple[int, ...] = (0, 1, 2, 3, 6)
 METHOD_MIX: tuple[str, ...] = ("measured", "estimated", "simulated", "unknown")
 STATUS_CLASSES: tuple[str, ...] = ("1xx", "2xx", "3xx", "4xx", "5xx", "none")
 OTHER = "<other>"
 NONE = "<none>"
 UNMATCHED = "<unmatched>"
 
-#: ``(route, node, tier, method, outcome, status class)``
-Key = tuple[str, str, str, str, str, str]
+#: ``(route, node, tier, method, outcome, status class, tenant)``
+Key = tuple[str, str, str, str, str, str, str]
 
 
 def status_class(status: object) -> str:
@@ -37,8 +40,9 @@ def status_class(status: object) -> str:
 
 
 def is_key(key: tuple[object, ...]) -> bool:
-    """Whether ``key`` is a :data:`Key` (six strings, the last three from their sets)."""
-    return (len(key) == 6 and all(isinstance(x, str) for x in key) and key[3] in METHOD_MIX
+    """Whether ``key`` is a :data:`Key` (seven strings, method, outcome and status class
+    from their sets)."""
+    return (len(key) == 7 and all(isinstance(x, str) for x in key) and key[3] in METHOD_MIX
             and key[4] in OUTCOMES and key[5] in STATUS_CLASSES)
 
 
@@ -51,9 +55,10 @@ class Labels:
     """Turns a record's raw labels into its bounded :data:`Key` (not thread-safe: the
     statistics call it under their lock)."""
 
-    __slots__ = ("_keys", "_names", "max_keys", "max_labels")
+    __slots__ = ("_keys", "_most", "_names", "max_keys", "max_labels")
 
-    def __init__(self, max_labels: int = 256, max_keys: int = 4096) -> None:
+    def __init__(self, max_labels: int = 256, max_keys: int = 4096,
+                 max_tenant_labels: int | None = None) -> None:
         if not (isinstance(max_labels, int) and max_labels >= 2):
             raise ConfigError(f"max_labels={max_labels!r} must be an integer of at least 2 "
                               "(one is <other>)", remedy="use the default, 256")
@@ -62,17 +67,18 @@ class Labels:
                               remedy="use the default, 4096")
         self.max_labels = max_labels
         self.max_keys = max_keys
-        self._names: tuple[set[str], set[str], set[str]] = (set(), set(), set())
+        self._names: tuple[set[str], set[str], set[str], set[str]] = (set(), set(), set(), set())
+        self._most = (max_labels, max_labels, max_labels, max(max_labels, max_tenant_labels or 0))
         self._keys: set[Key] = set()
 
     def key(self, route: object, node: object, tier: object, method: object, outcome: object,
-            status: object) -> Key:
+            status: object, tenant: object = None) -> Key:
         """The bounded key of one record's raw labels."""
         return self.bounded((
             str(route or UNMATCHED), str(node or NONE), str(tier or NONE),
             method if method in METHOD_MIX else "unknown",  # type: ignore[arg-type]
             outcome if outcome in OUTCOMES else "incomplete",  # type: ignore[arg-type]
-            status_class(status),
+            status_class(status), str(tenant or NONE),
         ))
 
     def bounded(self, key: Key) -> Key:
@@ -81,25 +87,25 @@ class Labels:
             return key
         if not is_key(key):
             raise ValueError(f"not a key: {key!r}")
-        route, node, tier, method, outcome, status = key
+        route, node, tier, method, outcome, status, tenant = key
         key = (self._name(0, route), self._name(1, node), self._name(2, tier), method, outcome,
-               status)
+               status, self._name(3, tenant))
         if key not in self._keys:
             if len(self._keys) >= self.max_keys:
-                key = (OTHER, OTHER, OTHER, method, outcome, status)
+                key = (OTHER, OTHER, OTHER, method, outcome, status, OTHER)
             self._keys.add(key)
         return key
 
     def _name(self, group: int, name: str) -> str:
         names = self._names[group]
         if name not in names:
-            if len(names) >= self.max_labels - 1 and name != OTHER:
+            if len(names) >= self._most[group] - 1 and name != OTHER:
                 return OTHER
             names.add(name)
         return name
 
 
 __all__ = [
-    "GROUPS", "METHOD_MIX", "NONE", "OTHER", "OUTCOMES", "STATUS_CLASSES", "UNMATCHED", "Key",
+    "GROUPS", "GROUP_INDEX", "METHOD_MIX", "NONE", "OTHER", "OUTCOMES", "STATUS_CLASSES", "UNMATCHED", "Key",
     "Labels", "is_key", "key_bound", "status_class",
 ]

@@ -47,11 +47,12 @@ class Reading:
     nodes: Mapping[str, list[Sample]]
 
 
-def render(reading: Reading, *, route: str | None = None, node: str | None = None) -> dict[str, Any]:
-    """The documented JSON. ``route``/``node`` keep only that row in its section (and its
-    series); the other sections and the totals are the whole host's."""
+def render(reading: Reading, *, route: str | None = None, node: str | None = None,
+           tenant: str | None = None) -> dict[str, Any]:
+    """The documented JSON. ``route``/``node``/``tenant`` keep only that row in its section
+    (and its series); the other sections and the totals are the whole host's."""
     tables = reading.table
-    keep = {"route": route, "node": node}
+    keep = {"route": route, "node": node, "tenant": tenant}
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "generated_at": reading.generated_at,
@@ -60,7 +61,7 @@ def render(reading: Reading, *, route: str | None = None, node: str | None = Non
         "window_s": reading.window_s,
         "windows": list(reading.windows),
         "step_s": reading.step_s,
-        "filters": {"route": route, "node": node},
+        "filters": keep,
         "totals": totals(tables).summary(),
     }
     for group in GROUPS:

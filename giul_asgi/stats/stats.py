@@ -39,17 +39,18 @@ from typing import Any
 from ..energy import Energy
 from ..errors import ConfigError
 from ..listeners import Settled
+from ..tenants import DEFAULT_MAX_TENANTS, TenantPlaces
 from .cell import NG, NJ, Cell, Point
 from .groups import Sums, Table, points, table, window_table
-from .labels import NONE, Key, Labels, is_key, key_bound
+from .labels import NONE, OTHER, Key, Labels, is_key, key_bound
 from .nodes import NodeSamples
 from .rolling import Geometry, Rolling
 from .sketch import BINS, JOULE_BUCKETS, joule_buckets
 from .snapshot import Points, Reading, render
 
 #: Format of :meth:`EnergyStats.state` (what one worker writes for the others).
-STATE_SCHEMA = "giul-asgi/stats-state/3"
-Counter = tuple[tuple[str, str, str, str, str], int, int, float, int, list[int]]
+STATE_SCHEMA = "giul-asgi/stats-state/4"
+Counter = tuple[tuple[str, str, str, str, str, str], int, int, float, int, list[int]]
 
 
 class EnergyStats:
@@ -57,7 +58,9 @@ class EnergyStats:
 
     ``windows`` are durations (``"1m"``, ``"15m"``, ``"1h"``) and ``"all"``; ``step_s`` is
     the finest slot; each finite window keeps at most ``points`` slots; ``max_labels``
-    bounds each group, ``<other>`` included; ``max_keys`` bounds the label keys.
+    bounds each group, ``<other>`` included; ``max_keys`` bounds the label keys;
+    ``max_tenants`` tenants, those with the most joules, keep their own label
+    (:class:`~giul_asgi.tenants.TenantPlaces`), the rest count under ``<other>``.
     """
 
     def __init__(
@@ -68,10 +71,13 @@ class EnergyStats:
         points: int = 30,
         max_labels: int = 256,
         max_keys: int = 4096,
+        max_tenants: int = DEFAULT_MAX_TENANTS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.geometry = Geometry(tuple(windows), step_s, points)
-        self.labels = Labels(max_labels, max_keys)
+        #: Which tenants keep their own label (under the lock, like the labels).
+        self.tenants = TenantPlaces(max_tenants, other=OTHER)
+        self.labels = Labels(max_labels, max_keys, max_tenant_labels=self.tenants.max_labels + 2)
         self.clock = clock
         self._lock = threading.Lock()  # records and the state
         self._read_lock = threading.Lock()  # readers, and the points they cache
@@ -114,10 +120,13 @@ class EnergyStats:
         with self._lock:
             step = self._now()
             raw = self._raw
+            places = self.tenants
             for s in batch:
                 try:
                     e = s.energy
-                    labels = (e.route, e.node, e.tier, e.method, s.outcome, s.status)
+                    t = e.tenant
+                    labels = (e.route, e.node, e.tier, e.method, s.outcome, s.status,
+                              NONE if t is None else places.label(t, e.joules))
                     rolling = raw.get(labels)
                     if rolling is None:
                         rolling = self._rolling(labels)
@@ -237,12 +246,12 @@ class EnergyStats:
 
     def snapshot(
         self, window: str | None = None, *, route: str | None = None, node: str | None = None,
-        series: bool = True,
+        tenant: str | None = None, series: bool = True,
     ) -> dict[str, Any]:
         """The documented JSON (docs/energy-schema.md) for one window, without ledgers.
 
-        ``route``/``node`` keep only that row in its section (and its series); the other
-        sections and the totals are the whole host's.
+        ``route``/``node``/``tenant`` keep only that row in its section (and its series);
+        the other sections and the totals are the whole host's.
         """
         window = window or self.default_window
         window_s = self.geometry.seconds(window)  # validates
@@ -268,7 +277,7 @@ class EnergyStats:
             window_s=window_s, windows=self.windows, step_s=self.step_s, dropped=dropped,
             table=merged, points=pts, nodes=nodes,
         )
-        return render(reading, route=route, node=node)
+        return render(reading, route=route, node=node, tenant=tenant)
 
     def _series(self, ring: int | None, step: int, current: Table) -> Points:
         """A window's points: the closed slots' kept ones, and the open slot's."""
@@ -301,10 +310,11 @@ class EnergyStats:
             self._nodes.samples = samples
 
     def counters(self) -> list[Counter]:
-        """Since-start counters per (route, node, tier, method, outcome): requests, known,
-        joules, tokens and the joules histogram (per :data:`JOULE_BUCKETS`, last is +Inf).
-        Merged at read from every key's cells; exact integers, so they never go backwards."""
-        merged: dict[tuple[str, str, str, str, str], list[Any]] = {}
+        """Since-start counters per (route, node, tier, method, outcome, tenant): requests,
+        known, joules, tokens and the joules histogram (per :data:`JOULE_BUCKETS`, last is
+        +Inf). Merged at read from every key's cells; exact integers, so they never go
+        backwards (a tenant that loses its place keeps what it counted)."""
+        merged: dict[tuple[str, str, str, str, str, str], list[Any]] = {}
         with self._read_lock:
             with self._lock:
                 self._fold_all()
@@ -315,9 +325,10 @@ class EnergyStats:
                               self._closed_buckets(key, closed), current)
                              for key, closed, current in parts]
             for key, n, known, nj, tokens, buckets, current in parts_now:
-                acc = merged.get(key[:5])
+                six = (*key[:5], key[6])
+                acc = merged.get(six)
                 if acc is None:
-                    acc = merged[key[:5]] = [0, 0, 0, 0, [0] * (len(JOULE_BUCKETS) + 1)]
+                    acc = merged[six] = [0, 0, 0, 0, [0] * (len(JOULE_BUCKETS) + 1)]
                 acc[0] += n + current.requests
                 acc[1] += known + current.known
                 acc[2] += nj + current.nj
@@ -325,17 +336,17 @@ class EnergyStats:
                 acc[4] = list(map(add, acc[4], buckets))
                 if current.known:
                     acc[4] = list(map(add, acc[4], joule_buckets(current.bins)))
-        return [(five, n, known, nj / NJ, tokens, buckets)
-                for five, (n, known, nj, tokens, buckets) in merged.items()]
+        return [(six, n, known, nj / NJ, tokens, buckets)
+                for six, (n, known, nj, tokens, buckets) in merged.items()]
 
-    def carbon_counters(self) -> dict[tuple[str, str, str, str], float]:
-        """Since-start grams of CO2eq per (route, node, tier, method), summed over the
+    def carbon_counters(self) -> dict[tuple[str, str, str, str, str], float]:
+        """Since-start grams of CO2eq per (route, node, tier, method, tenant), summed over the
         figures whose carbon is known (labels with none are left out): exact integers."""
-        merged: dict[tuple[str, str, str, str], int] = {}
+        merged: dict[tuple[str, str, str, str, str], int] = {}
         with self._read_lock, self._lock:
             self._fold_all()
             parts = [(key, r.closed_since_start(), r.open_cell(None)) for key, r in self._keys.items()]
-            sums = [(key[:4], closed.carbon_known + current.carbon_known,
+            sums = [((*key[:4], key[6]), closed.carbon_known + current.carbon_known,
                      closed.carbon_ng + current.carbon_ng) for key, closed, current in parts]
         for four, known, ng in sums:
             if known:
@@ -363,6 +374,8 @@ class EnergyStats:
                 "most_bins_a_cell": max((len(c.bins) for c in cells), default=0),
                 "raw_labels": len(self._raw),
                 "node_samples": sum(len(v) for v in self._nodes.samples.values()),
+                "tenants_placed": self.tenants.size()["placed"],
+                "tenant_candidates": self.tenants.size()["candidates"],
             }
 
     def bound(self) -> dict[str, int]:
@@ -371,7 +384,9 @@ class EnergyStats:
         per_key = self.geometry.slots_per_key()
         return {"keys": keys, "cells": keys * per_key, "most_cells_a_key": per_key,
                 "bins": keys * per_key * 3 * BINS, "most_bins_a_cell": 3 * BINS,
-                "raw_labels": 2 * self.labels.max_keys}
+                "raw_labels": 2 * self.labels.max_keys,
+                "tenants_placed": self.tenants.bound()["placed"],
+                "tenant_candidates": self.tenants.bound()["candidates"]}
 
     # -- state, for several workers -------------------------------------------------------
 
@@ -400,13 +415,13 @@ class EnergyStats:
             )
         parsed = []
         for row in state["keys"]:  # parse everything before changing anything
-            rings = [[(int(slot), Cell.from_state(data)) for slot, data in slots] for slots in row[7]]
+            rings = [[(int(slot), Cell.from_state(data)) for slot, data in slots] for slots in row[8]]
             if len(rings) != len(self.geometry.rings):
                 raise ValueError("a row with another number of rings")
-            key = tuple(row[:6])
+            key = tuple(row[:7])
             if not is_key(key):
                 raise ValueError(f"a row without a key: {key!r}")
-            parsed.append((key, Cell.from_state(row[6]), rings, Cell.from_state(row[8])))
+            parsed.append((key, Cell.from_state(row[7]), rings, Cell.from_state(row[9])))
         their_step = int(state["step"])
         with self._read_lock, self._lock:
             step = self._fold_all()
@@ -432,7 +447,7 @@ class EnergyStats:
         """New, empty statistics with this configuration and clock."""
         return EnergyStats(self.windows, step_s=self.step_s, points=self.geometry.points,
                            max_labels=self.labels.max_labels, max_keys=self.labels.max_keys,
-                           clock=self.clock)
+                           max_tenants=self.tenants.max_tenants, clock=self.clock)
 
 
 def _by_slot(
