@@ -432,3 +432,56 @@ def test_other_workers_tenants_merge_and_add_up() -> None:
     tenants = merged.snapshot("all")["tenants"]
     assert {k: v["joules"]["sum"] for k, v in tenants.items()} == {
         "a": 6.0, "b": 1.0, "c": 7.0, OTHER: 0.75}
+
+
+@pytest.mark.anyio
+async def test_ten_thousand_keys_through_the_middleware_stay_bounded_and_add_up() -> None:
+    mw = middleware(tenant="x-api-key", max_tenants=20)
+    records = heavy_tailed(10_000, 12_000, heavy=10, seed=11)
+    for key, joules in records:
+        tokens = 1000 if joules == 50.0 else 10  # a heavy key's request: 300 J, else 3 J
+        await call(mw, [(b"x-api-key", f"Bearer {key}".encode()), (b"x-tokens", str(tokens).encode())])
+    data = (await get(mw, "/energy?window=all")).json()
+    tenants = data["tenants"]
+    assert len(tenants) <= 2 * 20 + 1 and OTHER in tenants
+    assert {hashed(f"sk-{i:05d}") for i in range(10)} <= set(tenants)  # the heavy keys
+    assert sum(t["requests"] for t in tenants.values()) == data["totals"]["requests"] == 12_000
+    assert sum(t["joules"]["sum"] for t in tenants.values()) == pytest.approx(
+        data["totals"]["joules"]["sum"], rel=1e-6)
+    text = (await get(mw, "/metrics")).text.encode()
+    joules = series(text, "giul_energy_joules_total")
+    assert len(joules) <= 2 * 20 + 1
+    assert sum(joules.values()) == pytest.approx(data["totals"]["joules"]["sum"], rel=1e-6)
+    assert "sk-0" not in text.decode() and "sk-0" not in json.dumps(data)
+    size, bound = mw.stats.size(), mw.stats.bound()  # type: ignore[attr-defined]
+    for name in ("keys", "tenants_placed", "tenant_candidates"):
+        assert size[name] <= bound[name], name
+
+
+@pytest.mark.anyio
+async def test_opentelemetry_spans_carry_the_tenant_and_counters_a_bounded_one() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from giul_asgi.exporters.otel import otel_recorder
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    mw = middleware(tenant="x-api-key",
+                    otel=otel_recorder(MeterProvider(metric_readers=[reader]), max_tenants=1))
+    tracer = provider.get_tracer("test")
+    for key in ("sk-a", "sk-b", "sk-a"):
+        with tracer.start_as_current_span("server"):
+            await call(mw, [(b"x-api-key", key.encode())])
+    spans = exporter.get_finished_spans()
+    assert [dict(s.attributes or {}).get("giul.energy.tenant") for s in spans] == [
+        hashed("sk-a"), hashed("sk-b"), hashed("sk-a")]
+    points = [(dict(p.attributes), p.value) for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics if m.name == "giul.energy"
+              for p in m.data.data_points]
+    assert {a["tenant"]: v for a, v in points} == {hashed("sk-a"): 6.0, OTHER: 3.0}

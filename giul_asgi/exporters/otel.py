@@ -14,13 +14,15 @@ giul_asgi imports it, so without the extra there is no cost.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import metrics, trace
 
 from ..listeners import Settled
-from ..stats import JOULE_BUCKETS, METHOD_MIX, NONE, OUTCOMES, UNMATCHED
+from ..stats import JOULE_BUCKETS, METHOD_MIX, NONE, OTHER, OUTCOMES, UNMATCHED
+from ..tenants import DEFAULT_MAX_TENANTS, TenantPlaces
 
 
 def energy_attributes(energy: Any) -> dict[str, Any]:
@@ -39,6 +41,7 @@ def energy_attributes(energy: Any) -> dict[str, Any]:
         ("giul.energy.seconds", energy.seconds),
         ("giul.energy.joules_per_token", energy.joules_per_token),
         ("giul.energy.id", energy.id),
+        ("giul.energy.tenant", energy.tenant),
     ):
         if value is not None:
             attrs[name] = value
@@ -54,9 +57,15 @@ class OtelRecorder:
     """Span attributes and metric instruments for settled records.
 
     ``meter_provider`` defaults to the global one (``metrics.get_meter_provider()``).
+    A span carries the record's tenant (``giul.energy.tenant``); the counters carry a
+    ``tenant`` attribute bounded as the statistics bound theirs: the ``max_tenants`` with
+    the most joules, the rest ``<other>`` (:class:`~giul_asgi.tenants.TenantPlaces`).
     """
 
-    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+    def __init__(self, meter_provider: metrics.MeterProvider | None = None, *,
+                 max_tenants: int = DEFAULT_MAX_TENANTS) -> None:
+        self._tenants = TenantPlaces(max_tenants, other=OTHER)
+        self._lock = threading.Lock()  # the tenant places: batches come from every reader thread
         provider = meter_provider or metrics.get_meter_provider()
         meter = provider.get_meter("giul_asgi")
         self.energy = meter.create_counter(
@@ -91,8 +100,9 @@ class OtelRecorder:
 
     def settled(self, batch: Sequence[Settled]) -> None:
         """Count settled records (a listener). Never raises."""
-        for record in batch:
-            self._count(record.energy, record.outcome)
+        with self._lock:
+            for record in batch:
+                self._count(record.energy, record.outcome)
 
     def _count(self, energy: Any, outcome: str) -> None:
         try:
@@ -100,6 +110,8 @@ class OtelRecorder:
                 "route": energy.route or UNMATCHED, "node": energy.node or NONE,
                 "tier": energy.tier or NONE,
                 "method": energy.method if energy.method in METHOD_MIX else "unknown",
+                "tenant": NONE if energy.tenant is None
+                else self._tenants.label(energy.tenant, energy.joules),
             }
             self.requests.add(1, {**attrs, "outcome": outcome if outcome in OUTCOMES else "incomplete"})
             joules = energy.joules
@@ -120,9 +132,10 @@ class OtelRecorder:
         return None
 
 
-def otel_recorder(meter_provider: metrics.MeterProvider | None = None) -> OtelRecorder:
+def otel_recorder(meter_provider: metrics.MeterProvider | None = None, *,
+                  max_tenants: int = DEFAULT_MAX_TENANTS) -> OtelRecorder:
     """An :class:`OtelRecorder` on ``meter_provider`` (default: the global provider)."""
-    return OtelRecorder(meter_provider)
+    return OtelRecorder(meter_provider, max_tenants=max_tenants)
 
 
 __all__ = ["OtelRecorder", "energy_attributes", "otel_recorder"]
