@@ -8,8 +8,9 @@ giul_asgi imports it, so without the extra there is no cost.
   kind says which, on a span that is recording. Unknown stays absent, never 0.
 - As a listener of settled figures (``recorder.settled(batch)``), it adds each settled
   record to counters equivalent to the Prometheus ones: ``giul.energy`` (J, a
-  counter like the hardware semconv's ``hw.energy``), ``giul.requests``, ``giul.tokens``
-  and the ``giul.request.energy`` histogram (J, log-spaced bucket advice).
+  counter like the hardware semconv's ``hw.energy``), ``giul.requests``, ``giul.tokens``,
+  ``giul.carbon`` (g CO2eq, figures whose carbon is known) and the ``giul.request.energy``
+  histogram (J, log-spaced bucket advice).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def energy_attributes(energy: Any) -> dict[str, Any]:
         ("giul.energy.joules_per_token", energy.joules_per_token),
         ("giul.energy.id", energy.id),
         ("giul.energy.tenant", energy.tenant),
+        ("giul.energy.carbon_grams", energy.carbon_grams),
+        ("giul.energy.carbon_g_per_kwh", energy.carbon_g_per_kwh),
+        ("giul.energy.carbon_source", energy.carbon_source),
     ):
         if value is not None:
             attrs[name] = value
@@ -78,6 +82,9 @@ class OtelRecorder:
             description="Metered requests whose energy is unknown")
         self.tokens = meter.create_counter(
             "giul.tokens", unit="{token}", description="Tokens counted on metered requests")
+        self.carbon = meter.create_counter(
+            "giul.carbon", unit="g",
+            description="CO2eq of the energy charged to requests (figures whose carbon is known)")
         self.histogram = meter.create_histogram(
             "giul.request.energy", unit="J", description="Joules per request (known figures)",
             explicit_bucket_boundaries_advisory=list(JOULE_BUCKETS))
@@ -122,6 +129,8 @@ class OtelRecorder:
                 self.unknown.add(1, attrs)
             if isinstance(energy.tokens, int) and energy.tokens > 0:
                 self.tokens.add(energy.tokens, attrs)
+            if energy.carbon_grams is not None:
+                self.carbon.add(energy.carbon_grams, attrs)
         except Exception:
             self.errors += 1
 

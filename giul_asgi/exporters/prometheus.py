@@ -98,8 +98,21 @@ class EnergyCollector(Collector):
                 cumulative.append((bound, running))
             hist.add_metric(list(labels), cumulative, sum_value=j)
         yield from (joules, requests, unknown, tokens, hist)
+        yield carbon_family(view)
         yield from node_families(ledger_totals(self.ledgers), view)
         yield from reader_families(self.ledgers)
+
+
+def carbon_family(view: Any) -> Metric:
+    """Grams of CO2eq since start per label (figures whose carbon is known; a label with
+    none has no series: unknown is never 0)."""
+    carbon = CounterMetricFamily(
+        "giul_carbon_grams", "CO2eq of the energy charged to requests (joules x PUE x the grid's "
+        "gCO2eq/kWh / 3.6e6), over figures whose carbon is known, g.", labels=LABELS)
+    counters = view.carbon_counters() if hasattr(view, "carbon_counters") else {}
+    for labels, grams in sorted(counters.items()):
+        carbon.add_metric(list(labels), grams)
+    return carbon
 
 
 def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
@@ -157,4 +170,5 @@ def prometheus_text(collector: Collector) -> bytes:
     return generate_latest(registry)
 
 
-__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "node_families", "prometheus_text", "reader_families"]
+__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "carbon_family", "node_families", "prometheus_text",
+           "reader_families"]

@@ -139,6 +139,7 @@ class EnergyEndpoint:
         nodes = data["nodes"]
         empty = None
         readers = _reader_health(self.ledgers)
+        carbons = _carbon_health(self.ledgers)
         for t in totals:
             name = str(getattr(t, "node", None) or "<none>")
             if node is not None and name != node:
@@ -151,6 +152,7 @@ class EnergyEndpoint:
             ledger["power_w"] = watts
             ledger["reads_per_s"] = reads
             ledger["reader"] = readers.get(name)
+            ledger["carbon"] = carbons.get(name)
             nodes[name] = {**nodes[name], "ledger": ledger}
         for section in nodes.values():
             section.setdefault("ledger", None)
@@ -191,6 +193,19 @@ def _reader_health(ledgers: Any) -> dict[str, dict[str, Any]]:
             health = getattr(ledger, "health", None)
             if health is not None:
                 out[str(ledger.node.name)] = health.as_dict()
+    except Exception:  # the page never breaks on a ledger
+        pass
+    return out
+
+
+def _carbon_health(ledgers: Any) -> dict[str, dict[str, Any]]:
+    """Each node's carbon intensity: where it comes from, its age, why it is unknown."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for ledger in list(ledgers or ()):
+            health = getattr(ledger, "carbon_health", None)
+            if health is not None:
+                out[str(ledger.node.name)] = health
     except Exception:  # the page never breaks on a ledger
         pass
     return out
