@@ -364,7 +364,7 @@ def test_a_slow_provider_never_holds_the_reader_thread(provider: tuple[Provider,
     p, url = provider
     wall = Wall()
     p.stamp = iso(wall.t)
-    feed = CarbonFeed(url, every_s=300, clock=wall)
+    feed = CarbonFeed(url, every_s=300, timeout_s=WAIT_S, clock=wall)
     try:
         assert poll(feed).g_per_kwh == 302.0
         p.mode, p.g = "hold", 111
@@ -485,10 +485,10 @@ def test_the_reader_thread_polls_a_slow_provider_and_keeps_reading_the_card(
         assert health is not None
         until(lambda: health.reads > 0, "a first reading")
         reads = health.reads
-        until(lambda: health.reads >= reads + 20, "20 more readings while the provider holds")
+        until(lambda: health.reads >= reads + 10, "10 more readings while the provider holds")
         assert health.errors == 0 and health.state == "ok"
+        # no value yet (the poll is held, or timed out on a very slow machine): unknown
         assert ledger.carbon is not None and ledger.carbon.g_per_kwh is None
-        assert ledger.carbon_health["state"] == "starting"
         p.release.set()
         until(lambda: ledger.carbon is not None and ledger.carbon.g_per_kwh == 380.0,
               "the held answer taken")
