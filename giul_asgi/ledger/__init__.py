@@ -5,8 +5,10 @@ charged N times. A ledger is three parts, each with one job:
 
 - :mod:`.tape`: readings -> spans of energy above idle, or gaps (counter hygiene, step
   phase, the learnt update period, resets, stale counters, power trapezoids);
-- :mod:`.book`: spans -> shares among windows (overlaps, splits, settling, the prior that
-  fills what the card has not reported yet, foreign load, totals);
+- :mod:`.book`: spans -> shares among windows (overlaps, settling, totals), with its parts:
+  :mod:`.window` (a request's window, the splits), :mod:`.prior` (what fills what the card
+  has not reported), :mod:`.foreign` (the foreign-load watch) and :mod:`.unseen` (load this
+  process cannot see: other workers, the upstream's running requests);
 - :mod:`.poller`: the thread that builds and reads the card, every driver call bounded.
 
 This module ties them together under one lock and answers the request path: opening and
