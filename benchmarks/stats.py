@@ -24,6 +24,7 @@ call to ``sketch.bin_of`` per value, interleaved, medians of 7.
 
     python benchmarks/stats.py            # writes the table to stdout
     python benchmarks/stats.py --quick    # 1e4 and 1e5 records, fewer repeats
+    python benchmarks/stats.py --against 998a4ec   # an earlier commit's statistics beside now's
 """
 
 from __future__ import annotations
@@ -386,6 +387,73 @@ def _add_calling_bin_of(cell: Any, joules: float | None, tokens: int | None, sec
     bins[ks] = bins.get(ks, 0) + 1
 
 
+def against(kind: str, n: int) -> dict[str, Any]:
+    """Today's package, or the single-module statistics of an earlier commit (``kind`` is the
+    path of that module, written out of git), fed the same stream: record, RSS, 1h reads."""
+    figures = pool()
+    before = rss_kib()
+    clock = [1_800_000_000.0]
+    if kind == "now":
+        from giul_asgi.stats import EnergyStats
+
+        stats: Any = EnergyStats(clock=lambda: clock[0])
+        dt = SPAN_S / n * 10
+        t0 = time.perf_counter()
+        for i in range(0, n, 10):
+            clock[0] += dt
+            k = i % POOL
+            stats.settled(figures[k:k + 10])
+    else:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("giul_asgi.stats_then", kind)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        stats = module.EnergyStats(clock=lambda: clock[0])
+        record = stats.record
+        dt = SPAN_S / n
+        t0 = time.perf_counter()
+        for i in range(n):  # it records one at a time
+            clock[0] += dt
+            s = figures[i % POOL]
+            record(s.energy, outcome=s.outcome, status=s.status)
+    us = (time.perf_counter() - t0) / n * 1e6
+    grown = (rss_kib() - before) / 1024
+    t0 = time.perf_counter()
+    stats.snapshot("1h")
+    first = (time.perf_counter() - t0) * 1e3
+    after = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        stats.snapshot("1h")
+        after.append((time.perf_counter() - t0) * 1e3)
+    return {"us": us, "rss_mib": grown, "first_ms": first, "after_ms": statistics.median(after)}
+
+
+def compare(rev: str) -> None:
+    """``--against REV``: the statistics of commit REV (giul_asgi/stats.py there) beside now's."""
+    import tempfile
+
+    root = Path(__file__).parent.parent
+    source = subprocess.run(["git", "show", f"{rev}:giul_asgi/stats.py"], cwd=root, check=True,
+                            capture_output=True, text=True).stdout
+    source = source.replace("from .errors import", "from giul_asgi.errors import")
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(source)
+    lines = [f"## Against {rev} (same stream; one process each; theirs one record() at a time, "
+             "ours in batches of 10, unscraped)", "",
+             "| records | | us a record | RSS growth MiB | first 1h read ms | later 1h reads ms |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for n in (100_000, 1_000_000):
+        for kind, name in ((f.name, rev), ("now", "now")):
+            r = _run("--against-one", kind, str(n))
+            lines.append(f"| {n:,} | {name} | {r['us']:.2f} | {r['rss_mib']:.1f} "
+                         f"| {r['first_ms']:.1f} | {r['after_ms']:.1f} |")
+    os.unlink(f.name)
+    print("\n".join(lines))
+
+
 def _run(*args: str) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
@@ -397,6 +465,12 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] in ("--record", "--memory"):
         n = int(sys.argv[2])
         print(json.dumps(record_cost(n) if sys.argv[1] == "--record" else memory_and_reads(n)))
+        return
+    if len(sys.argv) > 3 and sys.argv[1] == "--against-one":
+        print(json.dumps(against(sys.argv[2], int(sys.argv[3]))))
+        return
+    if len(sys.argv) > 2 and sys.argv[1] == "--against":
+        compare(sys.argv[2])
         return
     quick = "--quick" in sys.argv
     sizes = (10_000, 100_000) if quick else (100_000, 1_000_000)
