@@ -351,10 +351,10 @@ def sketch_ab(repeats: int) -> dict[str, Any]:
         bins[k] = bins.get(k, 0) + 1
     qs = (0.5, 0.9, 0.99)
     ours_q = quantiles(bins, J, qs)
-    err = {"ddsketch": max(abs(dd.get_quantile_value(q) / exact[round(q * (len(exact) - 1))] - 1)
-                           for q in qs),
-           "histogram": max(abs(o / exact[round(q * (len(exact) - 1))] - 1)  # type: ignore[operator]
-                            for o, q in zip(ours_q, qs, strict=True))}
+    truth = [exact[round(q * (len(exact) - 1))] for q in qs]
+    theirs = [float(dd.get_quantile_value(q) or math.nan) for q in qs]
+    err = {"ddsketch": max(abs(v / t - 1) for v, t in zip(theirs, truth, strict=True)),
+           "histogram": max(abs((v or math.nan) / t - 1) for v, t in zip(ours_q, truth, strict=True))}
     return {"us": {k: statistics.median(v) for k, v in runs.items()},
             "bytes_10_values": {"ddsketch": held(dd_few), "histogram": held(ours_few)},
             "cell_bytes": cell_bytes,
