@@ -200,10 +200,15 @@ def _check_carbon(node: Node) -> None:
             raise ConfigError(
                 f"node {name!r}: carbon file {target!r}: its directory does not exist",
                 remedy="fix the path (the file itself may be written after startup)")
+        if node.reader == "none" and node.reader_factory is None:
+            raise ConfigError(
+                f"node {name!r}: carbon {target!r} is polled by the node's reader thread, and "
+                "reader='none' runs none", remedy="give a fixed carbon_g_per_kwh for this node")
         object.__setattr__(node, "carbon", target)
     if node.carbon_token is not None:
         if not isinstance(node.carbon_token, str) or not node.carbon_token:
-            raise ConfigError(f"node {name!r}: carbon_token must be a non-empty string")
+            raise ConfigError(f"node {name!r}: carbon_token must be a non-empty string",
+                              remedy="give the provider's token, or leave it out")
         if node.carbon is None or "://" not in node.carbon:
             raise ConfigError(f"node {name!r}: carbon_token is sent to a carbon URL, and there is none",
                               remedy="set carbon to the provider's URL, or drop the token")
@@ -222,7 +227,8 @@ def _check_carbon(node: Node) -> None:
     for key in ("carbon_every_s", "carbon_max_age_s"):
         value = _number(getattr(node, key), f"node {name!r}: {key}")
         if value <= 0:
-            raise ConfigError(f"node {name!r}: {key} must be > 0 s, got {value:g}")
+            raise ConfigError(f"node {name!r}: {key} must be > 0 s, got {value:g}",
+                              remedy="leave it out for the default (300 s and 6 h)")
         object.__setattr__(node, key, value)
     if node.carbon_max_age_s < node.carbon_every_s:
         raise ConfigError(

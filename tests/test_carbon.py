@@ -173,24 +173,27 @@ def grams(joules: float, pue: float, g: float) -> float:
     ({"carbon": "http://x/y", "carbon_every_s": -5}, "carbon_every_s must be > 0"),
     ({"carbon": "http://x/y", "carbon_max_age_s": "6h"}, "must be a number"),
     ({"carbon": "http://x/y", "carbon_every_s": 600, "carbon_max_age_s": 60}, "shorter than"),
+    ({"reader": "none", "carbon": "http://x/y"}, "reader='none' runs none"),
 ])
 def test_bad_carbon_settings_fail_at_build(keys: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        Node("gpu", reader="none", **keys)
+        Node("gpu", **{"reader": "auto", **keys})
     assert says in str(caught.value)
+    if "must be a number" not in says and "must be finite" not in says:  # the shared checks'
+        assert caught.value.remedy
 
 
 def test_good_carbon_settings_build_and_load_from_toml(tmp_path: Path) -> None:
     node = Node("gpu", reader="none", carbon_g_per_kwh=0, pue=1.2)  # a stated 0 is a figure
     assert node.carbon_g_per_kwh == 0.0 and node.pue == 1.2
     # a file that a job writes after startup is fine; its directory must exist
-    later = Node("gpu", reader="none", carbon=str(tmp_path / "later.json"))
+    later = Node("gpu", carbon=str(tmp_path / "later.json"))
     assert later.carbon == str(tmp_path / "later.json")
-    assert Node("gpu", reader="none", carbon=tmp_path / "p.json").carbon == str(tmp_path / "p.json")
-    assert "secret" not in repr(Node("gpu", reader="none", carbon="https://h/x", carbon_token="secret"))
+    assert Node("gpu", carbon=tmp_path / "p.json").carbon == str(tmp_path / "p.json")  # type: ignore[arg-type]
+    assert "secret" not in repr(Node("gpu", carbon="https://h/x", carbon_token="secret"))
     toml = tmp_path / "giul.toml"
     toml.write_text(
-        '[[node]]\nname = "a"\nreader = "none"\ncarbon = "https://api.electricitymap.org/v3/'
+        '[[node]]\nname = "a"\ncarbon = "https://api.electricitymap.org/v3/'
         'carbon-intensity/latest?zone=DE"\npue = 1.3\ncarbon_every_s = 600\n'
         '[[node]]\nname = "b"\nreader = "none"\ncarbon_g_per_kwh = 55\n')
     a, b = load_config(toml).nodes
@@ -524,7 +527,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 async def test_carbon_goes_out_in_the_header_the_block_the_statistics_and_the_exporters(
         tmp_path: Path) -> None:
     green = Node("green", reader="none", carbon_g_per_kwh=400.0, pue=1.2)
-    dark = Node("dark", reader="none", carbon=str(tmp_path / "never-written.json"))
+    dark = Node("dark", reader="simulated", carbon=str(tmp_path / "never-written.json"),
+                workers_dir=False)
     stats = EnergyStats()
     mw = EnergyMiddleware(app, nodes=[green, dark], tiers=[Tier("8b", 300.0)], ledgers=Ledgers(),
                           stats=stats, metrics_path="/metrics",
@@ -554,7 +558,8 @@ async def test_carbon_goes_out_in_the_header_the_block_the_statistics_and_the_ex
     assert data["nodes"]["green"]["ledger"]["carbon"]["state"] == "static"
     dark_carbon = data["nodes"]["dark"]["ledger"]["carbon"]
     assert dark_carbon["g_per_kwh"] is None and dark_carbon["source"] == "file"
-    assert "not polled" in dark_carbon["reason"]
+    assert dark_carbon["reason"] and dark_carbon["state"] in ("starting", "failing")
+    await mw.ledgers.aclose()
     lines = [line for line in metrics.splitlines() if line.startswith("giul_carbon_grams_total{")]
     assert len(lines) == 1 and 'node="green"' in lines[0] and f'route="{route}"' in lines[0]
     assert float(lines[0].rsplit(" ", 1)[1]) == pytest.approx(3 * expected, rel=1e-6)
@@ -613,3 +618,12 @@ def test_intensity_bound_is_the_same_for_settings_and_sources() -> None:
     with pytest.raises(SourceError):
         parse(json.dumps({"g_per_kwh": MAX_G_PER_KWH * 1.01}).encode(), where="x",
               default_source="url", default_as_of=0.0)
+
+
+def test_a_polled_source_that_no_reader_thread_polls_says_so(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text('{"g_per_kwh": 300}')
+    ledger = Ledger(Node("cold", reader="simulated", carbon=str(tmp_path / "c.json"), workers_dir=False))
+    health = ledger.carbon_health
+    assert health is not None and health["g_per_kwh"] is None and "not polled" in health["reason"]
+    assert ledger.carbon is not None and ledger.carbon.grams(10.0) is None
+    assert Ledger(Node("none", reader="none")).carbon_health is None
