@@ -433,3 +433,14 @@ def test_recording_on_one_thread_while_another_reads_loses_nothing() -> None:
     assert not errors
     assert stats.snapshot("all")["totals"]["joules"]["sum"] == 12000.0
     assert sum(c[1] for c in stats.counters()) == 12000
+
+
+def test_since_start_alone_counts_every_step() -> None:
+    clock = Clock()
+    stats = EnergyStats(windows=("all",), clock=clock)
+    for _ in range(30):
+        clock.t += 7.0  # steps go by: nothing rolls, everything stays
+        stats.record(energy(2.0), outcome="ok", status=200)
+    snap = stats.snapshot()
+    assert snap["window"] == "all" and snap["totals"]["requests"] == 30
+    assert snap["totals"]["joules"]["sum"] == 60.0 and sum(c[1] for c in stats.counters()) == 30

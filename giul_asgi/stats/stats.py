@@ -44,7 +44,7 @@ from .cell import NG, NJ, Cell, Point
 from .groups import Sums, Table, points, table, window_table
 from .labels import NONE, OTHER, Key, Labels, is_key, key_bound
 from .nodes import NodeSamples
-from .rolling import Geometry, Rolling
+from .rolling import Geometry, Ring, Rolling
 from .sketch import BINS, JOULE_BUCKETS, joule_buckets
 from .snapshot import Points, Reading, render
 
@@ -200,18 +200,24 @@ class EnergyStats:
             self._points.clear()
         return step
 
-    def _close(self, index: int, newest: int) -> dict[int, Table]:
-        """Under both locks: bring ring ``index``'s sums up to slot ``newest`` (adding the
-        slots that closed since the last read); returns those slots' tables."""
+    def _closing(self, index: int, newest: int) -> dict[int, list[tuple[Key, Cell]]]:
+        """Under both locks: the slots of ring ``index`` that closed since its sums were last
+        brought up to date, each as its keys' cells (closed: nothing writes them any more)."""
+        first = newest - self.geometry.rings[index][1] + 1
+        upto = self._sums[index].upto
+        return {slot: [(k, c) for k, r in self._keys.items()
+                       if (c := r.rings[index].slots.get(slot)) is not None]
+                for slot in range(first if upto is None else max(upto, first), newest)}
+
+    def _close(self, index: int, newest: int,
+               closing: dict[int, list[tuple[Key, Cell]]]) -> dict[int, Table]:
+        """Under the read lock only (records go on): add the closing slots to ring
+        ``index``'s sums and keep their points; returns their tables."""
         sums = self._sums[index]
-        n = self.geometry.rings[index][1]
-        first = newest - n + 1
-        if sums.upto is None:
-            sums.upto = first
+        first = newest - self.geometry.rings[index][1] + 1
         tables = {}
-        for slot in range(max(sums.upto, first), newest):
-            t = tables[slot] = table((k, c) for k, r in self._keys.items()
-                                     if (c := r.rings[index].slots.get(slot)) is not None)
+        for slot, cells in closing.items():
+            t = tables[slot] = table(cells)
             sums.add(t)
             self._points[(index, slot)] = points(t)
         sums.upto = newest
@@ -219,28 +225,34 @@ class EnergyStats:
             del self._points[gone]
         return tables
 
-    def _since_start(self, step: int) -> Table:
-        """Under both locks: the since-start sums, brought up to date (a new table)."""
+    def _since_start_parts(
+        self, newest: int, closing: dict[int, list[tuple[Key, Cell]]],
+    ) -> list[tuple[Key, Cell]]:
+        """Under both locks: what the since-start sums lack, but for the closing slots of the
+        longest ring: everything (copies) when they were never built, else the keys' cells of
+        the slots that closed before this read and after those sums were last brought up."""
         every = self._all
         index = self.geometry.longest
         if index is None:
-            return table((k, r.since_start()) for k, r in self._keys.items())
-        width, _ = self.geometry.rings[index]
-        newest = step // width
-        tables = self._close(index, newest)
+            return [(k, r.since_start()) for k, r in self._keys.items()]
         if every.upto is None:
-            for key, rolling in self._keys.items():
-                every.add_cell(key, rolling.closed_since_start())
-        else:
-            for slot in range(every.upto, newest):
-                t = tables.get(slot)
-                if t is not None:
+            return [(k, r.closed_since_start().copy()) for k, r in self._keys.items()]
+        return [(k, c) for slot in range(every.upto, newest) if slot not in closing
+                for k, r in self._keys.items() if (c := r.rings[index].slots.get(slot)) is not None]
+
+    def _since_start(self, newest: int, parts: list[tuple[Key, Cell]],
+                     tables: dict[int, Table]) -> Table:
+        """Under the read lock only: the since-start sums, brought up to ``newest``."""
+        every = self._all
+        if self.geometry.longest is None:
+            return table(parts)  # nothing rolls: everything, this once
+        cold = every.upto is None
+        for key, cell in parts:
+            every.add_cell(key, cell)
+        if not cold:
+            for slot, t in tables.items():
+                if slot >= every.upto:  # type: ignore[operator]
                     every.add(t)
-                else:  # not tabled by this read (the ring's sums had it): from the keys
-                    for key, rolling in self._keys.items():
-                        cell = rolling.rings[index].slots.get(slot)
-                        if cell is not None:
-                            every.add_cell(key, cell)
         every.upto = newest
         return every.table
 
@@ -258,19 +270,23 @@ class EnergyStats:
         index = self.geometry.ring_of[window]
         ring = self.geometry.longest if index is None else index
         with self._read_lock:
-            with self._lock:
+            with self._lock:  # only what records change, or copies of it
                 step = self._fold_all()
-                if index is None:
-                    closed = self._since_start(step)
-                elif ring is not None:
-                    self._close(ring, step // self.geometry.rings[ring][0])
-                    closed = self._sums[ring].table
+                newest = step if ring is None else step // self.geometry.rings[ring][0]
+                closing = self._closing(ring, newest) if ring is not None else {}
+                parts = self._since_start_parts(newest, closing) if index is None else []
                 # the open slot of each key: copies, since records go on
                 opens = [(k, r.open_cell(ring)) for k, r in self._keys.items()]
                 nodes = self._nodes.copy()
                 dropped = self.dropped
+            tables = self._close(ring, newest, closing) if ring is not None else {}
             current = table(opens)
-            merged = window_table(closed, current) if ring is not None else current
+            if index is not None:
+                merged = window_table(self._sums[index].table, current)
+            elif ring is not None:
+                merged = window_table(self._since_start(newest, parts, tables), current)
+            else:
+                merged = self._since_start(newest, parts, tables)
             pts = self._series(ring, step, current) if series else None
         reading = Reading(
             generated_at=self.clock(), started_at=self.started_at, window=window,
@@ -391,20 +407,23 @@ class EnergyStats:
     # -- state, for several workers -------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        """Everything mergeable, JSON-ready: what a worker writes for the others to read."""
+        """Everything mergeable, JSON-ready: what a worker writes for the others to read.
+        Under the lock, only copies of what records still change (base, the open slots, the
+        current cell); the closed slots, which nothing writes, are written out after it."""
         with self._read_lock, self._lock:
             step = self._fold_all()
-            rows = [[*key, r.base.state(), [[[slot, c.state()] for slot, c in ring.slots.items()]
-                                            for ring in r.rings], r.cell.state()]
-                    for key, r in self._keys.items()]
-            return {
+            parts = [(key, r.base.copy(), [_slots(ring, step) for ring in r.rings], r.cell.copy())
+                     for key, r in self._keys.items()]
+            head = {
                 "schema": STATE_SCHEMA,
                 "geometry": self.geometry.describe(),
                 "step": step,
                 "started_at": self.started_at,
                 "dropped": self.dropped,
-                "keys": rows,
             }
+        head["keys"] = [[*key, base.state(), [[[slot, c.state()] for slot, c in ring] for ring in rings],
+                         cell.state()] for key, base, rings, cell in parts]
+        return head
 
     def merge_state(self, state: Mapping[str, Any]) -> None:
         """Add another worker's :meth:`state` into these statistics (same configuration)."""
@@ -448,6 +467,12 @@ class EnergyStats:
         return EnergyStats(self.windows, step_s=self.step_s, points=self.geometry.points,
                            max_labels=self.labels.max_labels, max_keys=self.labels.max_keys,
                            max_tenants=self.tenants.max_tenants, clock=self.clock)
+
+
+def _slots(ring: Ring, step: int) -> list[tuple[int, Cell]]:
+    """A ring's slots: the closed ones as they are (nothing writes them), the open one copied."""
+    newest = step // ring.width
+    return [(slot, cell.copy() if slot >= newest else cell) for slot, cell in ring.slots.items()]
 
 
 def _by_slot(
