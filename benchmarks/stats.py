@@ -184,7 +184,30 @@ def memory_and_reads(n: int) -> dict[str, Any]:
         body = _dumps(endpoint.snapshot(window))
         return (time.perf_counter() - t0) * 1e3, len(body)
 
-    first = {w: read(w)[0] for w in windows}
+    # A reader thread keeps recording (batches of 10, a millisecond apart) while the first
+    # reads run: how long one of its batches waited, at worst (the GIL's switch interval,
+    # 5 ms, included).
+    import threading
+
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def recording() -> None:
+        k = 0
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            stats.settled(figures[k:k + 10])
+            waits.append((time.perf_counter() - t0) * 1e3)
+            k = (k + 10) % POOL
+            time.sleep(0.001)
+
+    recorder = threading.Thread(target=recording)
+    recorder.start()
+    try:
+        first = {w: read(w)[0] for w in windows}
+    finally:
+        stop.set()
+        recorder.join()
     after: dict[str, list[float]] = {w: [] for w in windows}
     per_step = max(10, round(n / SPAN_S * stats.step_s))
     body = 0
@@ -211,7 +234,9 @@ def memory_and_reads(n: int) -> dict[str, Any]:
     _dumps(view.snapshot("15m"))
     view_ms = (time.perf_counter() - t0) * 1e3
     return {"n": n, "rss_mib": grown / 1024, "size": size, "bound": bound,
-            "first_ms": first, "after_ms": {w: statistics.median(v) for w, v in after.items()},
+            "first_ms": first, "batch_wait_max_ms": max(waits, default=math.nan),
+            "batches_during_first": len(waits),
+            "after_ms": {w: statistics.median(v) for w, v in after.items()},
             "after_max_ms": {w: max(v) for w, v in after.items()}, "bytes": body,
             "state_bytes": len(text), "state_ms": state_ms,
             "merge_ms": merge_ms, "view_15m_ms": view_ms}
@@ -554,6 +579,10 @@ def main() -> None:
             + " | " + " | ".join(f"{a[w]:.1f} ({ax[w]:.1f})" for w in ("1m", "15m", "1h", "all"))
             + f" | {m['bytes']:,} | {m['state_ms']:.0f} | {m['state_bytes']:,} "
             f"| {m['merge_ms']:.0f} + {m['view_15m_ms']:.0f} |")
+    lines += ["", "While the first reads ran, a thread recording batches of 10 a millisecond apart "
+              "waited at most " + ", ".join(
+                  f"{m['batch_wait_max_ms']:.1f} ms ({m['batches_during_first']} batches, "
+                  f"{m['n']:,} records)" for m in reads) + " for one batch (GIL included)."]
     us = ab["us"]
     lines += [
         "",

@@ -229,16 +229,18 @@ class EnergyStats:
         self, newest: int, closing: dict[int, list[tuple[Key, Cell]]],
     ) -> list[tuple[Key, Cell]]:
         """Under both locks: what the since-start sums lack, but for the closing slots of the
-        longest ring: everything (copies) when they were never built, else the keys' cells of
-        the slots that closed before this read and after those sums were last brought up."""
+        longest ring: the keys' cells of its closed slots since the sums were last brought up
+        (all of them, and a copy of each key's base, when the sums were never built)."""
         every = self._all
         index = self.geometry.longest
         if index is None:
             return [(k, r.since_start()) for k, r in self._keys.items()]
-        if every.upto is None:
-            return [(k, r.closed_since_start().copy()) for k, r in self._keys.items()]
-        return [(k, c) for slot in range(every.upto, newest) if slot not in closing
-                for k, r in self._keys.items() if (c := r.rings[index].slots.get(slot)) is not None]
+        lo = -1 if every.upto is None else every.upto
+        parts = [(k, r.base.copy()) for k, r in self._keys.items()] if every.upto is None else []
+        for k, r in self._keys.items():
+            parts += [(k, c) for slot, c in r.rings[index].slots.items()
+                      if lo <= slot < newest and slot not in closing]
+        return parts
 
     def _since_start(self, newest: int, parts: list[tuple[Key, Cell]],
                      tables: dict[int, Table]) -> Table:
@@ -246,13 +248,12 @@ class EnergyStats:
         every = self._all
         if self.geometry.longest is None:
             return table(parts)  # nothing rolls: everything, this once
-        cold = every.upto is None
+        lo = -1 if every.upto is None else every.upto
         for key, cell in parts:
             every.add_cell(key, cell)
-        if not cold:
-            for slot, t in tables.items():
-                if slot >= every.upto:  # type: ignore[operator]
-                    every.add(t)
+        for slot, t in tables.items():
+            if slot >= lo:
+                every.add(t)
         every.upto = newest
         return every.table
 
