@@ -454,6 +454,8 @@ class CarbonFeed:
             "polls": self.polls, "errors": self.errors, "last_error": self.last_error,
             "remedy": self.remedy, "reason": self.reason(now),
             "next_poll_in_s": None if in_flight or math.isinf(self._next) else max(0.0, self._next - now),
+            # a poll that never ends (a hung network file system) shows here, growing
+            "poll_in_flight_s": now - self._started_at if in_flight else None,
         }
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -477,6 +479,7 @@ def static_status(carbon: Carbon) -> dict[str, Any]:
         "signal": carbon.signal, "pue": carbon.pue, "as_of": None, "age_s": None, "zone": None,
         "estimated": None, "every_s": None, "max_age_s": None, "polls": 0, "errors": 0,
         "last_error": None, "remedy": None, "reason": None, "next_poll_in_s": None,
+        "poll_in_flight_s": None,
     }
 
 

@@ -381,7 +381,10 @@ def test_a_slow_provider_never_holds_the_reader_thread(provider: tuple[Provider,
         assert p.held.wait(WAIT_S)  # the provider holds the answer now
         for _ in range(5):
             assert feed.tick().g_per_kwh == 302.0  # returns, with the last value
-        assert not feed.wait(0)  # still in flight
+        assert not feed.wait(0)  # still in flight, and said
+        assert feed.status()["poll_in_flight_s"] == 0.0 and feed.status()["next_poll_in_s"] is None
+        wall.t += 7
+        assert feed.status()["poll_in_flight_s"] == 7.0
         p.release.set()
         assert feed.wait(WAIT_S)
         assert feed.tick().g_per_kwh == 111.0
