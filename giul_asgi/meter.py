@@ -242,11 +242,13 @@ class Meter:
             stages = {}
             prev = window.t_open
             for (stage, t_mark), value in zip(window.marks, values or (), strict=False):
-                part = Share(
+                fraction = value / share.joules if share.joules else 0.0
+                part = Share(  # a stage is labelled by the same rule as its figure
                     value if share.joules is not None else None,
-                    share.uncertainty * (value / share.joules) if share.joules else 0.0,
-                    0.0, share.settled, share.provenance, t_mark - prev, split=share.split,
+                    share.uncertainty * fraction, share.interpolated * fraction,
+                    share.settled, share.provenance, t_mark - prev, split=share.split,
                     contended=share.contended, foreign_watts=share.foreign_watts,
+                    trouble=share.trouble, basis=share.basis,
                 )
                 stages[stage] = grade(part, node=self.node, tier=name, route=self.route,
                                       carbon=self.ledger.carbon)
