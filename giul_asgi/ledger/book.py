@@ -252,7 +252,12 @@ class Book:
         if unseen:
             # Load this process does not see (other workers, other replicas, direct
             # clients) draws its part of the span: ours is covered / (covered + unseen).
-            taken = above * unseen / (covered + unseen)
+            # A closed window's ramp-down tail is ours only where no window is open on the
+            # card: where another process's is, that process takes the span whole (it does
+            # not see our tail), so claiming the tail too counted it twice (4 workers:
+            # charged/caused 1.05-1.08, 1.11 with ramp_s 0.3; with this rule 1.01, 1.03).
+            mine = 0.0 if self._tails else covered
+            taken = above * unseen / (mine + unseen)
             self.external_j += taken
             self.foreign_j += taken
             self.unattributed_j += taken
