@@ -24,8 +24,8 @@ import httpx
 
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
+from .http import FetchError, HttpPoller, check_url
 from .options import Options
-from .upstream import FetchError, HttpPoller, check_url
 
 SCHEMA = "giul-agent/1"
 OPTIONS = ("timeout_s", "backoff_s", "backoff_max_s", "kind", "expect_simulated")

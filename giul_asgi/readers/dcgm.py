@@ -29,14 +29,14 @@ from typing import Literal
 import httpx
 
 from .base import Kind, ReaderSpec, Reading
-from .options import Options
-from .upstream import (
+from .http import (
     FetchError,
     HttpPoller,
     check_url,
     help_texts,
     parse_prometheus,
 )
+from .options import Options
 
 ENERGY = ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "dcgm_total_energy_consumption")
 POWER = ("DCGM_FI_DEV_POWER_USAGE", "dcgm_power_usage")
