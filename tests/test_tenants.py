@@ -485,3 +485,19 @@ async def test_opentelemetry_spans_carry_the_tenant_and_counters_a_bounded_one()
               for sm in rm.scope_metrics for m in sm.metrics if m.name == "giul.energy"
               for p in m.data.data_points]
     assert {a["tenant"]: v for a, v in points} == {hashed("sk-a"): 6.0, OTHER: 3.0}
+
+
+def test_several_workers_keep_every_tenant_label_whatever_order_their_rows_merge_in() -> None:
+    workers = []
+    for w in range(4):
+        stats = EnergyStats(clock=Clock(), max_tenants=50)
+        fed(stats, [(f"w{w}-t{i}", 1.0 + i) for i in range(50)])
+        workers.append(stats.state())
+    seen = []
+    for order in (workers, workers[::-1], workers[1::2] + workers[::2]):
+        merged = EnergyStats(clock=Clock(), max_tenants=50)
+        for state in order:
+            merged.merge_state(state)
+        text = prometheus_text(EnergyCollector(merged))
+        seen.append(series(text, "giul_energy_joules_total"))
+    assert seen[0] == seen[1] == seen[2] and len(seen[0]) == 200  # 4 x 50 tenants, none merged away

@@ -77,7 +77,11 @@ class EnergyStats:
         self.geometry = Geometry(tuple(windows), step_s, points)
         #: Which tenants keep their own label (under the lock, like the labels).
         self.tenants = TenantPlaces(max_tenants, other=OTHER)
-        self.labels = Labels(max_labels, max_keys, max_tenant_labels=self.tenants.max_labels + 2)
+        # Tenant names are bounded by the places (2 x max_tenants a worker, and <none>,
+        # <other>) and by max_keys, not by max_labels: a merge of several workers' tenants
+        # must keep every one, whatever order their rows come in, or a scrape could move a
+        # tenant's counts to <other> and back.
+        self.labels = Labels(max_labels, max_keys, max_tenant_labels=max_keys + 1)
         self.clock = clock
         self._lock = threading.Lock()  # records and the state
         self._read_lock = threading.Lock()  # readers, and the points they cache
