@@ -64,8 +64,10 @@ def hashed(secret: str | bytes) -> str | None:
     digits of its SHA-256, ``Bearer`` stripped; None when nothing is left. For handlers that
     bind a key they found elsewhere: ``current_meter().bind(tenant=hashed(key))``."""
     data = secret.encode("utf-8", "surrogatepass") if isinstance(secret, str) else bytes(secret)
-    scheme, _, rest = data.strip().partition(b" ")
-    data = rest.strip() if scheme.lower() == b"bearer" else data.strip()
+    data = data.strip()
+    head = data.split(None, 1)  # the scheme ends at any whitespace (RFC 9110: 1*SP, tabs seen)
+    if head and head[0].lower() == b"bearer":
+        data = head[1] if len(head) > 1 else b""
     if not data:
         return None
     return KEY_PREFIX + hashlib.sha256(data).hexdigest()[:HASH_HEX]

@@ -99,6 +99,7 @@ def test_a_key_becomes_the_first_16_digits_of_litellms_hash() -> None:
     want = "key:" + litellm_hash(SECRET)[:16]
     assert hashed(SECRET) == hashed(SECRET.encode()) == want
     assert hashed(f"Bearer {SECRET}") == hashed(f"bearer  {SECRET} ") == want
+    assert hashed(f"BEARER\t{SECRET}") == want
     assert hashed("sk-other") != want
     assert hashed("") is None and hashed("Bearer ") is None and hashed(b"  ") is None
 
