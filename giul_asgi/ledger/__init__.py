@@ -40,6 +40,7 @@ from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .poller import IDLE_S, Health, Poller
 from .sources import explicit, reader_factory
 from .tape import Tape
+from .tickets import Ticket, fire
 
 log = logging.getLogger("giul_asgi.ledger")
 
@@ -151,10 +152,14 @@ class Ledger:
         with self._lock:
             self.book.mark(window, name, self.clock())
 
-    def close(self, window: Window, tokens: int | None = None) -> None:
+    def close(self, window: Window, tokens: int | None = None) -> Share:
+        """Close the window and return its share at close (one lock for both)."""
         with self._lock:
             settled = self.book.close(window, self.clock(), tokens)
-        _fire(settled)
+            share = self.book.share(window)
+        if settled:
+            _fire(settled)
+        return share
 
     def abandon(self, window: Window) -> None:
         with self._lock:
@@ -164,6 +169,10 @@ class Ledger:
     def share(self, window: Window) -> Share:
         with self._lock:
             return self.book.share(window)
+
+    def share_unlocked(self, window: Window) -> Share:
+        """:meth:`share` for a caller that holds the lock (a batch of tickets)."""
+        return self.book.share(window)
 
     def stage_values(self, window: Window) -> list[float] | None:
         with self._lock:
@@ -440,13 +449,8 @@ def _target(node: Node) -> str:
 
 
 def _fire(windows: list[Window]) -> None:
-    for window in windows:
-        callbacks, window.callbacks = window.callbacks, None
-        for callback in callbacks or ():
-            try:
-                callback()
-            except Exception:  # a listener's failure is never the request's or the reader's
-                log.exception("a settled-figure callback failed")
+    # Tickets in one batch per ledger and listeners; plain callbacks one by one.
+    fire(windows)
 
 
 def _waker() -> tuple[Callable[[], Awaitable[object]], Callable[[], None]]:
@@ -622,6 +626,7 @@ __all__ = [
     "Ledgers",
     "NullReader",
     "Split",
+    "Ticket",
     "TimeSplit",
     "TokenSplit",
     "Window",
