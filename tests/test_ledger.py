@@ -80,7 +80,7 @@ def test_short_requests_get_an_honest_first_figure_not_a_confident_near_zero() -
         # Issue 16: a figure mostly interpolated said "measured"; now it is an estimate
         # that says from what.
         estimated += first.method == "estimated"
-        assert first.method == "measured" or "interpolated from the node's prior" in (first.error or "")
+        assert first.method == "measured" or "interpolated from the" in (first.error or "")
     assert len(firsts) >= 27 and hits >= 0.9 * len(firsts)
     assert estimated >= len(firsts) // 2  # 30 ms on a 100 ms counter: mostly not reported yet
     assert sorted(firsts)[len(firsts) // 2] > 0.7  # the typical first figure is not near zero
@@ -596,5 +596,6 @@ def test_a_read_that_hangs_is_booked_as_failed_by_the_watchdog() -> None:
     totals = ledger.totals()
     assert totals.read_errors >= 3 and "blocked for more than 0.1 s" in (totals.last_error or "")
     e = meter.figure()
-    assert e.settled and e.joules is None and "blocked" in (e.error or "")
+    # Never measured: unknown, or an estimate from the card's first readings that says why.
+    assert e.settled and e.method in ("unknown", "estimated") and "blocked" in (e.error or "")
     ledger.stop(timeout=0.2)

@@ -245,6 +245,8 @@ class Book:
         if not members:
             if span.t0 >= self._last_close + self.ramp_s:
                 self.foreign.witness(span, idle)
+            if seconds > 0:
+                self.prior.learn_card(above / seconds)
             self.unattributed_j += above
             return
         covered = sum(overlap for _, overlap in members)

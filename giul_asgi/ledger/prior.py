@@ -6,7 +6,9 @@ the rest at the node's *prior*, the joules per window-second it recently charged
 
 - the **run rate**, where windows ran whole spans (their draw, a ramp-down tail added apart),
   else the rate settled windows were charged (tails inside it), else recent spans' rate,
-  else (nothing learnt yet: a ledger that just started) the window's own measured rate;
+  else (nothing learnt yet: a ledger that just started) the window's own measured rate,
+  else the card's above-idle power in its first readings (windows that closed before the
+  counter's first step);
 - a **bias** and a **spread** learnt from how far earlier first figures' guesses fell from
   what their windows settled at, in units of the guess (split conformal: the spread is the
   rank that covers ``COVER`` of them; before there are enough, the whole guess);
@@ -59,6 +61,7 @@ class Prior:
         self._prior: float | None = None  # J per window-second of settled windows
         self._span_rate: float | None = None  # J per window-second of recent shared spans
         self._run_rate: float | None = None  # the same, in spans windows covered whole
+        self._card_w: float | None = None  # above-idle watts of spans no window was in
         self._settled = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
         self._growth: deque[float] = deque(maxlen=RESIDUALS)  # settled doubt added after close
@@ -79,6 +82,14 @@ class Prior:
         if all(overlap >= seconds * (1 - 1e-9) for _, overlap in members):
             run = self._run_rate
             self._run_rate = rate if run is None else run + weight * (rate - run)
+
+    def learn_card(self, watts: float) -> None:
+        """A span no window was in: the card's above-idle power then. The last resort of
+        a ledger that has learnt nothing else (its first windows closed before its first
+        counter step), so that they settle at once rather than wait for a rate."""
+        card = self._card_w
+        watts = max(0.0, watts)
+        self._card_w = watts if card is None else card + 0.5 * (watts - card)
 
     def learn_settled(self, window: Window, measured_unc: float) -> None:
         """A window settled wholly measured: its rate, and how far its first guess fell."""
@@ -106,6 +117,8 @@ class Prior:
             return self._span_rate, 0.0, "the node's first spans"
         if window.measured_s > 0 and window.share > 0:
             return window.share / window.measured_s, 0.0, "the window's own measured rate"
+        if self._card_w:
+            return self._card_w, 0.0, "the card's power in its first readings"
         return None, 0.0, "nothing yet"
 
     def first_guess(self, window: Window, alone: bool, measured_unc: float) -> First | None:
