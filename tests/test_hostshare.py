@@ -297,3 +297,33 @@ def test_a_record_kept_by_one_process_is_found_by_another(ctx: Any, tmp_path: Pa
     finally:
         stop.touch()
         proc.join(10)
+
+
+def test_a_ledger_that_cannot_share_says_so_once_and_keeps_its_own_books(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from truecard import TrueCard, TrueReader
+
+    from giul_asgi.ledger import Ledger
+
+    monkeypatch.setattr(place_module, "_logged", set())  # as in a fresh process
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    ledgers = [Ledger(Node(f"n{i}", idle_w=70.0, workers_dir=str(blocker / "sub")), TrueReader(TrueCard()))
+               for i in range(2)]
+    with caplog.at_level(logging.INFO, logger="giul_asgi.hostshare"):
+        for ledger in ledgers:
+            ledger.ensure_started()
+        deadline = time.monotonic() + 20
+        while any(lg._workers is None or lg._workers.place is None for lg in ledgers):
+            assert time.monotonic() < deadline, "the reader thread never looked for the place"
+            time.sleep(0.01)
+    try:
+        said = [r for r in caplog.records if "per process" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING and "cannot use" in said[0].getMessage()
+        for ledger in ledgers:
+            books = ledger.host_totals()
+            assert books.workers == 1 and books.charged_j == ledger.totals().charged_j
+    finally:
+        for ledger in ledgers:
+            ledger.stop(1.0)
