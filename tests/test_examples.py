@@ -278,7 +278,16 @@ def test_the_shipped_gateway_toml_loads() -> None:
     assert all(n.url == "http://127.0.0.1:8001" for n in cfg.nodes)
 
 
-def test_meter_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    runpy.run_path(str(ROOT / "examples" / "meter_local.py"), run_name="__main__")
+def test_meter_example_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import giul_asgi.ledger as ledger_module
+
+    # The example uses the process's default ledgers, as a script does; other tests in this
+    # process may have left a different node named "sim" there.
+    fresh = ledger_module.Ledgers()
+    monkeypatch.setattr(ledger_module, "_default", fresh)
+    try:
+        runpy.run_path(str(ROOT / "examples" / "meter_local.py"), run_name="__main__")
+    finally:
+        fresh.close(timeout=1.0)
     out = capsys.readouterr().out
     assert "async:" in out and "sync:" in out and "simulated" in out
