@@ -31,6 +31,8 @@ READER_KINDS: tuple[str, ...] = (
 URL_READERS: tuple[str, ...] = ("agent", "dcgm")
 SPLITS: tuple[str, ...] = ("time", "tokens")
 FOREIGN: tuple[str, ...] = ("charge", "subtract")
+#: The largest trace file a node may ask for (two are kept per node and process).
+MAX_TRACE_MB = 4096.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class Node:
     older than ``carbon_max_age_s`` is not used (the grams are unknown). A file that does not
     exist yet is accepted (a job may write it after startup: the node says so until it does),
     but its directory must exist. See :mod:`giul_asgi.carbon`.
+    ``trace`` (a directory) makes the node's ledger write what it saw, readings and windows
+    (never request content), to at most two files of ``trace_mb`` MB each, for
+    ``giul-asgi replay`` (see :mod:`giul_asgi.ledger.trace`).
     ``reader_factory`` builds a custom reader (tests, benchmarks); it is not part of the
     node's identity.
     """
@@ -90,6 +95,10 @@ class Node:
     carbon_token: str | None = field(default=None, repr=False)
     carbon_every_s: float = 300.0
     carbon_max_age_s: float = 6 * 3600.0
+    #: A directory where the ledger writes what it saw, to replay (``giul-asgi replay``):
+    #: where it goes is not the node's identity, as the reader factory is not.
+    trace: str | None = field(default=None, compare=False)
+    trace_mb: float = field(default=16.0, compare=False)
     reader_factory: Callable[[Node], Reader] | None = field(
         default=None, compare=False, repr=False
     )
@@ -164,6 +173,39 @@ class Node:
                 f"node {self.name!r}: serving must be a process name or a PID, got {self.serving!r}"
             )
         _check_carbon(self)
+        _check_trace(self)
+
+
+def _check_trace(node: Node) -> None:
+    """Where a node's trace goes (see :mod:`giul_asgi.ledger.trace`): a directory that
+    exists and this process may write, and a bound on its files."""
+    name = node.name
+    mb = _number(node.trace_mb, f"node {name!r}: trace_mb")
+    if not 0.01 <= mb <= MAX_TRACE_MB:
+        raise ConfigError(
+            f"node {name!r}: trace_mb must be 0.01 to {MAX_TRACE_MB:g} MB a file, got {mb:g}",
+            remedy="two files of this size are kept per node and process; 16 MB holds about "
+                   "an hour of readings")
+    object.__setattr__(node, "trace_mb", mb)
+    if node.trace is not None:
+        object.__setattr__(node, "trace", check_trace_dir(f"node {name!r}: trace", node.trace))
+
+
+def check_trace_dir(what: str, target: Any) -> str:
+    """A trace directory (a node's, or the middleware's for all its nodes): one that exists
+    and this process may write. Returns it as a string."""
+    if isinstance(target, os.PathLike):
+        target = os.fspath(target)
+    if not isinstance(target, str) or not target:
+        raise ConfigError(f"{what} must be a directory path, got {target!r}",
+                          remedy='trace = "/var/log/giul" (a directory that exists)')
+    if not Path(target).is_dir():
+        raise ConfigError(f"{what}: directory {target!r} does not exist",
+                          remedy=f"create it (mkdir -p {target}) or point trace at one that exists")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what}: directory {target!r} is not writable by this process",
+                          remedy="give the server's user write access, or choose another directory")
+    return target
 
 
 def _check_carbon(node: Node) -> None:

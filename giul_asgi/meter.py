@@ -114,7 +114,8 @@ class Meter:
         window = self._window
         if window is None or window.t_close is not None:
             return
-        self._at_close = self.ledger.close(window, tokens=self._tokens)
+        tier = self.tier.name if self.tier is not None else None
+        self._at_close = self.ledger.close(window, self._tokens, (self.id, self.route, tier))
         if self._waiting:
             for settled in self._waiting:
                 self.ledger.when_settled(window, settled)

@@ -41,6 +41,7 @@ from .poller import IDLE_S, Health, Poller
 from .sources import explicit, reader_factory
 from .tape import Tape
 from .tickets import Ticket, fire
+from .trace import WRITE_EVERY_S, for_node
 
 log = logging.getLogger("giul_asgi.ledger")
 
@@ -131,6 +132,10 @@ class Ledger:
         self.carbon: Carbon | None
         self._carbon_feed: CarbonFeed | None
         self.carbon, self._carbon_feed = carbon_of(node)
+        #: What the ledger saw, for replay (None: the node keeps no trace); ``_note``
+        #: appends one event to its buffer, under the lock (see :mod:`.trace`).
+        self._trace = for_node(node, split.name, measures)
+        self._note = self._trace.note if self._trace is not None else None
         if reader is not None:
             self.attach(reader)
 
@@ -146,16 +151,31 @@ class Ledger:
     def open(self) -> Window:
         self.ensure_started()
         with self._lock:
-            return self.book.open(self.clock())
+            t = self.clock()
+            window = self.book.open(t)
+            if self._note is not None:
+                self._note(("o", t, id(window)))
+            return window
 
     def mark(self, window: Window, name: str) -> None:
         with self._lock:
-            self.book.mark(window, name, self.clock())
+            t = self.clock()
+            self.book.mark(window, name, t)
+            if self._note is not None:
+                self._note(("m", t, id(window), name))
 
-    def close(self, window: Window, tokens: int | None = None) -> Share:
-        """Close the window and return its share at close (one lock for both)."""
+    def close(
+        self, window: Window, tokens: int | None = None,
+        about: tuple[str | None, str | None, str | None] | None = None,
+    ) -> Share:
+        """Close the window and return its share at close (one lock for both). ``about``
+        is the request's (id, route, tier), for the node's trace only."""
         with self._lock:
-            settled = self.book.close(window, self.clock(), tokens)
+            t = self.clock()
+            settled = self.book.close(window, t, tokens)
+            if self._note is not None:
+                self._note(("c", t, id(window), tokens, about))
+                self._noted(settled)
             share = self.book.share(window)
         if settled:
             _fire(settled)
@@ -163,7 +183,11 @@ class Ledger:
 
     def abandon(self, window: Window) -> None:
         with self._lock:
-            settled = self.book.abandon(window, self.clock())
+            t = self.clock()
+            settled = self.book.abandon(window, t)
+            if self._note is not None:
+                self._note(("a", t, id(window)))
+                self._noted(settled)
         _fire(settled)
 
     def share(self, window: Window) -> Share:
@@ -211,6 +235,10 @@ class Ledger:
             if idle_w is None:
                 idle_w = getattr(reader, "simulated_idle_w", None)
             self.tape = Tape(reader.kind, idle_w, period_hint=self.node.period_s or reader.period)
+            if self._note is not None:
+                self._note(("at", {"kind": reader.kind, "method": reader.method,
+                                   "backend": reader.backend, "source": reader.source,
+                                   "idle_w": idle_w, "period_hint": self.tape.period_hint}))
             self.book.provenance = Provenance(reader.method, reader.backend, reader.source, idle_w)
             if reader.kind == "none":
                 self.book.measures = False
@@ -229,6 +257,8 @@ class Ledger:
             self.book.measures = False
             self.book.error = f"reader unavailable: {reason}"
             settled = self.book.force_settle()
+            if self._note is not None:
+                self._note(("f", reason))
         _fire(settled)
 
     def ingest(self, reading: Reading) -> None:
@@ -238,11 +268,22 @@ class Ledger:
             tape = self.tape
             if tape is None or not self.book.measures:
                 return
+            if self._note is not None:
+                self._note(("r", reading.t, reading.joules, reading.watts, reading.error))
             if not reading.ok:  # first figures made from now until the next span say so
                 self.book.note_trouble(f"the reader is failing: {reading.error or 'empty reading'}")
             for piece in tape.feed(reading):
                 settled += self.book.book(piece, reading.t)
+            if settled and self._note is not None:
+                self._noted(settled)
         _fire(settled)
+
+    def _noted(self, settled: list[Window]) -> None:
+        """Trace what the windows just settled with (under the lock), for replay's check."""
+        note = self._note
+        if note is not None:
+            for window in settled:
+                note(("z", id(window), window.share, window.fill_j))
 
     def read_now(self) -> Reading:
         """Read the card here and now (blocking) and book it: for sync meters only."""
@@ -271,6 +312,8 @@ class Ledger:
             )
         with self._lock:
             self.book.note_processes(foreign)
+            if self._note is not None:
+                self._note(("p", foreign))
 
     def _chores(self) -> list[tuple[float, Callable[[], None]]]:
         """What the poller does beside reading the card: the load this process cannot see."""
@@ -282,6 +325,8 @@ class Ledger:
         chores.append((WORKERS_EVERY_S, self._workers))
         if self._carbon_feed is not None:
             chores.append((self._carbon_feed.tick_s, self._carbon_tick))
+        if self._trace is not None:
+            chores.append((WRITE_EVERY_S, self._trace.write))
         return chores
 
     def _carbon_tick(self) -> None:
@@ -318,11 +363,15 @@ class Ledger:
     def note_others(self, t: float, window_seconds: float) -> None:
         with self._lock:
             self.book.note_others(t, window_seconds)
+            if self._note is not None:
+                self._note(("ow", t, window_seconds))
 
     def note_upstream(self, t: float, running: float) -> None:
         """The upstream (the inference server) ran ``running`` requests at ``t``."""
         with self._lock:
             self.book.note_upstream(t, running)
+            if self._note is not None:
+                self._note(("up", t, running))
 
     def _period(self) -> float:
         tape = self.tape
@@ -397,6 +446,14 @@ class Ledger:
             self._carbon_feed.close()
         with self._lock:
             settled = self.book.force_settle()
+            if self._note is not None:
+                self._note(("s",))
+                self._noted(settled)
+        if self._trace is not None:
+            totals = self.totals()
+            self._trace.close({"measured_j": totals.measured_j, "charged_j": totals.charged_j,
+                               "unattributed_j": totals.unattributed_j,
+                               "in_flight_j": totals.in_flight_j})
         _fire(settled)
 
     async def aclose(self, timeout: float | None = None) -> None:

@@ -1,0 +1,195 @@
+"""What a ledger saw, written down so that it can be run again: a bounded, rotating trace.
+
+A figure nobody can re-derive is a figure nobody can check. With ``Node(trace=DIR)`` the
+ledger writes every input its tape and book took, in the order its lock took them: the
+readings as the reader gave them (time, cumulative joules or watts, error) and the windows
+(open, marks, close with tokens and the request's id, route and tier, abandon), with the
+load it was told of (other workers, the upstream, the process list). ``giul-asgi replay``
+(:mod:`giul_asgi.replay`) feeds them to a fresh ledger on a virtual clock: the same tape and
+book, so the same figures, or the figures of another split. Nothing else goes in: no
+request content, no header, no key, no tenant.
+
+The request path only appends a tuple to an in-memory deque, under the ledger's lock it
+already holds; the node's reader thread turns the tuples into lines and writes them (a
+chore, and once more when the ledger stops). The deque and the files are bounded: at most
+``files`` files of ``max_bytes`` each (the oldest is dropped), and a reader thread that
+falls behind loses events and says so in the trace (``{"lost": ...}``) rather than hold
+memory.
+
+The format (JSON lines; one file holds a whole run until it rotates):
+
+- a header object ``{"giul_trace": 1, "node": ..., "split": ..., ...}`` opens each file
+  (``part`` counts the files; ``part > 0`` continues the one before);
+- events are arrays, the first item naming the kind:
+  ``["r", t, joules, watts, error]`` a reading; ``["o", t, w]`` window ``w`` opened;
+  ``["m", t, w, stage]`` a mark; ``["c", t, w, tokens, id, route, tier]`` a close;
+  ``["a", t, w]`` an abandon; ``["z", w, share_j, fill_j]`` window ``w`` settled live with
+  that raw share (what replay checks itself against); ``["at", {...}]`` the reader was
+  built (what it is, its idle floor, its period hint); ``["f", error]`` it failed to build;
+  ``["p", foreign]`` the process list; ``["ow", t, window_seconds]`` the other workers'
+  load; ``["up", t, running]`` the upstream's; ``["s"]`` the ledger stopped;
+- ``{"books": {...}}`` the live books when the ledger stopped, ``{"lost": n}`` events the
+  buffer dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import Node
+
+log = logging.getLogger("giul_asgi.ledger")
+
+VERSION = 1
+#: Files kept per node and process (the one written and the one before).
+FILES = 2
+#: Events held in memory between two writes at most (a stalled reader thread loses the rest).
+MAX_BUFFER = 200_000
+#: Seconds between two writes (a chore of the node's reader thread).
+WRITE_EVERY_S = 0.5
+
+Event = tuple[Any, ...]
+
+
+def trace_stem(node: str, pid: int | None = None) -> str:
+    """The file name (without ``.jsonl``) of a node's trace in this process."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", node)
+    return f"giul-trace-{safe}-{os.getpid() if pid is None else pid}"
+
+
+def rotated(path: Path, part: int) -> Path:
+    """The ``part``-th older file of the trace whose current file is ``path``."""
+    return path.with_name(f"{path.stem}.{part}{path.suffix}")
+
+
+def for_node(node: Node, split: str, measures: bool) -> Trace | None:
+    """The node's trace, where it asks for one: the header says how to build its book again."""
+    if node.trace is None:
+        return None
+    header = {
+        "node": node.name, "split": split, "ramp_s": node.ramp_s, "foreign": node.foreign,
+        "period_s": node.period_s, "idle_w": node.idle_w, "measures": measures,
+        "pid": os.getpid(), "clock": "the ledger's (time.monotonic unless a test's)",
+    }
+    return Trace(node.trace, header, max_bytes=int(node.trace_mb * 1e6))
+
+
+class Trace:
+    """One node's trace in this process: a buffer the request path appends to, and the
+    files the reader thread writes it to."""
+
+    def __init__(
+        self, directory: str | os.PathLike[str], header: dict[str, Any], *,
+        max_bytes: int, files: int = FILES, max_buffer: int = MAX_BUFFER,
+    ) -> None:
+        self.path = Path(directory) / f"{trace_stem(str(header.get('node', 'node')))}.jsonl"
+        self.header = dict(header)
+        self.max_bytes = max_bytes
+        self.files = max(1, files)
+        self.buffer: deque[Event] = deque(maxlen=max_buffer)
+        #: The request path's whole cost: ``note(event)`` under the ledger's lock.
+        self.note = self.buffer.append
+        self._file: Any = None
+        self._size = 0
+        self._part = 0
+        self._attach: Event | None = None  # repeated at the top of each new file
+        self.lost = 0
+        self.broken: str | None = None
+        self.closed = False
+
+    def write(self) -> None:
+        """Write what the buffer holds (the reader thread; never raises)."""
+        buffer = self.buffer
+        n = len(buffer)
+        if n == 0 or self.broken is not None:
+            if self.broken is not None:
+                buffer.clear()
+            return
+        full = n >= (buffer.maxlen or n + 1)
+        events = [buffer.popleft() for _ in range(n)]
+        try:
+            self._write(events, full)
+        except (OSError, TypeError, ValueError) as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            log.error("the trace %s cannot be written (%s); tracing stops for this node",
+                      self.path, self.broken)
+            self._close_file()
+
+    def _write(self, events: Iterable[Event], full: bool) -> None:
+        lines: list[str] = []
+        if full:
+            self.lost += 1
+            lines.append(json.dumps({"lost": "some: the trace's buffer filled (the reader "
+                                             "thread fell behind); replay will not agree"}))
+        for event in events:
+            if event[0] == "c":  # the request's (id, route, tier), flattened
+                t, w, tokens, about = event[1], event[2], event[3], event[4]
+                ident, route, tier = about if about is not None else (None, None, None)
+                lines.append(json.dumps(["c", t, w, tokens, ident, route, tier]))
+                continue
+            if event[0] == "at":
+                self._attach = event
+            lines.append(json.dumps(event))
+        text = "\n".join(lines) + "\n"
+        if self._file is None:
+            self._open()
+        elif self._size + len(text) > self.max_bytes:
+            self._rotate()
+        self._file.write(text)
+        self._file.flush()
+        self._size += len(text)
+
+    def _open(self) -> None:
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
+        self._size = self._file.tell()
+        head = {"giul_trace": VERSION, **self.header, "part": self._part,
+                "written_unix": round(time.time(), 3)}
+        text = json.dumps(head) + "\n"
+        if self._part and self._attach is not None:
+            text += json.dumps(self._attach) + "\n"
+        self._file.write(text)
+        self._size += len(text)
+
+    def _rotate(self) -> None:
+        self._close_file()
+        for part in range(self.files - 1, 0, -1):
+            older = rotated(self.path, part)
+            newer = self.path if part == 1 else rotated(self.path, part - 1)
+            if newer.exists():
+                os.replace(newer, older)
+        if self.files == 1:
+            self.path.unlink(missing_ok=True)
+        self._part += 1
+        self._open()
+
+    def close(self, books: dict[str, float] | None = None) -> None:
+        """Write the rest and the live books, and close the file (the ledger stopped)."""
+        if self.closed:
+            return
+        self.write()
+        self.closed = True
+        if books is not None and self.broken is None:
+            with contextlib.suppress(OSError):
+                if self._file is None:
+                    self._open()
+                self._file.write(json.dumps({"books": books}) + "\n")
+        self._close_file()
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+
+__all__ = ["FILES", "MAX_BUFFER", "VERSION", "WRITE_EVERY_S", "Trace", "for_node", "rotated", "trace_stem"]
