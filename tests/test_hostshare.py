@@ -224,6 +224,10 @@ def test_a_card_is_keyed_by_its_uuids_where_the_reader_knows_them() -> None:
 
 # -- records, journal ------------------------------------------------------------------------
 
+def js(record: dict) -> bytes:
+    return json.dumps(record).encode()
+
+
 def test_a_journal_finds_another_writers_latest_line_and_forgets_old_ones(tmp_path: Path) -> None:
     now = [1000.0]
     theirs = Journal(tmp_path, max_lines=4, max_age_s=60.0, clock=lambda: now[0])
@@ -231,14 +235,14 @@ def test_a_journal_finds_another_writers_latest_line_and_forgets_old_ones(tmp_pa
     # another process: same folder, another row name
     theirs.rows.path = theirs.rows.path.with_name("1-1.jsonl")
     theirs.old = theirs.rows.path.with_name("1-1-old.jsonl")
-    theirs.append([("a", {"joules": 1.0}), ("b", {"joules": 2.0})])
+    theirs.append([("a", js({"joules": 1.0})), ("b", js({"joules": 2.0}))])
     assert mine.find("a") == {"joules": 1.0} and mine.find("zz") is None
-    theirs.append([("a", {"joules": 1.5, "settled": True})])
+    theirs.append([("a", js({"joules": 1.5, "settled": True}))])
     assert mine.find("a") == {"joules": 1.5, "settled": True}
-    theirs.append([("c", {"joules": 3.0}), ("d\tbad", {})])  # 4 lines: a new generation
-    theirs.append([("e", {"joules": 5.0})])
+    theirs.append([("c", js({"joules": 3.0})), ("d\tbad", js({}))])  # 4 lines: a new generation
+    theirs.append([("e", js({"joules": 5.0}))])
     assert {k: (mine.find(k) or {}).get("joules") for k in "abce"} == {"a": 1.5, "b": 2.0, "c": 3.0, "e": 5.0}
-    theirs.append([(k, {"joules": 0.0}) for k in "fgh"])  # and another: a and b are gone
+    theirs.append([(k, js({"joules": 0.0})) for k in "fgh"])  # and another: a and b are gone
     assert mine.find("a") is None and mine.find("h") == {"joules": 0.0}
     now[0] += 61.0
     assert mine.find("h") is None  # too old to answer

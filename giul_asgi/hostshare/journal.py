@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,10 +58,11 @@ class Journal:
         self._indexes: dict[str, _Index] = {}
         self._swept = -float("inf")
 
-    def append(self, records: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
-        """Append ``(id, record)`` pairs in one write. Raises OSError (the caller counts it)."""
-        now = self.clock()
-        lines = [f"{key}\t{now!r}\t{json.dumps(record, separators=(',', ':'))}\n".encode()
+    def append(self, records: Iterable[tuple[str, bytes]]) -> None:
+        """Append ``(id, record as JSON bytes)`` pairs in one write. Raises OSError (the
+        caller counts it)."""
+        stamp = b"\t%r\t" % self.clock()
+        lines = [key.encode() + stamp + record + b"\n"
                  for key, record in records if "\t" not in key and "\n" not in key]
         if not lines:
             return
