@@ -24,7 +24,9 @@ IDLE = 70.0
 
 @pytest.mark.anyio
 async def test_meter_for_node_used_alone_gives_a_figure_on_its_first_call() -> None:
-    covered = n = 0
+    # Calibration (the truth inside +-uncertainty for 9 in 10) is counted over many cold
+    # windows on a virtual clock in test_ledger.py; here, on the real clock, each figure
+    # exists, is labelled, and is near the truth.
     for seed in range(3):
         card = TrueCard(idle_w=IDLE, seed=seed)
         node = Node(f"cold-{seed}", idle_w=IDLE, reader_factory=lambda _n, c=card: TrueReader(c))
@@ -42,9 +44,7 @@ async def test_meter_for_node_used_alone_gives_a_figure_on_its_first_call() -> N
         assert settled.settled, settled.error
         for e in (first, settled):
             assert e.joules is not None and e.method in ("measured", "estimated"), e.error
-            covered += abs(e.joules - truth) <= (e.uncertainty_joules or 0.0)
-            n += 1
-    assert covered >= n - 1  # 90% of six
+            assert abs(e.joules - truth) <= max(e.uncertainty_joules or 0.0, 0.1 * truth), (e, truth)
 
 
 def test_meter_local_prints_numbers_on_its_first_run(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from test_ledger import Faulty, Run
+import time
 
+import pytest
+from test_ledger import IDLE, Faulty, Run
+from truecard import FaultyReader, TrueCard, TrueReader
+
+from giul_asgi.config import Node
+from giul_asgi.energy import Energy
+from giul_asgi.ledger import Ledger
 from giul_asgi.meter import Meter
 
 
@@ -25,3 +32,39 @@ def test_a_stage_is_labelled_by_the_same_rule_as_its_figure() -> None:
     assert e.method == "estimated" and set(e.stages) == {"retrieve"}
     stage = e.stages["retrieve"]
     assert stage.method == "estimated" and "the reader is failing" in (stage.error or "")
+
+
+@pytest.mark.parametrize("fault", ["raises", "hangs", "stops"])
+def test_through_the_real_reader_thread_no_first_figure_says_measured_while_it_fails(fault: str) -> None:
+    """The same three faults read by the ledger's own poller and watchdog, on the real clock
+    (the virtual test above feeds the ledger what they would)."""
+    card = TrueCard(idle_w=IDLE, seed=3)
+    # A hang outlasts the test: a read that returns after a second brings a real reading,
+    # and a window its span covers is measured.
+    reader = FaultyReader(TrueReader(card), fault, after=1.0, hang_s=3.0)  # type: ignore[arg-type]
+    ledger = Ledger(Node(f"fails-{fault}", idle_w=IDLE), reader, read_timeout=0.2)  # type: ignore[arg-type]
+    ledger.ensure_started()
+    try:
+        before = [_request(card, ledger, 0.4) for _ in range(3)]
+        while not reader.failing():
+            time.sleep(0.02)
+        time.sleep(0.3)
+        during = [_request(card, ledger, 0.2) for _ in range(4)]
+    finally:
+        ledger.stop(timeout=0.5)
+    assert any(e.method == "measured" for e in before)
+    assert [e.method for e in during].count("measured") == 0, [e.error for e in during]
+    for e in during:
+        assert e.joules is None or "interpolated from" in (e.error or "")
+
+
+def _request(card: TrueCard, ledger: Ledger, seconds: float) -> Energy:
+    meter = Meter(ledger)
+    meter.open()
+    job = card.start_job(180.0)
+    time.sleep(seconds)
+    card.stop_job(job)
+    meter.close()
+    e = meter.figure()
+    time.sleep(0.1)
+    return e
