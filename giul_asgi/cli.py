@@ -6,6 +6,8 @@
     giul-asgi probe [--json]       what each GPU (or agent, dcgm-exporter, dcgmi) answers, measured
     giul-asgi probe --idle 30      ... and the idle floor through every reader it reaches
     giul-asgi agent                serve this host's GPU counters to remote gateways
+    giul-asgi replay TRACE         a node's trace (Node(trace=DIR)) run again: each figure, the books
+    giul-asgi replay TRACE --split tokens   ... as another split would have charged it, per route and tier
     giul-asgi --version
 
 Exit status: 0 done, 2 bad usage or configuration, 1 a runtime failure (a port taken, an
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .config import SPLITS
 from .errors import ConfigError, GiulError
 
 
@@ -101,13 +104,27 @@ def _check_probe(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error(f"--{name} must be > 0 seconds, got {value}")
 
 
+# -- replay --------------------------------------------------------------------------------------
+def replay(args: argparse.Namespace) -> int:
+    import json
+
+    from .replay import load, render
+    from .replay import replay as run_replay
+
+    result = run_replay(load(args.trace), split=args.split, idle_w=args.idle_w)
+    for note in result.loaded.notes:
+        print(f"giul-asgi replay: {note}", file=sys.stderr)
+    print(json.dumps(result.as_dict(), indent=2) if args.json else render(result))
+    return 0
+
+
 # -- the parser ----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="giul-asgi", description="What each answer of an LLM gateway cost in joules.",
         epilog="Exit status: 0 done, 2 bad usage or configuration, 1 a runtime failure.")
     parser.add_argument("--version", action="version", version=f"giul-asgi {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,probe,agent}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,probe,agent,replay}")
 
     d = sub.add_parser("demo", help="a metered OpenAI-compatible gateway over a simulated GPU server",
                        description="Start the example gateway (examples/openai_gateway.py) metered by "
@@ -142,6 +159,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent.add_arguments(a)
     a.set_defaults(run=agent.run)
+
+    r = sub.add_parser("replay", help="run a node's trace again through the same tape and book",
+                       description="Feed a trace a node wrote (Node(trace=DIR)) to a fresh ledger on a "
+                                   "virtual clock: each request's figure (source: replay) and the "
+                                   "node's books. With the live split the figures are the live ones; "
+                                   "with another, compared per route and tier.")
+    r.add_argument("trace", metavar="TRACE",
+                   help="a giul-trace-<node>-<pid>.jsonl file (its rotated parts are read too), "
+                        "or the directory holding one")
+    r.add_argument("--split", choices=SPLITS, default=None,
+                   help="share each span by time or tokens (default: the live split)")
+    r.add_argument("--idle-w", type=watts, default=None,
+                   help="replay with this idle floor in W (default: the live one)")
+    r.add_argument("--json", action="store_true", help="print one JSON document")
+    r.set_defaults(run=replay)
     return parser
 
 

@@ -15,6 +15,7 @@ Nothing here reads a card or blocks: the ledger does that, once per node.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -108,6 +109,8 @@ class EnergyMiddleware:
         node_list = list(nodes or ())
         if not node_list:
             node_list = [Node("local", gpus=())]  # every visible GPU; honest where none
+        if options.trace is not None:  # one trace directory for the nodes that name none
+            node_list = [n if n.trace else dataclasses.replace(n, trace=options.trace) for n in node_list]
         tier_list = list(tiers or ())
         if isinstance(default_tier, str):
             found = [t for t in tier_list if t.name == default_tier]

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import check_trace_dir
 from ..energy import TOKEN_KINDS
 from ..errors import ConfigError
 from ..tenants import DEFAULT_MAX_TENANTS, header_name
@@ -62,6 +63,9 @@ class Options:
     #: The tenants with the most joules that keep a label of their own in the statistics
     #: the middleware builds; the rest count under ``<other>``.
     max_tenants: int = DEFAULT_MAX_TENANTS
+    #: A directory where every node that names none of its own writes its trace
+    #: (``Node(trace=...)``, for ``giul-asgi replay``); None: no trace.
+    trace: str | None = None
 
     @classmethod
     def build(cls, **values: Any) -> Options:
@@ -108,6 +112,8 @@ class Options:
             if values["max_tenants"] < 1:
                 raise ConfigError("max_tenants=0 would give no tenant a label of its own",
                                   remedy="use at least 1, or leave tenant unset for no tenants")
+        if values.get("trace") is not None:
+            values["trace"] = check_trace_dir("trace", values["trace"])
         return cls(**values)
 
 

@@ -84,6 +84,16 @@ def for_node(node: Node, split: str, measures: bool) -> Trace | None:
     return Trace(node.trace, header, max_bytes=int(node.trace_mb * 1e6))
 
 
+def _unused(path: Path) -> Path:
+    """``path``, or ``<stem>-2.jsonl``, ``-3``... where a trace is already there."""
+    n = 1
+    found = path
+    while found.exists() or rotated(found, 1).exists():
+        n += 1
+        found = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return found
+
+
 class Trace:
     """One node's trace in this process: a buffer the request path appends to, and the
     files the reader thread writes it to."""
@@ -101,6 +111,7 @@ class Trace:
         self.note = self.buffer.append
         self._file: Any = None
         self._size = 0
+        self._head = 0
         self._part = 0
         self._attach: Event | None = None  # repeated at the top of each new file
         self.lost = 0
@@ -126,30 +137,36 @@ class Trace:
             self._close_file()
 
     def _write(self, events: Iterable[Event], full: bool) -> None:
-        lines: list[str] = []
-        if full:
-            self.lost += 1
-            lines.append(json.dumps({"lost": "some: the trace's buffer filled (the reader "
-                                             "thread fell behind); replay will not agree"}))
-        for event in events:
-            if event[0] == "c":  # the request's (id, route, tier), flattened
-                t, w, tokens, about = event[1], event[2], event[3], event[4]
-                ident, route, tier = about if about is not None else (None, None, None)
-                lines.append(json.dumps(["c", t, w, tokens, ident, route, tier]))
-                continue
-            if event[0] == "at":
-                self._attach = event
-            lines.append(json.dumps(event))
-        text = "\n".join(lines) + "\n"
         if self._file is None:
             self._open()
-        elif self._size + len(text) > self.max_bytes:
-            self._rotate()
-        self._file.write(text)
+        chunk: list[str] = []
+        pending = 0
+        if full:
+            self.lost += 1
+            chunk.append(json.dumps({"lost": "some: the trace's buffer filled (the reader "
+                                             "thread fell behind); replay will not agree"}) + "\n")
+            pending += len(chunk[-1])
+        for event in events:
+            if event[0] == "c":  # the request's (id, route, tier), flattened
+                about = event[4] if event[4] is not None else (None, None, None)
+                line = json.dumps(["c", event[1], event[2], event[3], *about]) + "\n"
+            else:
+                line = json.dumps(event) + "\n"
+            if self._size + pending + len(line) > self.max_bytes and self._size + pending > self._head:
+                self._file.write("".join(chunk))
+                chunk, pending = [], 0
+                self._rotate()
+            if event[0] == "at":
+                self._attach = event  # repeated at the top of the next file
+            chunk.append(line)
+            pending += len(line)
+        self._file.write("".join(chunk))
         self._file.flush()
-        self._size += len(text)
+        self._size += pending
 
     def _open(self) -> None:
+        if self._part == 0 and self._file is None and self._size == 0:
+            self.path = _unused(self.path)  # another ledger of this node and process: its own
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
         self._size = self._file.tell()
         head = {"giul_trace": VERSION, **self.header, "part": self._part,
@@ -159,6 +176,7 @@ class Trace:
             text += json.dumps(self._attach) + "\n"
         self._file.write(text)
         self._size += len(text)
+        self._head = self._size  # a file holds at least one event past its header
 
     def _rotate(self) -> None:
         self._close_file()

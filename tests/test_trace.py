@@ -1,0 +1,421 @@
+"""A node's trace, and replay through the same tape and book (issue 17 item 4).
+
+The live ledger runs on a card that knows the truth (benchmarks/truecard.py, written
+without looking at the ledger), on a virtual clock; its settled figures are kept by request
+id; the trace it wrote is replayed and every id must agree within 1e-9 (relative). Bad
+traces are fed as they happen: a last line cut while being written, garbage lines, an empty
+file, a missing one, rotated files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apps import RecordingStats, drive, settled_records
+from truecard import TrueCard, TrueReader
+
+from giul_asgi import EnergyMiddleware, Ledgers
+from giul_asgi.cli import main
+from giul_asgi.config import Node, Tier
+from giul_asgi.errors import ConfigError
+from giul_asgi.ledger import Ledger, TokenSplit
+from giul_asgi.ledger.trace import rotated, trace_stem
+from giul_asgi.meter import Meter
+from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader
+from giul_asgi.replay import AGREES, load, render, replay
+
+IDLE = 70.0
+ROUTES = ("/v1/chat/completions", "/v1/embeddings")
+TIERS = (Tier("small"), Tier("large"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Traffic:
+    """A ledger on a true card with overlapping requests (random watts, lengths, tokens,
+    routes, tiers, a few stages and abandons), read every ~10 ms of virtual time."""
+
+    def __init__(self, directory: Path, *, seed: int = 0, gauge: str = "counter",
+                 split: str = "time", trace_mb: float = 16.0, tenant: str | None = None) -> None:
+        self.clock = Clock()
+        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed)
+        self.reader = TrueReader(self.card, gauge)  # type: ignore[arg-type]
+        node = Node("card-0", idle_w=IDLE, split=split, trace=str(directory), trace_mb=trace_mb)
+        self.ledger = Ledger(node, self.reader, poll=False)
+        self.rng = random.Random(seed)
+        self.meters: list[Meter] = []
+        self.tenant = tenant
+
+    def run(self, seconds: float) -> None:
+        rng, card = self.rng, self.card
+        running: list[tuple[Meter, Any]] = []
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            if rng.random() < 0.15:
+                meter = Meter(self.ledger, rng.choice(TIERS), route=rng.choice(ROUTES))
+                if self.tenant is not None:
+                    meter.bind(tenant=self.tenant)
+                meter.open()
+                running.append((meter, card.start_job(rng.uniform(40.0, 260.0))))
+                self.meters.append(meter)
+            for meter, job in list(running):
+                if rng.random() < 0.05:
+                    meter.mark("prefill")
+                if rng.random() < 0.12:
+                    card.stop_job(job)
+                    meter.tokens(rng.choice([None, rng.randint(1, 600)]))
+                    meter.close()
+                    running.remove((meter, job))
+            self.clock.now += 0.01 * rng.uniform(0.5, 1.5)
+            self.ledger.ingest(self.reader.read())
+        for meter, job in running:
+            card.stop_job(job)
+            meter.close()
+        for _ in range(60):  # the counter steps past every window and its ramp-down
+            self.clock.now += 0.01
+            self.ledger.ingest(self.reader.read())
+
+    def stop(self) -> dict[str, float | None]:
+        """Stop the ledger (the trace's last write) and return the live settled joules by id."""
+        self.ledger.stop()
+        figures = {}
+        for meter in self.meters:
+            energy = meter.figure()
+            assert energy.settled
+            figures[meter.id] = energy.joules
+        return figures
+
+
+def agree(live: dict[str, float | None], rows: list[dict[str, Any]]) -> float:
+    """The largest relative difference between live and replayed joules; every id once."""
+    assert sorted(live) == sorted(row["id"] for row in rows)
+    worst = 0.0
+    for row in rows:
+        a, b = live[row["id"]], row["joules"]
+        assert (a is None) == (b is None), row
+        if a is not None and b is not None:
+            worst = max(worst, abs(a - b) / max(abs(a), 1e-300))
+    return worst
+
+
+@pytest.mark.parametrize(("gauge", "split"), [("counter", "time"), ("counter", "tokens"),
+                                              ("instant", "time"), ("every_read", "tokens")])
+def test_replay_with_the_live_split_reproduces_every_settled_figure(
+    tmp_path: Path, gauge: str, split: str,
+) -> None:
+    traffic = Traffic(tmp_path, seed=3, gauge=gauge, split=split)
+    traffic.run(6.0)
+    live = traffic.stop()
+    assert len(live) > 50 and sum(j is not None for j in live.values()) > 40
+    result = replay(load(tmp_path))
+    assert agree(live, result.rows) <= AGREES
+    assert all(row["source"] == "replay" for row in result.rows)
+    agreement = result.agreement
+    assert agreement["same_split"] and agreement["within"] == agreement["compared"] > 40
+    live_books = result.loaded.live_books
+    assert live_books is not None
+    for key in ("measured_j", "charged_j", "unattributed_j"):
+        assert result.books[key] == pytest.approx(live_books[key], rel=1e-9, abs=1e-9)
+    # Conserved in the replay too: charged + unattributed + in flight == measured.
+    books = result.books
+    assert abs(books["measured_j"] - books["charged_j"] - books["unattributed_j"]
+               - books["in_flight_j"]) <= 1e-9 * books["measured_j"]
+
+
+def test_another_split_is_compared_per_route_and_tier(tmp_path: Path) -> None:
+    traffic = Traffic(tmp_path, seed=5)
+    traffic.run(6.0)
+    live = traffic.stop()
+    result = replay(load(tmp_path), split="tokens")
+    assert result.split == "tokens" and result.live_split == "time"
+    assert not result.agreement["same_split"]
+    groups = {(g["route"], g["tier"]): g for g in result.groups}
+    assert set(groups) == {(r, t.name) for r in ROUTES for t in TIERS}
+    assert sum(g["requests"] for g in groups.values()) == len(live)
+    # A token split moves joules between requests: some differ from live, and the books
+    # still balance.
+    assert agree_some_differ(live, result.rows)
+    books = result.books
+    assert abs(books["measured_j"] - books["charged_j"] - books["unattributed_j"]
+               - books["in_flight_j"]) <= 1e-9 * books["measured_j"]
+    text = render(result)
+    assert "by route and tier: split tokens against live time" in text
+    assert "/v1/embeddings" in text and "large" in text
+
+
+def agree_some_differ(live: dict[str, float | None], rows: list[dict[str, Any]]) -> bool:
+    return any(
+        live[row["id"]] is not None and row["joules"] is not None
+        and abs(live[row["id"]] - row["joules"]) > 1e-3 * row["joules"]  # type: ignore[operator]
+        for row in rows
+    )
+
+
+def test_a_different_idle_floor_charges_less_above_it(tmp_path: Path) -> None:
+    traffic = Traffic(tmp_path, seed=6)
+    traffic.run(3.0)
+    traffic.stop()
+    base = replay(load(tmp_path))
+    higher = replay(load(tmp_path), idle_w=IDLE + 20.0)
+    assert higher.idle_w == IDLE + 20.0
+    assert higher.books["measured_j"] < base.books["measured_j"] - 10.0
+
+
+def test_the_request_path_only_appends_and_no_secret_is_written(tmp_path: Path) -> None:
+    traffic = Traffic(tmp_path, seed=1, tenant="sk-live-0123456789abcdef")
+    traffic.run(1.0)
+    trace = traffic.ledger._trace
+    assert trace is not None
+    # Nothing has reached the disk: the request path appended to the buffer only.
+    assert len(trace.buffer) > 10 and not list(tmp_path.iterdir())
+    traffic.stop()
+    text = "".join(p.read_text() for p in tmp_path.iterdir())
+    assert "sk-live" not in text and "0123456789abcdef" not in text
+    assert "tenant" not in text and "key:" not in text
+    kinds = {json.loads(line)[0] for line in text.splitlines() if line.startswith("[")}
+    assert kinds >= {"at", "r", "o", "c", "z", "s"}
+
+
+def test_rotated_files_are_bounded_and_replayed_in_order(tmp_path: Path) -> None:
+    # 20 kB a file: the run writes several times that, so the oldest parts are dropped.
+    traffic = Traffic(tmp_path, seed=2, trace_mb=0.02)
+    traffic.run(8.0)
+    traffic.stop()
+    current = tmp_path / f"{trace_stem('card-0')}.jsonl"
+    files = sorted(tmp_path.iterdir())
+    assert files == sorted([current, rotated(current, 1)])
+    assert all(f.stat().st_size < 2 * 20_000 for f in files)
+    result = replay(load(current))
+    assert result.loaded.files == [rotated(current, 1), current]  # oldest first
+    assert result.loaded.continues
+    assert any("rotated away" in note for note in result.loaded.notes)
+    assert result.rows and result.agreement["compared"] > 0
+
+
+def test_a_trace_that_rotated_once_replays_whole(tmp_path: Path) -> None:
+    # Two parts, nothing dropped: the second part's repeated header and reader are not a
+    # new reader, and the figures are the live ones.
+    (tmp_path / "probe").mkdir()
+    probe = Traffic(tmp_path / "probe", seed=4)
+    probe.run(4.0)
+    probe.stop()
+    size = sum(p.stat().st_size for p in (tmp_path / "probe").iterdir())
+    out = tmp_path / "out"
+    out.mkdir()
+    traffic = Traffic(out, seed=4, trace_mb=(size * 0.7) / 1e6)
+    traffic.run(4.0)
+    live = traffic.stop()
+    result = replay(load(out))
+    assert len(result.loaded.files) == 2 and not result.loaded.continues
+    assert agree(live, result.rows) <= AGREES
+
+
+def _trace(tmp_path: Path, seed: int = 7) -> tuple[Path, dict[str, float | None]]:
+    traffic = Traffic(tmp_path, seed=seed)
+    traffic.run(2.0)
+    live = traffic.stop()
+    return tmp_path / f"{trace_stem('card-0')}.jsonl", live
+
+
+def test_a_last_line_cut_short_is_skipped_and_said(tmp_path: Path) -> None:
+    path, _ = _trace(tmp_path)
+    whole = replay(load(path))
+    text = path.read_text()
+    path.write_text(text[: len(text) - 7])  # the books line, cut mid-write
+    loaded = load(path)
+    assert loaded.truncated and loaded.skipped == 0 and loaded.live_books is None
+    assert any("cut short" in note for note in loaded.notes)
+    result = replay(loaded)
+    assert [r["joules"] for r in result.rows] == [r["joules"] for r in whole.rows]
+
+
+def test_garbage_lines_are_skipped_counted_and_said(tmp_path: Path, capsys: Any) -> None:
+    path, live = _trace(tmp_path)
+    lines = path.read_text().splitlines()
+    garbage = ["not json at all", '["r", "yesterday", 1.0, null, null]', '["zz", 1]',
+               "{\"unknown\": 1}", '["o", 1.0]', "[]", '["c", 1.0, 2, true, null, null, null]']
+    mixed: list[str] = []
+    for i, line in enumerate(lines):
+        mixed.append(line)
+        if i % 50 == 10 and garbage:
+            mixed.append(garbage.pop())
+    assert not garbage
+    path.write_text("\n".join(mixed) + "\n")
+    loaded = load(path)
+    assert loaded.skipped == 7 and not loaded.truncated
+    assert agree(live, replay(loaded).rows) <= AGREES
+    assert main(["replay", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "7 line(s) were not trace events: skipped" in captured.err
+    assert "source: replay" in captured.out and "agreement with live" in captured.out
+
+
+def test_an_empty_trace_a_missing_one_and_not_a_trace_exit_2_with_a_remedy(
+    tmp_path: Path, capsys: Any,
+) -> None:
+    empty = tmp_path / f"{trace_stem('x')}.jsonl"
+    empty.write_text("")
+    assert main(["replay", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert "is empty" in err and "->" in err
+    assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "no trace at" in err and "Node(trace=DIR)" in err
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"hello": 1}\n[1, 2]\n')
+    assert main(["replay", str(other)]) == 2
+    assert "no trace header" in capsys.readouterr().err
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    assert main(["replay", str(lonely)]) == 2
+    assert "0 traces" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        load(tmp_path / "nope.jsonl")
+
+
+def test_replay_json_and_split_options(tmp_path: Path, capsys: Any) -> None:
+    path, live = _trace(tmp_path, seed=8)
+    assert main(["replay", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"] == "replay" and doc["split"] == "time"
+    assert {r["id"] for r in doc["requests"]} == set(live)
+    assert doc["agreement"]["within"] == doc["agreement"]["compared"]
+    assert set(doc["books"]) >= {"measured_j", "charged_j", "unattributed_j"}
+    assert main(["replay", str(path), "--split", "tokens", "--idle-w", "65"]) == 0
+    assert "by route and tier" in capsys.readouterr().out
+    assert main(["replay", str(path), "--split", "weight"]) == 2
+    assert main(["replay", str(path), "--idle-w", "-3"]) == 2
+
+
+def test_trace_settings_are_checked_at_build(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist") as error:
+        Node("n", trace=str(tmp_path / "missing"))
+    assert "mkdir" in error.value.remedy
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    with pytest.raises(ConfigError, match="does not exist"):
+        Node("n", trace=str(afile))
+    with pytest.raises(ConfigError, match="trace_mb"):
+        Node("n", trace=str(tmp_path), trace_mb=0)
+    with pytest.raises(ConfigError, match="trace_mb"):
+        Node("n", trace=str(tmp_path), trace_mb="16")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="directory path"):
+        Node("n", trace=3)  # type: ignore[arg-type]
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ConfigError, match="not writable"):
+            Node("n", trace=str(locked))
+    with pytest.raises(ConfigError, match="trace"):
+        EnergyMiddleware(lambda *a: None, trace=str(tmp_path / "missing"))
+    assert Node("n", trace=tmp_path).trace == str(tmp_path)  # type: ignore[arg-type]
+    # Where a trace goes is not the node's identity: the same node, traced or not.
+    assert Node("n", trace=str(tmp_path)) == Node("n")
+
+
+def test_a_trace_that_cannot_be_written_costs_the_trace_not_the_ledger(tmp_path: Path) -> None:
+    target = tmp_path / "gone"
+    target.mkdir()
+    traffic = Traffic(target, seed=9)
+    target.rmdir()  # the directory vanished after startup
+    traffic.run(1.0)
+    trace = traffic.ledger._trace
+    assert trace is not None
+    trace.write()
+    assert trace.broken is not None and len(trace.buffer) == 0
+    traffic.run(0.5)
+    trace.write()
+    assert len(trace.buffer) == 0  # dropped, not held
+    live = traffic.stop()
+    assert any(j is not None for j in live.values())
+
+
+def test_a_token_split_live_ledger_reproduces(tmp_path: Path) -> None:
+    # A ledger given its split as an object (not by the node's name) writes that split.
+    clock = Clock()
+    card = TrueCard(idle_w=IDLE, clock=clock, seed=11)
+    reader = TrueReader(card)
+    ledger = Ledger(Node("card-0", idle_w=IDLE, trace=str(tmp_path)), reader,
+                    split=TokenSplit(), poll=False)
+    meters = []
+    for i in range(20):
+        a, b = Meter(ledger, route="/a"), Meter(ledger, route="/b")
+        a.open()
+        b.open()
+        ja, jb = card.start_job(100.0), card.start_job(150.0)
+        for _ in range(8 + i % 5):
+            clock.now += 0.01
+            ledger.ingest(reader.read())
+        card.stop_job(ja)
+        card.stop_job(jb)
+        a.tokens(50 + i)
+        b.tokens(300)
+        a.close()
+        b.close()
+        meters += [a, b]
+    for _ in range(40):
+        clock.now += 0.01
+        ledger.ingest(reader.read())
+    ledger.stop()
+    live = {m.id: m.figure().joules for m in meters}
+    result = replay(load(tmp_path))
+    assert result.live_split == "tokens" and agree(live, result.rows) <= AGREES
+
+
+@pytest.mark.anyio
+async def test_the_middleware_traces_every_node_and_replay_agrees_on_the_real_clock(
+    tmp_path: Path,
+) -> None:
+    # The real path: the reader thread reads a simulated card and writes the trace; the
+    # requests close on the event loop. One setting for all nodes.
+    card = SimulatedCard(idle_w=60.0, cap_w=700.0, counter_period=0.02)
+    node = Node("sim", idle_w=60.0, period_s=0.02,
+                reader_factory=lambda _n: SimulatedReader(card, period=0.02))
+    stats = RecordingStats()
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        job = card.start_job(150.0)
+        try:
+            await asyncio.sleep(0.03)
+        finally:
+            card.stop_job(job)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    middleware = EnergyMiddleware(app, nodes=[node], ledgers=Ledgers(), stats=stats,
+                                  trace=str(tmp_path))
+    assert middleware.router.nodes["sim"].trace == str(tmp_path)
+    await middleware.start()
+    for _ in range(12):
+        await drive(middleware, path="/v1/chat/completions")
+    records = await settled_records(stats, 12, timeout=20.0)
+    assert len(records) == 12
+    deadline = time.monotonic() + 20.0  # the reader thread writes every 0.5 s
+    while not list(tmp_path.iterdir()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert list(tmp_path.iterdir()), "the reader thread wrote nothing"
+    await middleware.aclose()
+    live = {r.energy.id: r.energy.joules for r in records}
+    result = replay(load(tmp_path))
+    rows = {row["id"]: row for row in result.rows}
+    assert set(live) <= set(rows)
+    for ident, joules in live.items():
+        replayed = rows[ident]["joules"]
+        assert (joules is None) == (replayed is None)
+        if joules is not None:
+            assert abs(replayed - joules) <= AGREES * joules
+    assert all(row["method"] == "simulated" for row in rows.values() if row["joules"] is not None)
