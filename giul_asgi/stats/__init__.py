@@ -3,9 +3,10 @@
 Parts, each named for what it holds: :mod:`.labels` (the key a record counts under, and
 its bound), :mod:`.sketch` (the quantile sketch), :mod:`.cell` (one key's counters and
 sketches in one slot), :mod:`.rolling` (windows as rings of slots), :mod:`.stats`
-(:class:`EnergyStats`, the listener that records), :mod:`.snapshot` (the JSON /energy
-serves, built at read time), :mod:`.nodes` (the ledgers' samples for the power series) and
-:mod:`.host` (:class:`HostStats`: several workers merged at read).
+(:class:`EnergyStats`, the listener that records), :mod:`.groups` (the groups /energy
+shows, merged from keys at read and kept between reads), :mod:`.snapshot` (the JSON
+/energy serves, built at read time), :mod:`.nodes` (the ledgers' samples for the power
+series) and :mod:`.host` (:class:`HostStats`: several workers merged at read).
 """
 
 from __future__ import annotations

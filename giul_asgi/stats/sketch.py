@@ -7,10 +7,10 @@ the smallest ``10 ** (k / BINS_PER_DECADE)`` at or above it, so a bin is read ba
 fixed (:data:`LOWEST` to :data:`HIGHEST`, clamped beyond), so a sketch never holds more
 than :data:`BINS` bins: that is the "bins" of the statistics' memory bound.
 
-Why not the ``ddsketch`` library: its public ``DDSketch.add`` costs 0.39 us a value against
-0.15 us here (three values a record: 1.2 us of a 2 us budget), and each of its sketches
-keeps a dense store of at least 128 floats, where a slot of a few requests needs a few
-bins (benchmarks/stats.py prints the A/B). The rule for a quantile is DDSketch's.
+Why not the ``ddsketch`` library: its public ``DDSketch.add`` costs 0.35 us a value against
+0.13 us here (three values a record: 1.1 us of a 2 us budget), a sketch of 10 values holds
+3.1 KB against 0.6 KB, and its merge is 2.8 times slower (benchmarks/stats.py prints the
+A/B; benchmarks/results/stats-2026-12-01b.md). The rule for a quantile is DDSketch's.
 
 With 117 bins a decade (a multiple of 3), the Prometheus buckets (three a decade,
 :data:`JOULE_BUCKETS`) are exact unions of bins, so their counts are exact too.
