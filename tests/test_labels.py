@@ -12,6 +12,7 @@ from giul_asgi.config import Node
 from giul_asgi.energy import Energy
 from giul_asgi.ledger import Ledger
 from giul_asgi.meter import Meter
+from giul_asgi.readers.base import Reading
 
 
 def test_a_stage_is_labelled_by_the_same_rule_as_its_figure() -> None:
@@ -68,3 +69,19 @@ def _request(card: TrueCard, ledger: Ledger, seconds: float) -> Energy:
     e = meter.figure()
     time.sleep(0.1)
     return e
+
+
+def test_a_reader_that_never_worked_says_its_error_in_place_of_not_settled() -> None:
+    """A dead agent URL: every figure said "not settled: the card has not reported this
+    window yet" forever; the reader's own error now stands in its place."""
+    run = Run()
+    run.reader.read = lambda: Reading(run.clock.now, error="ConnectError: Connection refused")  # type: ignore[method-assign]
+    run.advance(0.3)
+    meter, _ = run.request(0.3, 180.0)
+    first = meter.figure()
+    assert first.joules is None and first.method == "unknown"
+    assert first.error == "the reader is failing: ConnectError: Connection refused"
+    run.advance(2.0)
+    settled = meter.figure()
+    assert settled.settled and settled.joules is None
+    assert "Connection refused" in (settled.error or "")

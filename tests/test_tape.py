@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -169,3 +170,13 @@ def test_after_a_long_silence_the_step_is_stamped_within_a_period_of_the_read() 
     for span in spans(pieces):  # 130 W above idle, before, across and after the silence
         if span.t0 > 5.5:
             assert 110 < span.above_j / span.seconds < 150
+
+
+def test_a_reader_that_never_worked_gives_its_time_up_as_gaps() -> None:
+    """No good reading ever: the tape still books the failure as gaps (windows settle and
+    say why) instead of holding every window unsettled, and growing, forever."""
+    tape = Tape("counter", IDLE)
+    pieces = tape.feed_all(Reading(5.0 + 0.1 * i, error="ConnectError") for i in range(40))
+    gaps = [p for p in pieces if isinstance(p, Gap)]
+    assert gaps and all(g.why == "reader failed: ConnectError" and g.fault for g in gaps)
+    assert gaps[0].t0 == 5.0 and all(a.t1 == b.t0 for a, b in itertools.pairwise(gaps))

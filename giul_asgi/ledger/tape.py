@@ -175,6 +175,7 @@ class Tape:
         self._last_w: tuple[float, float] | None = None  # a gauge's last sample
         self._change_t: deque[float] = deque(maxlen=BRACKETS)  # when a gauge's value changed
         self._last_good: float | None = None
+        self._fail_t: float | None = None  # failing since, where no reading ever worked
         self.max_w = 0.0
         self.reads = 0
         self.errors = 0
@@ -201,6 +202,7 @@ class Tape:
             self.last_error = reading.error or "empty reading"
             return self._failing(reading.t)
         self._last_good = reading.t
+        self._fail_t = None
         if reading.joules is not None and self.kind != "power":
             return self._counter(reading.t, reading.joules)
         if reading.watts is not None:
@@ -217,9 +219,16 @@ class Tape:
         start = self._base_t if self._base_t is not None else self._first_t
         if self._last_w is not None:
             start = self._last_w[0]
-        if start is None or t - start <= self._max_gap():
+        if start is None:
+            # Failing since before any good reading (a dead agent URL): the time is given
+            # up all the same, so windows settle and say why instead of waiting forever.
+            if self._fail_t is None:
+                self._fail_t = t
+            start = self._fail_t
+        if t - start <= self._max_gap():
             return []
         self._forget()
+        self._fail_t = t
         return [self._gap(start, t, f"reader failed: {self.last_error}")]
 
     def _forget(self) -> None:
