@@ -401,7 +401,8 @@ def render(result: Replayed) -> str:
     for row in result.rows:
         out.append(f"{row['id'] or '-':<28} {row['route'] or '-':<20} {row['tier'] or '-':<10} "
                    f"{row['tokens'] if row['tokens'] is not None else '-':>7} {_j(row['joules']):>10} "
-                   f"{_j(row['uncertainty_joules']):>9} {row['method']:<9} {_j(row['live_raw_j']):>10}")
+                   f"{_j(row['uncertainty_joules']):>9} {row['method']:<9} "
+                   f"{_j(row['live_raw_j']) if row['raw_j'] is not None else '-':>10}")
     books, live = result.books, loaded.live_books
     out.append(f"books: measured {books['measured_j']:.6g} J above idle, charged {books['charged_j']:.6g} J, "
                f"unattributed {books['unattributed_j']:.6g} J, in flight {books['in_flight_j']:.6g} J")
