@@ -85,3 +85,21 @@ def test_a_reader_that_never_worked_says_its_error_in_place_of_not_settled() -> 
     settled = meter.figure()
     assert settled.settled and settled.joules is None
     assert "Connection refused" in (settled.error or "")
+
+
+def test_a_figure_made_just_after_a_counter_reset_is_an_estimate_that_says_so() -> None:
+    run = Run(seed=4)
+    run.advance(0.5)
+    for _ in range(4):
+        run.request(0.3, 180.0)
+        run.advance(0.3)
+    run.card.t0 = run.clock.now  # a driver reload: the counter starts again from zero
+    meter, truth = run.request(0.05, 180.0)
+    e = meter.figure()
+    assert e.method == "estimated" and "driver reset" in (e.error or "")
+    assert e.joules is not None and abs(e.joules - truth) <= (e.uncertainty_joules or 0.0)
+    run.advance(0.5)
+    for _ in range(2):
+        later, _ = run.request(0.3, 180.0)
+        run.advance(0.4)
+    assert later.figure().method == "measured"  # the card reports again
