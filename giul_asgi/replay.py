@@ -273,13 +273,17 @@ def replay(loaded: Loaded, *, split: str | None = None, idle_w: float | None = N
     clock = _Clock()
     node_idle = idle_w if idle_w is not None else header.get("idle_w")
     reader_box: list[_Recorded] = []
-    node = Node(
-        str(header.get("node") or "replay"), gpus=(), idle_w=node_idle,
-        period_s=header.get("period_s"), ramp_s=header.get("ramp_s", 0.1),
-        foreign=header.get("foreign", "charge"), split=split,
-        reader="auto" if header.get("measures", True) else "none",
-        reader_factory=(lambda _node: reader_box[-1]) if header.get("measures", True) else None,
-    )
+    try:
+        node = Node(
+            str(header.get("node") or "replay"), gpus=(), idle_w=node_idle,
+            period_s=header.get("period_s"), ramp_s=header.get("ramp_s", 0.1),
+            foreign=header.get("foreign", "charge"), split=split,
+            reader="auto" if header.get("measures", True) else "none",
+            reader_factory=(lambda _node: reader_box[-1]) if header.get("measures", True) else None,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"the trace's header does not describe a node: {exc.message}",
+                          remedy="the header (its first line) was edited or damaged: " + _REMEDY) from None
     ledger = Ledger(node, split=TokenSplit() if split == "tokens" else TimeSplit(),
                     clock=clock, poll=False)
     requests: dict[int, _Request] = {}

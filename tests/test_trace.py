@@ -284,6 +284,15 @@ def test_an_empty_trace_a_missing_one_and_not_a_trace_exit_2_with_a_remedy(
     assert "0 traces" in capsys.readouterr().err
     with pytest.raises(ConfigError):
         load(tmp_path / "nope.jsonl")
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text('{"giul_trace": 1, "node": "n", "ramp_s": "fast", "split": "time"}\n'
+                       '["o", 1.0, 7]\n["c", 1.5, 7, null, "id-1", "/", null]\n')
+    assert main(["replay", str(damaged)]) == 2
+    assert "header does not describe a node" in capsys.readouterr().err
+    future = tmp_path / "future.jsonl"
+    future.write_text('{"giul_trace": 9, "node": "n"}\n')
+    assert main(["replay", str(future)]) == 2
+    assert "trace version 9" in capsys.readouterr().err
 
 
 def test_replay_json_and_split_options(tmp_path: Path, capsys: Any) -> None:
@@ -419,3 +428,16 @@ async def test_the_middleware_traces_every_node_and_replay_agrees_on_the_real_cl
         if joules is not None:
             assert abs(replayed - joules) <= AGREES * joules
     assert all(row["method"] == "simulated" for row in rows.values() if row["joules"] is not None)
+
+
+def test_two_ledgers_of_one_node_in_one_process_write_two_traces(tmp_path: Path) -> None:
+    first, second = Traffic(tmp_path, seed=12), Traffic(tmp_path, seed=13)
+    first.run(1.0)
+    second.run(1.0)
+    live_first, live_second = first.stop(), second.stop()
+    stem = trace_stem("card-0")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}-2.jsonl", f"{stem}.jsonl"]
+    assert agree(live_first, replay(load(tmp_path / f"{stem}.jsonl")).rows) <= AGREES
+    assert agree(live_second, replay(load(tmp_path / f"{stem}-2.jsonl")).rows) <= AGREES
+    with pytest.raises(ConfigError, match="2 traces"):
+        load(tmp_path)  # which one: the operator says
