@@ -38,7 +38,7 @@ class Exchange:
 
     __slots__ = (
         "_block", "_closed", "choose", "disconnected", "downstream", "energy", "lane", "meter",
-        "responder", "root_path", "route_app", "scope", "settle_timeout", "status", "upstream",
+        "responder", "root_path", "route_app", "scope", "settle_timeout", "server_receive", "status",
     )
 
     def __init__(
@@ -46,7 +46,7 @@ class Exchange:
         choose: Callable[[Message, Exchange], Responder], settle_timeout: float, route_app: Any,
     ) -> None:
         self.scope = scope
-        self.upstream = receive
+        self.server_receive = receive
         self.downstream = send
         self.meter = meter
         self.choose = choose
@@ -64,7 +64,7 @@ class Exchange:
 
     # -- the app's side ----------------------------------------------------------------------
     async def receive(self) -> Message:
-        message = await self.upstream()
+        message = await self.server_receive()
         if message["type"] == "http.disconnect":
             self.disconnected = True  # the only sign of a disconnect (send() stays silent)
         return message
