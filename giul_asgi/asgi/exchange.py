@@ -38,7 +38,7 @@ class Exchange:
 
     __slots__ = (
         "_block", "_closed", "choose", "disconnected", "downstream", "energy", "lane", "meter",
-        "responder", "root_path", "route_app", "scope", "settle_timeout", "server_receive", "status",
+        "responder", "root_path", "route_app", "scope", "server_receive", "settle_timeout", "status",
     )
 
     def __init__(
