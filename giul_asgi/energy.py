@@ -45,6 +45,9 @@ class Provenance:
     backend: str
     source: str
     idle_watts: float | None
+    #: The node reads a MIG board: which slices it stands for, and that the energy is the
+    #: board's (:mod:`giul_asgi.readers.mig`); None when not on MIG.
+    mig: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,9 @@ class Energy:
     carbon_signal: str | None = None
     #: How old the intensity was when the figure was made (seconds).
     carbon_age_s: float | None = None
+    #: On a MIG board: the slices the node stands for and that the energy is the whole
+    #: board's (a slice cannot be metered alone); None when not on MIG.
+    mig: str | None = None
 
     @property
     def known(self) -> bool:
@@ -183,6 +189,7 @@ class Energy:
             "carbon_source": self.carbon_source,
             "carbon_signal": self.carbon_signal,
             "carbon_age_s": _num(self.carbon_age_s),
+            "mig": self.mig,
         }
 
 
@@ -257,6 +264,8 @@ def grade(
         energy.carbon_g_per_kwh, energy.pue = carbon.g_per_kwh, carbon.pue
         energy.carbon_source, energy.carbon_signal = carbon.source, carbon.signal
         energy.carbon_age_s = carbon.age_s
+    if provenance.mig is not None:
+        energy.mig = provenance.mig
     return energy
 
 

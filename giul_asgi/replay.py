@@ -220,6 +220,10 @@ class _Recorded:
         self.period = float(period) if isinstance(period, int | float) and period > 0 else 0.1
         idle = about.get("idle_w")
         self.simulated_idle_w = float(idle) if isinstance(idle, int | float) else None
+        mig = about.get("mig")  # what the live reader said of MIG, for mig_of
+        slices = mig.get("slices") if isinstance(mig, dict) else None
+        self.mig = isinstance(mig, dict)
+        self.mig_slices = tuple(slices) if isinstance(slices, list) else None
         self.clock = clock
 
     def read(self) -> Reading:
@@ -357,7 +361,7 @@ def _row(ledger: Ledger, request: _Request) -> dict[str, Any]:
         "joules": energy.joules, "uncertainty_joules": energy.uncertainty_joules,
         "method": energy.method, "backend": energy.backend, "source": "replay",
         "settled": energy.settled, "split": energy.split, "seconds": energy.seconds,
-        "error": energy.error, "raw_j": raw, "live_raw_j": request.live_j, "relative_difference": diff,
+        "error": energy.error, "mig": energy.mig, "raw_j": raw, "live_raw_j": request.live_j, "relative_difference": diff,
     }
 
 

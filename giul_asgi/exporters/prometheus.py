@@ -147,6 +147,10 @@ def reader_families(ledgers: Iterable[Any] | None) -> Iterator[Metric]:
     up = GaugeMetricFamily(
         "giul_node_reader_up", "1 while the node's reader reads, 0 while it fails or is unavailable.",
         labels=["node", "reader"])
+    mig = GaugeMetricFamily(
+        "giul_node_mig_info", "1 for a node that reads a MIG board, labelled with the slices it "
+        "stands for: its energy is the whole board's (a MIG slice cannot be metered alone).",
+        labels=["node", "slices"])
     try:
         items = list(ledgers or ())
     except Exception:  # a scrape never breaks on a ledger
@@ -156,7 +160,11 @@ def reader_families(ledgers: Iterable[Any] | None) -> Iterator[Metric]:
         node = getattr(getattr(ledger, "node", None), "name", None)
         if health is not None and node is not None:
             up.add_metric([str(node), str(health.reader)], 1.0 if health.state == "ok" else 0.0)
+        on_mig = getattr(ledger, "mig", None)
+        if on_mig is not None and node is not None:
+            mig.add_metric([str(node), on_mig.label], 1.0)
     yield up
+    yield mig
 
 
 def _le(bound: float) -> str:

@@ -36,6 +36,7 @@ from ..errors import ConfigError, GiulError, ReaderUnavailable
 from ..hostshare import ENV as HOSTSHARE_ENV
 from ..hostshare import CardTable, Place, Setting, card_key, log_unshared, resolve
 from ..readers.base import NullReader, Process, Reader, Reading
+from ..readers.mig import Mig, mig_of
 from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .poller import IDLE_S, Health, Poller
 from .sources import explicit, reader_factory
@@ -123,6 +124,8 @@ class Ledger:
         self.book.error = _STARTING if measures else "node configured with reader='none'"
         self.tape: Tape | None = None
         self.reader: Reader | None = None
+        #: The node reads a MIG board (None: not, or not known yet): said in every record.
+        self.mig: Mig | None = None
         self.failure: BaseException | None = None
         self._poller: Poller | None = None
         self._workers: _Workers | None = None
@@ -235,11 +238,14 @@ class Ledger:
             if idle_w is None:
                 idle_w = getattr(reader, "simulated_idle_w", None)
             self.tape = Tape(reader.kind, idle_w, period_hint=self.node.period_s or reader.period)
+            self.mig = mig_of(reader)
             if self._note is not None:
                 self._note(("at", {"kind": reader.kind, "method": reader.method,
                                    "backend": reader.backend, "source": reader.source,
-                                   "idle_w": idle_w, "period_hint": self.tape.period_hint}))
-            self.book.provenance = Provenance(reader.method, reader.backend, reader.source, idle_w)
+                                   "idle_w": idle_w, "period_hint": self.tape.period_hint,
+                                   "mig": self.mig.as_dict() if self.mig is not None else None}))
+            self.book.provenance = Provenance(reader.method, reader.backend, reader.source, idle_w,
+                                              self.mig.caveat if self.mig is not None else None)
             if reader.kind == "none":
                 self.book.measures = False
                 self.book.error = getattr(reader, "reason", "no reader for this node")

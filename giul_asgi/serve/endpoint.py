@@ -140,6 +140,7 @@ class EnergyEndpoint:
         empty = None
         readers = _reader_health(self.ledgers)
         carbons = _carbon_health(self.ledgers)
+        migs = _migs(self.ledgers)
         for t in totals:
             name = str(getattr(t, "node", None) or "<none>")
             if node is not None and name != node:
@@ -153,6 +154,7 @@ class EnergyEndpoint:
             ledger["reads_per_s"] = reads
             ledger["reader"] = readers.get(name)
             ledger["carbon"] = carbons.get(name)
+            ledger["mig"] = migs.get(name)
             nodes[name] = {**nodes[name], "ledger": ledger}
         for section in nodes.values():
             section.setdefault("ledger", None)
@@ -206,6 +208,19 @@ def _carbon_health(ledgers: Any) -> dict[str, dict[str, Any]]:
             health = getattr(ledger, "carbon_health", None)
             if health is not None:
                 out[str(ledger.node.name)] = health
+    except Exception:  # the page never breaks on a ledger
+        pass
+    return out
+
+
+def _migs(ledgers: Any) -> dict[str, dict[str, Any]]:
+    """Each node on a MIG board: the slices it stands for, and the board-level caveat."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for ledger in list(ledgers or ()):
+            mig = getattr(ledger, "mig", None)
+            if mig is not None:
+                out[str(ledger.node.name)] = mig.as_dict()
     except Exception:  # the page never breaks on a ledger
         pass
     return out
