@@ -361,7 +361,8 @@ def _row(ledger: Ledger, request: _Request) -> dict[str, Any]:
         "joules": energy.joules, "uncertainty_joules": energy.uncertainty_joules,
         "method": energy.method, "backend": energy.backend, "source": "replay",
         "settled": energy.settled, "split": energy.split, "seconds": energy.seconds,
-        "error": energy.error, "mig": energy.mig, "raw_j": raw, "live_raw_j": request.live_j, "relative_difference": diff,
+        "error": energy.error, "mig": energy.mig, "raw_j": raw, "live_raw_j": request.live_j,
+        "relative_difference": diff,
     }
 
 

@@ -441,3 +441,16 @@ def test_two_ledgers_of_one_node_in_one_process_write_two_traces(tmp_path: Path)
     assert agree(live_second, replay(load(tmp_path / f"{stem}-2.jsonl")).rows) <= AGREES
     with pytest.raises(ConfigError, match="2 traces"):
         load(tmp_path)  # which one: the operator says
+
+
+def test_a_buffer_the_reader_thread_did_not_empty_in_time_is_bounded_and_said(tmp_path: Path) -> None:
+    from giul_asgi.ledger.trace import Trace
+
+    trace = Trace(tmp_path, {"node": "n", "split": "time"}, max_bytes=1_000_000, max_buffer=100)
+    for i in range(1_000):  # the request path never waits: the oldest events go
+        trace.note(("o", float(i), i))
+    assert len(trace.buffer) == 100
+    trace.close()
+    loaded = load(tmp_path)
+    assert loaded.lost == 1 and len(loaded.events) == 100
+    assert any("lost events" in note for note in loaded.notes)
