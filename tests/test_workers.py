@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
+from giul_asgi.hostshare import process_start
 from giul_asgi.stats import EnergyStats, HostStats, clear_directory
 
 APP = textwrap.dedent('''
@@ -137,12 +138,17 @@ def test_a_worker_merges_rows_and_skips_a_damaged_one(tmp_path: Path) -> None:
         b.record(Energy(4.0, "measured", route="/b"), outcome="ok", status=200)
         b.flush()
         folder = a.rows.folder
-        (folder / f"{os.getpid()}-1-x.json").write_text("{not json")
-        (folder / f"{os.getpid()}-2-y.json").write_text(f'{{"parent": {a.parent!r}, "state": {{}}}}'
-                                                         .replace("'", '"').replace("None", "null"))
+        # b's row as another live process wrote it (our parent's pid and start time): a
+        # second middleware in this same process is not another worker, and is not merged.
+        assert b.rows is not None
+        other = os.getppid()
+        b.rows.path.rename(folder / f"{other}-{process_start(other) or 'x'}.json")
+        (folder / f"{other}-1-x.json").write_text("{not json")
+        (folder / f"{other}-2-y.json").write_text(f'{{"parent": {a.parent!r}, "state": {{}}}}'
+                                                  .replace("'", '"').replace("None", "null"))
         snap = a.snapshot("all")
         assert snap["totals"]["joules"]["sum"] == 7.0 and set(snap["routes"]) == {"/a", "/b"}
-        assert snap["workers"] == 1  # b is this same process: one worker, two rows
+        assert snap["workers"] == 2
     finally:
         a.close()
         b.close()

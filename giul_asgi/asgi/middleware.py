@@ -129,9 +129,11 @@ class EnergyMiddleware:
         self.ledgers = ledgers if ledgers is not None else default_ledgers()
         self.exclude = PathSet(options.exclude)
         if stats is None:
-            from ..stats import EnergyStats
+            from ..stats import EnergyStats, HostStats
 
-            stats = EnergyStats(max_tenants=options.max_tenants)
+            # Shared with the host's other worker processes by default (its own where
+            # nothing can be shared, saying so): /energy answers for the whole host.
+            stats = HostStats(EnergyStats(max_tenants=options.max_tenants))
         self.stats = stats
         #: Every settled figure by request id, for /energy/requests/{id}.
         self.records = records if records is not None else RecordStore()
@@ -291,6 +293,7 @@ class EnergyMiddleware:
         """Stop the readers and settle every figure, then flush the sinks (lifespan
         shutdown does this): no settled record is lost on a clean shutdown."""
         await self.ledgers.aclose(timeout=self.options.startup_timeout)
+        self.records.close()  # what is queued for the other workers is written
         for sink in self.sinks:
             aclose = getattr(sink, "aclose", None)
             if aclose is not None:

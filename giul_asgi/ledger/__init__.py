@@ -491,8 +491,9 @@ class Ledger:
 
 def _watches_idle(node: Node) -> bool:
     """Whether an idle node still reads at its counter's period: it watches for a foreign
-    load it subtracts, or for the load of others (the upstream's, other workers')."""
-    return node.foreign == "subtract" or node.upstream is not None or node.workers_dir is not None
+    load it subtracts, or for the upstream's load. (Other workers' load is read from the
+    host's table on the chore's own lap; sharing is the default, so it cannot set the pace.)"""
+    return node.foreign == "subtract" or node.upstream is not None
 
 
 def _reader_name(node: Node, built: Reader | None) -> str:

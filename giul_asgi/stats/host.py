@@ -120,6 +120,19 @@ class HostStats:
         return self.stats.windows
 
     @property
+    def tenants(self) -> Any:
+        """This worker's tenant places (bounded labels)."""
+        return self.stats.tenants
+
+    def size(self) -> dict[str, int]:
+        """This worker's statistics' elements (see :meth:`EnergyStats.size`)."""
+        return self.stats.size()
+
+    def bound(self) -> dict[str, int]:
+        """Their stated bound (see :meth:`EnergyStats.bound`)."""
+        return self.stats.bound()
+
+    @property
     def default_window(self) -> str:
         return self.stats.default_window
 
@@ -161,6 +174,8 @@ class HostStats:
         found, seen, live = [], set(), set()
         for row in rows.others():
             seen.add(row.name)
+            if row.pid == os.getpid():
+                continue  # another middleware in this process: not another worker
             try:
                 st = row.path.stat()
                 stamp = (st.st_mtime_ns, st.st_size)
@@ -176,7 +191,7 @@ class HostStats:
                 if not _alive_parent(data.get("parent")):
                     rows.remove_dead(STALE_S, [row])
                 continue
-            if row.pid != os.getpid() and row.alive():
+            if row.alive():
                 live.add(row.pid)
             found.append(data)
         for name in [n for n in self._cache if n not in seen]:
