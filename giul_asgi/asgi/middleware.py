@@ -231,7 +231,7 @@ class EnergyMiddleware:
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Start the readers at startup (a reader that cannot work fails the startup, with
         its remedy, so ``uvicorn app:app`` stops with it); stop them at shutdown."""
-        answered = False
+        answered = failed = False
 
         async def receive_lifespan() -> Message:
             message = await receive()
@@ -240,10 +240,15 @@ class EnergyMiddleware:
             return message
 
         async def send_lifespan(message: Message) -> None:
-            nonlocal answered
+            nonlocal answered, failed
             kind = message["type"]
+            if failed:
+                # The server stopped at our failed startup and cancels the app's lifespan:
+                # what the app says about that (Starlette: the CancelledError's traceback
+                # as shutdown.failed) would bury the one line an operator needs.
+                return
             if kind == "lifespan.startup.complete" and self.startup_error is not None:
-                answered = True
+                answered = failed = True
                 await send({"type": "lifespan.startup.failed", "message": self._failure()})
                 return
             if kind in ("lifespan.startup.complete", "lifespan.startup.failed"):
