@@ -254,12 +254,16 @@ class Meter:
                 stages[stage] = grade(part, node=self.node, tier=name, route=self.route,
                                       carbon=self.ledger.carbon)
                 prev = t_mark
-        return grade(
+        energy = grade(
             share, node=self.node, tier=name, route=self.route, tokens=self._tokens,
             token_kind=self.token_kind, hint_per_1k=hint, stages=stages, id=self.id,
             tenant=self.tenant,
             carbon=self.ledger.carbon,
         )
+        unshared = self.ledger.unshared
+        if unshared is not None:  # other workers on the card cannot be seen: say so
+            energy.error = unshared if energy.error is None else f"{energy.error}; {unshared}"
+        return energy
 
     @property
     def settled_now(self) -> bool:

@@ -21,6 +21,7 @@ from giul_asgi.hostshare import CardTable, card_key, log_unshared, resolve
 from giul_asgi.hostshare import place as place_module
 from giul_asgi.hostshare.journal import Journal
 from giul_asgi.hostshare.rows import Rows, parse, process_start
+from giul_asgi.meter import Meter
 
 # -- the place ------------------------------------------------------------------------------
 
@@ -328,6 +329,11 @@ def test_a_ledger_that_cannot_share_says_so_once_and_keeps_its_own_books(
         for ledger in ledgers:
             books = ledger.host_totals()
             assert books.workers == 1 and books.charged_j == ledger.totals().charged_j
+            # ... and every figure says so (issue 16 item 1): it cannot see other workers.
+            meter = Meter(ledger)
+            meter.open()
+            meter.close()
+            assert "per process" in (meter.figure().error or "")
     finally:
         for ledger in ledgers:
             ledger.stop(1.0)

@@ -129,6 +129,9 @@ class Ledger:
         self.failure: BaseException | None = None
         self._poller: Poller | None = None
         self._workers: _Workers | None = None
+        #: Why this process's figures cannot see other workers on the card (no place to
+        #: share through), said in every figure; None where they are shared or turned off.
+        self.unshared: str | None = None
         self._stopped = False
         #: The node's carbon intensity now (None: none configured): what every figure is
         #: graded with, one attribute read; a polled one is replaced by the reader thread.
@@ -572,6 +575,8 @@ class _Workers:
         if self.place is None:
             self.place = place = resolve(self.setting)
             log_unshared(place)
+            if not place.shared and not place.off:
+                ledger.unshared = f"per process: {place.reason}; other workers on this card are not seen"
             key = card_key(ledger.node, ledger.reader)
             if place.path is not None and key is not None:
                 self.table = CardTable(place.path, key, ledger.node.name, clock=ledger.clock)
