@@ -118,14 +118,16 @@ class Ring:
         self.n = n  # slots in the window
         self.slots: dict[int, Cell] = {}
 
-    def add(self, slot: int, cell: Cell) -> None:
-        """Merge ``cell`` into ``slot`` (another worker's, say), keeping the slots in order."""
+    def add(self, slot: int, cell: Cell, *, owned: bool = False) -> None:
+        """Merge ``cell`` into ``slot`` (another worker's, say), keeping the slots in order;
+        ``owned``: nothing else holds the cell, a new slot may take it as it is."""
         mine = self.slots.get(slot)
         if mine is not None:
             mine.merge(cell)
             return
-        self.slots[slot] = cell.copy()
-        if slot < max(self.slots):
+        last = next(reversed(self.slots), slot)
+        self.slots[slot] = cell if owned else cell.copy()
+        if slot < last:
             self.slots = dict(sorted(self.slots.items()))
 
     def prune(self, newest: int) -> list[tuple[int, Cell]]:

@@ -456,7 +456,7 @@ class EnergyStats:
                 rolling.base.merge(base)
                 for ring, slots in zip(rolling.rings, rings, strict=True):
                     for slot, c in slots:
-                        ring.add(slot, c)
+                        ring.add(slot, c, owned=True)  # parsed here: nobody else has it
                 if their_step >= step:
                     rolling.cell.merge(cell)
                 elif cell.requests:  # their current cell is in the past here
