@@ -221,7 +221,10 @@ def node_totals(totals: dict[str, Any]) -> dict[str, float]:
     """Each node's charged joules from /energy's JSON (docs/energy-schema.md)."""
     nodes = totals["nodes"]
     assert isinstance(nodes, dict), json.dumps(totals)[:500]
-    return {name: float(section["ledger"]["charged_j"]) for name, section in nodes.items()}
+    # Charged by the books, plus what figures took from the prior for time no reading
+    # covered (a cold start): together, what the records say.
+    return {name: float(section["ledger"]["charged_j"]) + float(section["ledger"]["estimated_j"])
+            for name, section in nodes.items()}
 
 
 def test_load_prints_the_table_and_exits() -> None:

@@ -30,7 +30,7 @@ from .rows import Rows
 GRACE_S = 60.0
 _tables = itertools.count()  # a ledger rebuilt in one process is a new row, not a smaller one
 #: The books a process publishes per card (joules since its ledger started, and windows open).
-BOOKS = ("measured_j", "charged_j", "in_flight_j", "windows_open")
+BOOKS = ("measured_j", "charged_j", "in_flight_j", "windows_open", "estimated_j")
 
 
 def folder_name(key: str) -> str:
@@ -50,6 +50,8 @@ class HostBooks:
     charged_j: float
     in_flight_j: float
     windows_open: int
+    #: Filled from the prior where no reading covered a window's time (outside the books).
+    estimated_j: float = 0.0
 
     @property
     def unattributed_j(self) -> float:
@@ -73,6 +75,7 @@ class CardTable:
         self._seen: dict[str, tuple[float, dict[str, float]]] = {}  # row -> (integral, books)
         self._retired_integral = 0.0
         self._retired_charged = 0.0
+        self._retired_estimated = 0.0
         self._retired_measured = 0.0
         self._live: dict[str, dict[str, float]] = {}
         self._measured_high = 0.0
@@ -126,6 +129,7 @@ class CardTable:
         integral, books = seen
         self._retired_integral += integral
         self._retired_charged += books.get("charged_j", 0.0) + books.get("in_flight_j", 0.0)
+        self._retired_estimated += books.get("estimated_j", 0.0)
         self._retired_measured = max(self._retired_measured, books.get("measured_j", 0.0))
 
     def host(self, mine: Mapping[str, float]) -> HostBooks:
@@ -147,6 +151,7 @@ class CardTable:
             charged_j=self._retired_charged + sum(r.get("charged_j", 0.0) for r in rows),
             in_flight_j=sum(r.get("in_flight_j", 0.0) for r in rows),
             windows_open=int(sum(r.get("windows_open", 0.0) for r in rows)),
+            estimated_j=self._retired_estimated + sum(r.get("estimated_j", 0.0) for r in rows),
         )
 
     def close(self) -> None:

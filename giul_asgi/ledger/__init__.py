@@ -598,7 +598,7 @@ class _Workers:
         return replace(
             mine, measured_j=books.measured_j, charged_j=books.charged_j,
             unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j,
-            windows_open=books.windows_open, workers=books.workers,
+            windows_open=books.windows_open, workers=books.workers, estimated_j=books.estimated_j,
         )
 
     def close(self) -> None:
@@ -609,7 +609,8 @@ class _Workers:
 def _books(totals: LedgerTotals) -> dict[str, float]:
     """What a process publishes of its books for the host's (see :class:`HostBooks`)."""
     return {"measured_j": totals.measured_j, "charged_j": totals.charged_j,
-            "in_flight_j": totals.in_flight_j, "windows_open": float(totals.windows_open)}
+            "in_flight_j": totals.in_flight_j, "windows_open": float(totals.windows_open),
+            "estimated_j": totals.estimated_j}
 
 
 NULL_NODE = Node("<none>", reader="none")

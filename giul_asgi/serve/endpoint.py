@@ -42,7 +42,7 @@ LEDGER_FIELDS = (
     "measured_j", "charged_j", "unattributed_j", "foreign_j", "in_flight_j",
     "conservation_error_j", "idle_w", "mean_concurrency", "foreign_watts", "contended",
     "reads", "read_errors", "last_error", "last_reading_age_s", "resets", "period_s",
-    "lost_s", "windows_open",
+    "lost_s", "windows_open", "estimated_j", "workers",
 )
 
 try:
