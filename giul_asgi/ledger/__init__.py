@@ -38,6 +38,7 @@ from ..hostshare import CardTable, Place, Setting, card_key, log_unshared, resol
 from ..readers.base import NullReader, Process, Reader, Reading
 from ..readers.mig import Mig, mig_of
 from .book import Book, Split, TimeSplit, TokenSplit, Window
+from .history import LOOK_EVERY_S, History
 from .poller import IDLE_S, Health, Poller
 from .sources import explicit, reader_factory
 from .tape import Tape
@@ -142,6 +143,8 @@ class Ledger:
         #: appends one event to its buffer, under the lock (see :mod:`.trace`).
         self._trace = for_node(node, split.name, measures)
         self._note = self._trace.note if self._trace is not None else None
+        #: The host's books, one sample a step, taken by the reader thread (/energy's power).
+        self.history = History()
         if reader is not None:
             self.attach(reader)
 
@@ -336,6 +339,7 @@ class Ledger:
             chores.append((self._carbon_feed.tick_s, self._carbon_tick))
         if self._trace is not None:
             chores.append((WRITE_EVERY_S, self._trace.write))
+        chores.append((LOOK_EVERY_S, self.history.chore(self.host_totals)))
         return chores
 
     def _carbon_tick(self) -> None:

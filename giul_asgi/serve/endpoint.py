@@ -131,7 +131,7 @@ class EnergyEndpoint:
                  node: str | None = None, tenant: str | None = None) -> dict[str, Any]:
         """The documented JSON: the statistics, with node sections from the ledgers."""
         totals = list(ledger_totals(self.ledgers))
-        self.stats.observe_nodes(totals)
+        self._observe(totals)
         data: dict[str, Any] = self.stats.snapshot(window, route=route, node=node, tenant=tenant)
         data.setdefault("workers", 1)
         view = self.stats.view() if hasattr(self.stats, "view") else self.stats
@@ -165,8 +165,17 @@ class EnergyEndpoint:
 
         if self._collector is None:
             self._collector = EnergyCollector(self.stats, self.ledgers)
-        self.stats.observe_nodes(ledger_totals(self.ledgers))
+        self._observe(list(ledger_totals(self.ledgers)))
         return prometheus_text(self._collector)
+
+    def _observe(self, totals: list[Any]) -> None:
+        """The power series: the samples each ledger took a step on its reader thread, and a
+        sample now of a ledger that keeps none (a reading of two reads' difference)."""
+        histories = _histories(self.ledgers)
+        if histories and hasattr(self.stats, "observe_history"):
+            self.stats.observe_history(histories)
+        self.stats.observe_nodes([t for t in totals
+                                  if str(getattr(t, "node", None) or "<none>") not in histories])
 
     async def _page(self, scope: Scope, send: Any, query: dict[str, list[str]]) -> None:
         data = await anyio.to_thread.run_sync(lambda: self.snapshot(**_filters(query)))
@@ -185,6 +194,21 @@ class EnergyEndpoint:
             return
         await _send(send, scope, 200, _dumps({"schema": RECORD_SCHEMA, "record": energy.as_dict()}),
                     "application/json")
+
+
+def _histories(ledgers: Any) -> dict[str, list[Any]]:
+    """Each node's books, one sample a step, as its ledger's reader thread took them (a
+    ledger whose reader thread has not taken two is left to be sampled now)."""
+    out: dict[str, list[Any]] = {}
+    try:
+        for ledger in list(ledgers or ()):
+            history = getattr(ledger, "history", None)
+            samples = history.samples() if history is not None else []
+            if len(samples) >= 2:
+                out[str(ledger.node.name)] = samples
+    except Exception:  # the page never breaks on a ledger
+        pass
+    return out
 
 
 def _reader_health(ledgers: Any) -> dict[str, dict[str, Any]]:

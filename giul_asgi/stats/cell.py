@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .labels import METHOD_MIX, OUTCOMES
-from .sketch import BINS, BINS_PER_DECADE, JPT, KEYS, LOWEST_EXP, SEC, J, quantiles
+from .sketch import BINS, BINS_PER_DECADE, JPT, KEYS, LOWEST_EXP, SEC, J, count, quantiles
 
 NJ = 1e9  # nanojoules a joule
 NG = 1e9  # nanograms a gram
@@ -29,7 +29,9 @@ _log10 = math.log10
 _ceil = math.ceil
 _FIRST = LOWEST_EXP * BINS_PER_DECADE  # sketch.bin_of, inlined in add(): three calls a record
 _TOP = BINS - 1
-Point = tuple[int, float | None, float | None, float | None, float | None]
+#: requests, joules, p50, p90, joules per token p50, contended requests, grams CO2eq (of the
+#: known), requests whose joules are known (what p50 and p90 rest on)
+Point = tuple[int, float | None, float | None, float | None, float | None, int, float | None, int]
 Quantiles = Callable[[int, Sequence[float]], list[float | None]]
 
 
@@ -140,16 +142,26 @@ class Cell:
                 outcomes: Mapping[str, int] | None = None,
                 methods: Mapping[str, int] | None = None) -> dict[str, Any]:
         """The documented per-label figures (:func:`summary`) of this cell alone."""
-        return summary(self, self.quantiles, statuses or {}, outcomes or {}, methods or {})
+        return summary(self, self.quantiles, statuses or {}, outcomes or {}, methods or {},
+                       count_of=self.count)
+
+    def count(self, sketch: int) -> int:
+        return count(self.bins, sketch)
 
     def quantiles(self, sketch: int, qs: Sequence[float]) -> list[float | None]:
         return quantiles(self.bins, sketch, qs)
 
     def point(self) -> Point:
-        """One point of a time series: requests, joules, p50, p90, joules per token p50."""
+        """One point of a time series (:data:`Point`)."""
         p50, p90 = quantiles(self.bins, J, (0.5, 0.9))
         (jpt,) = quantiles(self.bins, JPT, (0.5,))
-        return self.requests, self.joules, p50, p90, jpt
+        return (self.requests, self.joules, p50, p90, jpt, self.contended, self.carbon_grams,
+                self.known)
+
+    @property
+    def carbon_grams(self) -> float | None:
+        """The sum of known carbon figures, g (``None`` when none is known)."""
+        return self.carbon_ng / NG if self.carbon_known else None
 
     def state(self) -> list[Any]:
         return [self.requests, self.known, self.nj, self.tokens, self.tok_nj, self.tok_tokens,
@@ -170,10 +182,12 @@ class Cell:
 
 
 def summary(cell: Cell, quantiles_of: Quantiles, statuses: Mapping[str, int],
-            outcomes: Mapping[str, int], methods: Mapping[str, int]) -> dict[str, Any]:
+            outcomes: Mapping[str, int], methods: Mapping[str, int], *,
+            count_of: Callable[[int], int]) -> dict[str, Any]:
     """The documented per-label figures (docs/energy-schema.md, ``Summary``): ``cell``'s
-    counters, quantiles from ``quantiles_of(sketch, qs)``, and the status class, outcome
-    and method counts of the keys merged into it."""
+    counters, quantiles from ``quantiles_of(sketch, qs)`` and how many values each rests on
+    (``count_of(sketch)``), and the status class, outcome and method counts of the keys
+    merged into it."""
     n, known = cell.requests, cell.known
     p50, p90, p99 = quantiles_of(J, (0.5, 0.9, 0.99))
     (jpt_p50,) = quantiles_of(JPT, (0.5,))
@@ -191,7 +205,8 @@ def summary(cell: Cell, quantiles_of: Quantiles, statuses: Mapping[str, int],
             "p99": rounded(p99),
         },
         "tokens": cell.tokens,
-        "joules_per_token": {"p50": rounded(jpt_p50), "aggregate": rounded(jpt_agg)},
+        "joules_per_token": {"p50": rounded(jpt_p50), "aggregate": rounded(jpt_agg),
+                             "known": count_of(JPT)},
         "tokens_per_joule": {
             "p50": rounded(1.0 / jpt_p50) if jpt_p50 else None,
             "aggregate": rounded(1.0 / jpt_agg) if jpt_agg else None,
@@ -205,6 +220,7 @@ def summary(cell: Cell, quantiles_of: Quantiles, statuses: Mapping[str, int],
             "sum": rounded(cell.us / US),
             "p50": rounded(s50),
             "p99": rounded(s99),
+            "known": count_of(SEC),
         },
         "outcomes": {o: outcomes.get(o, 0) for o in OUTCOMES},
         "statuses": dict(sorted(statuses.items())),

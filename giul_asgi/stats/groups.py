@@ -84,15 +84,21 @@ class Group:
             return self.cell.quantiles(sketch, qs)
         return self.counts.quantiles(sketch, qs)
 
+    def count(self, sketch: int) -> int:
+        """How many values one sketch holds (what its quantiles rest on)."""
+        return self.cell.count(sketch) if self.counts is None else self.counts.count(sketch)
+
     def summary(self) -> dict[str, Any]:
         return summary(self.cell, self.quantiles, {k: v for k, v in self.statuses.items() if v},
-                       self.outcomes, self.methods)
+                       self.outcomes, self.methods, count_of=self.count)
 
     def point(self) -> Point:
-        """One point of a time series: requests, joules, p50, p90, joules per token p50."""
+        """One point of a time series (:data:`~giul_asgi.stats.cell.Point`)."""
         p50, p90 = self.quantiles(J, (0.5, 0.9))
         (jpt,) = self.quantiles(JPT, (0.5,))
-        return self.cell.requests, self.cell.joules, p50, p90, jpt
+        cell = self.cell
+        return (cell.requests, cell.joules, p50, p90, jpt, cell.contended, cell.carbon_grams,
+                cell.known)
 
 
 def table(cells: Iterable[tuple[Key, Cell]]) -> Table:

@@ -118,6 +118,9 @@ class HostStats:
     def observe_nodes(self, totals: Any) -> None:
         self.stats.observe_nodes(totals)
 
+    def observe_history(self, histories: Any) -> None:
+        self.stats.observe_history(histories)
+
     @property
     def windows(self) -> tuple[str, ...]:
         return self.stats.windows

@@ -1,9 +1,11 @@
 """Samples of each node's ledger totals, for the power series and the watts on /energy.
 
-The ledgers keep since-start joules (measured, charged to requests, unattributed). Sampled
-when /energy or /metrics is read, at most one sample a step per node (the latest kept),
-over the longest window, their differences give above-idle watts over time. Bounded by
-nodes x (slots of the longest window + 2).
+The ledgers keep since-start joules (measured, charged to requests, unattributed). A ledger
+samples its own books once a step on its reader thread (:mod:`giul_asgi.ledger.history`),
+whether or not anyone reads /energy; /energy folds those samples in (:meth:`NodeSamples.add`)
+and samples a ledger that keeps none when it is read (:meth:`NodeSamples.observe`). At most
+one sample a step per node (the latest kept), over the longest window: their differences
+give above-idle watts over time. Bounded by nodes x (steps of the longest window + 2).
 """
 
 from __future__ import annotations
@@ -41,6 +43,20 @@ class NodeSamples:
             samples.append(sample)
         while samples and samples[0].t < now - self.span_s - self.step_s:
             samples.pop(0)
+
+    def add(self, name: str, samples: list[Sample], now: float) -> None:
+        """Fold in samples taken elsewhere (a ledger's history), one a step, the latest kept."""
+        if not samples:
+            return
+        mine = self.samples.get(name, [])
+        by_step = {int(s.t // self.step_s): s for s in mine}
+        for s in samples:
+            step = int(s.t // self.step_s)
+            kept = by_step.get(step)
+            if kept is None or kept.t < s.t:
+                by_step[step] = s
+        oldest = now - self.span_s - self.step_s
+        self.samples[name] = [by_step[k] for k in sorted(by_step) if by_step[k].t >= oldest]
 
     def copy(self) -> dict[str, list[Sample]]:
         return {k: list(v) for k, v in self.samples.items()}

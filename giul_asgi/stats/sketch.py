@@ -77,6 +77,11 @@ def quantiles(bins: Mapping[int, int], sketch: int, qs: Sequence[float]) -> list
     return [bin_value(keys[bisect_right(running, q * (count - 1))] - sketch) for q in qs]
 
 
+def count(bins: Mapping[int, int], sketch: int) -> int:
+    """How many values one sketch of a cell's bins holds (what its quantiles rest on)."""
+    return sum(c for k, c in bins.items() if sketch <= k < sketch + BINS)
+
+
 class Counts:
     """The three sketches as one dense list, for merging many cells when someone reads:
     adding a cell's bins is a list index each (half a dict's cost, measured in
@@ -103,6 +108,10 @@ class Counts:
         out = Counts.__new__(Counts)
         out.counts = list(self.counts)
         return out
+
+    def count(self, sketch: int) -> int:
+        """As :func:`count`, over the dense counts."""
+        return sum(self.counts[sketch:sketch + BINS])
 
     def quantiles(self, sketch: int, qs: Sequence[float]) -> list[float | None]:
         """As :func:`quantiles`, over the dense counts."""
@@ -143,6 +152,7 @@ __all__ = [
     "J",
     "bin_of",
     "bin_value",
+    "count",
     "joule_buckets",
     "quantiles",
 ]

@@ -88,31 +88,48 @@ def _series(points: Points, nodes: Mapping[str, list[Sample]], step_s: float,
             if want is not None and name != want:
                 continue
             cols: dict[str, list[Any]] = {"requests": [], "joules": [], "p50": [], "p90": [],
-                                          "jpt_p50": []}
+                                          "jpt_p50": [], "known": [], "contended": [], "carbon_g": []}
             for s in slots:
                 p = pts.get(s)
                 cols["requests"].append(p[0] if p else 0)
-                for name_, i in (("joules", 1), ("p50", 2), ("p90", 3), ("jpt_p50", 4)):
+                cols["known"].append(p[7] if p else 0)
+                cols["contended"].append(p[5] if p else 0)
+                for name_, i in (("joules", 1), ("p50", 2), ("p90", 3), ("jpt_p50", 4),
+                                 ("carbon_g", 6)):
                     cols[name_].append(rounded(p[i]) if p else None)
             section[name] = cols
         out[group + "s"] = section
-    start = slots[0] * slot_s
     power: dict[str, Any] = {}
     for name, samples in sorted(nodes.items()):
         if keep.get("node") not in (None, name):
             continue
-        col: dict[str, list[Any]] = {"t": [], "measured_w": [], "charged_w": [], "unattributed_w": []}
-        for a, b in itertools.pairwise(samples):
-            dt = b.t - a.t
-            if b.t < start or dt <= 0:
-                continue
-            col["t"].append(b.t)
-            for field, i in (("measured_w", 1), ("charged_w", 2), ("unattributed_w", 3)):
-                x, y = a[i], b[i]
-                col[field].append(rounded((y - x) / dt) if x is not None and y is not None and y >= x
-                                  else None)
+        col: dict[str, list[Any]] = {"t": list(out["t"])}
+        for field, i in (("measured_w", 1), ("charged_w", 2), ("unattributed_w", 3)):
+            col[field] = _per_slot(samples, i, out["t"], slot_s)
         power[name] = col
     out["power"] = power
+    return out
+
+
+def _per_slot(samples: list[Sample], i: int, starts: list[float], slot_s: float) -> list[Any]:
+    """Mean watts of field ``i`` (joules since start) in each slot: the rate between each
+    two consecutive samples, weighted by the part of the slot it covers (``None`` where no
+    two samples with the field known and not going backwards cover any of the slot)."""
+    rates = []
+    for a, b in itertools.pairwise(samples):
+        x, y = a[i], b[i]
+        if b.t > a.t and x is not None and y is not None and y >= x:
+            rates.append((a.t, b.t, (y - x) / (b.t - a.t)))
+    out: list[Any] = []
+    for s0 in starts:
+        s1 = s0 + slot_s
+        joules = covered = 0.0
+        for t0, t1, watts in rates:
+            overlap = min(t1, s1) - max(t0, s0)
+            if overlap > 0:
+                joules += watts * overlap
+                covered += overlap
+        out.append(rounded(joules / covered) if covered > 0 else None)
     return out
 
 

@@ -43,7 +43,7 @@ from ..tenants import DEFAULT_MAX_TENANTS, TenantPlaces
 from .cell import NG, NJ, Cell, Point
 from .groups import Sums, Table, points, table, window_table
 from .labels import NONE, OTHER, Key, Labels, is_key, key_bound
-from .nodes import NodeSamples
+from .nodes import NodeSamples, Sample
 from .rolling import Geometry, Ring, Rolling
 from .sketch import BINS, JOULE_BUCKETS, joule_buckets
 from .snapshot import Points, Reading, render
@@ -174,6 +174,21 @@ class EnergyStats:
             with self._lock:
                 for t in totals:
                     self._nodes.observe(str(getattr(t, "node", None) or NONE), t, now)
+        except Exception:
+            self.dropped += 1
+
+    def observe_history(self, histories: Mapping[str, Sequence[Sequence[Any]]]) -> None:
+        """Fold in samples the ledgers took themselves, one a step (node name ->
+        ``(t, measured_j, charged_j, unattributed_j, reads)`` each, wall-clock ``t``; see
+        :mod:`giul_asgi.ledger.history`): the power series has a point a step whether or
+        not anyone read /energy. Never raises."""
+        try:
+            now = self.clock()
+            parsed = {str(name): [Sample(*(float(x) if x is not None else None for x in s))  # type: ignore[arg-type]
+                                  for s in samples] for name, samples in histories.items()}
+            with self._lock:
+                for name, samples in parsed.items():
+                    self._nodes.add(name, samples, now)
         except Exception:
             self.dropped += 1
 
