@@ -210,3 +210,19 @@ def openai_chat(card: SimulatedCard, *, token_seconds: float = 0.004, load_w: fl
         return StreamingResponse(tokens(), media_type="text/event-stream")
 
     return chat
+
+
+class CountingPattern:
+    """A compiled pattern that counts the bytes it is asked to search (linear-work tests)."""
+
+    def __init__(self, pattern: Any) -> None:
+        self.pattern = pattern
+        self.scanned = 0
+
+    def finditer(self, data: bytes, *args: Any) -> Any:
+        self.scanned += len(data)
+        return self.pattern.finditer(data, *args)
+
+    def search(self, data: bytes, *args: Any) -> Any:
+        self.scanned += len(data)
+        return self.pattern.search(data, *args)

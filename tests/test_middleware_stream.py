@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from apps import (
+    CountingPattern,
     Message,
     RecordingStats,
     body_of,
@@ -366,22 +367,6 @@ async def test_a_held_chunk_is_delivered_when_the_app_returns_without_ending() -
 
     sent = await drive(fresh(app, node))
     assert body_of(sent) == chunk("a") + chunk(None, "stop")
-
-
-class CountingPattern:
-    """The event-end pattern, counting the bytes it is asked to search."""
-
-    def __init__(self, pattern: Any) -> None:
-        self.pattern = pattern
-        self.scanned = 0
-
-    def finditer(self, data: bytes, *args: Any) -> Any:
-        self.scanned += len(data)
-        return self.pattern.finditer(data, *args)
-
-    def search(self, data: bytes, *args: Any) -> Any:
-        self.scanned += len(data)
-        return self.pattern.search(data, *args)
 
 
 async def test_an_event_that_never_ends_costs_linear_work(

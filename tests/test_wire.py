@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+from apps import CountingPattern
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -348,22 +349,6 @@ def test_any_split_of_the_stream_gives_the_same_bytes(
 
 
 # -- the splicer: hostile streams -----------------------------------------------------------
-class CountingPattern:
-    """A compiled pattern that counts the bytes it is asked to search."""
-
-    def __init__(self, pattern: re.Pattern[bytes]) -> None:
-        self.pattern = pattern
-        self.scanned = 0
-
-    def finditer(self, data: bytes, *args: Any) -> Any:
-        self.scanned += len(data)
-        return self.pattern.finditer(data, *args)
-
-    def search(self, data: bytes, *args: Any) -> Any:
-        self.scanned += len(data)
-        return self.pattern.search(data, *args)
-
-
 def test_an_event_that_never_ends_is_scanned_once_and_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
