@@ -262,7 +262,7 @@ def _thread_cpu(prefix: str) -> float:
     return total if found else float("nan")
 
 
-def _timed(fn: Any, n: int) -> float:
+def timed(fn: Any, n: int) -> float:
     """Microseconds per call of ``fn``: the least of three runs of ``n`` calls."""
     best = float("inf")
     for _ in range(3):
@@ -313,14 +313,14 @@ async def breakdown(n: int) -> list[tuple[str, float, str]]:
 
     batch = [Settled(energy, "ok", 200, time.time())] * 16
     rows = [
-        ("route match", _timed(lambda: mw.router.match(scope), n), "Router.match"),
-        ("window open + close", _timed(open_close, n), "Ledger.open/close on the busy card"),
-        ("figure (grade a share)", _timed(lambda: meter._grade(share, window), n),
+        ("route match", timed(lambda: mw.router.match(scope), n), "Router.match"),
+        ("window open + close", timed(open_close, n), "Ledger.open/close on the busy card"),
+        ("figure (grade a share)", timed(lambda: meter._grade(share, window), n),
          "Meter._grade -> energy.grade"),
-        ("output", _timed(output, n), "parse, 11 headers, the block, the splice"),
-        ("statistics, a record", _timed(lambda: mw.stats.settled(batch), n // 16) / 16,
+        ("output", timed(output, n), "parse, 11 headers, the block, the splice"),
+        ("statistics, a record", timed(lambda: mw.stats.settled(batch), n // 16) / 16,
          "EnergyStats.settled, batches of 16"),
-        ("records by id, a record", _timed(lambda: mw.records.settled(batch), n // 16) / 16,
+        ("records by id, a record", timed(lambda: mw.records.settled(batch), n // 16) / 16,
          "RecordStore.settled, batches of 16"),
     ]
     await asyncio.sleep(0.5)

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from overhead import timed as timed_us
+
 from giul_asgi import EnergyMiddleware, Ledgers, Node, Tier
 from giul_asgi.energy import Energy
 from giul_asgi.listeners import Settled
@@ -119,14 +121,8 @@ async def in_process(rounds: int, n: int) -> tuple[dict[str, list[float]], dict[
 
 
 def timed(fn: Callable[[], object], n: int) -> float:
-    """Nanoseconds per call of ``fn``: the least of three runs of ``n`` calls."""
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, time.perf_counter() - start)
-    return best / n * 1e9
+    """Nanoseconds per call of ``fn``: overhead.py's timing (the least of three runs)."""
+    return timed_us(fn, n) * 1e3
 
 
 class Holder:
