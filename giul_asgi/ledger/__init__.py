@@ -416,8 +416,9 @@ class Ledger:
             self._poller.start()
 
     def _windows_open(self) -> bool:
-        """Whether this process has windows open on the node (the poller's busy pace)."""
-        return self.own_load()[1] > 0
+        """Whether this process has windows open on the node, or closed and not settled yet
+        (the poller's busy pace: a closed window waits on the next steps to settle)."""
+        return self.own_load()[1] > 0 or self.book.unsettled
 
     @property
     def health(self) -> Health | None:

@@ -163,6 +163,11 @@ class Book:
         return self.close(window, t)
 
     # -- pieces from the tape -------------------------------------------------------------
+    @property
+    def unsettled(self) -> bool:
+        """Closed windows still waiting on the card (read without the lock: a list's length)."""
+        return bool(self._closing)
+
     def book(self, piece: Piece, now: float) -> list[Window]:
         """Share one span (or fill one gap) among its windows; returns the windows settled."""
         settled: list[Window] = []
