@@ -71,10 +71,11 @@ class EnergyMiddleware:
     label and the rest under ``<other>``.
 
     ``settings`` are :class:`~giul_asgi.asgi.options.Options`' fields (``energy_key``,
-    ``inject_json``, ``max_body``, ``stream_event``, ``usage_energy``, ``trailers``,
-    ``token_kind``, ``settle_timeout``, ``startup_timeout``, ``energy_path``,
-    ``metrics_path``, ``exclude``). Everything is checked here, once: a bad value raises
-    :class:`ConfigError` with its remedy before the app serves anything.
+    ``inject_json``, ``max_body``, ``stream_event``, ``usage_energy``, ``energy_in_usage``,
+    ``trailers``, ``token_kind``, ``settle_timeout``, ``startup_timeout``, ``energy_path``,
+    ``metrics_path``, ``exclude``, ``max_tenants``, ``trace``). Everything is checked here,
+    once: a bad value raises :class:`ConfigError` with its remedy before the app serves
+    anything.
     """
 
     def __init__(
