@@ -135,13 +135,17 @@ def check(energy: dict[str, Any], model: str, tokens: int | None) -> None:
     assert isinstance(energy["id"], str)
 
 
-def client(api: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=api + "/v1", api_key="any", max_retries=0)
+@pytest.fixture(scope="module")
+def oai(api: str) -> Iterator[openai.OpenAI]:
+    """One client for the module, closed at its end (a client left to the garbage collector
+    leaves its connection open: a ResourceWarning in whichever test runs then)."""
+    with openai.OpenAI(base_url=api + "/v1", api_key="any", max_retries=0) as client:
+        yield client
 
 
 @pytest.mark.parametrize("model", ["sim-70b", "sim-8b"])
-def test_a_plain_answer_has_headers_and_a_block(api: str, model: str) -> None:
-    raw = client(api).chat.completions.with_raw_response.create(
+def test_a_plain_answer_has_headers_and_a_block(oai: openai.OpenAI, model: str) -> None:
+    raw = oai.chat.completions.with_raw_response.create(
         model=model, messages=[{"role": "user", "content": "How much did this cost?"}], max_tokens=12)
     answer = raw.parse()
     headers = raw.headers
@@ -158,8 +162,8 @@ def test_a_plain_answer_has_headers_and_a_block(api: str, model: str) -> None:
     float(headers["x-energy-seconds"])  # a number, whatever the figure
 
 
-def test_a_stream_with_include_usage_carries_energy_on_the_usage_chunk(api: str) -> None:
-    chunks = list(client(api).chat.completions.create(
+def test_a_stream_with_include_usage_carries_energy_on_the_usage_chunk(oai: openai.OpenAI) -> None:
+    chunks = list(oai.chat.completions.create(
         model="sim-70b", messages=[{"role": "user", "content": "stream it"}], max_tokens=10,
         stream=True, stream_options={"include_usage": True}))
     last = chunks[-1]
@@ -167,8 +171,8 @@ def test_a_stream_with_include_usage_carries_energy_on_the_usage_chunk(api: str)
     check(energy_of(last), "sim-70b", last.usage.completion_tokens)
 
 
-def test_a_plain_stream_carries_energy_on_the_finish_reason_chunk(api: str) -> None:
-    chunks = list(client(api).chat.completions.create(
+def test_a_plain_stream_carries_energy_on_the_finish_reason_chunk(oai: openai.OpenAI) -> None:
+    chunks = list(oai.chat.completions.create(
         model="sim-8b", messages=[{"role": "user", "content": "stream it plainly"}], max_tokens=9,
         stream=True))
     assert all(c.usage is None for c in chunks)  # the usage the gateway asked for is not forwarded
@@ -178,14 +182,14 @@ def test_a_plain_stream_carries_energy_on_the_finish_reason_chunk(api: str) -> N
     check(energy_of(finishing[0]), "sim-8b", written)  # the count came from the stripped usage
 
 
-def test_completions_and_embeddings_are_metered(api: str) -> None:
-    text = client(api).completions.create(model="sim-8b", prompt="Once upon a time", max_tokens=6)
+def test_completions_and_embeddings_are_metered(oai: openai.OpenAI) -> None:
+    text = oai.completions.create(model="sim-8b", prompt="Once upon a time", max_tokens=6)
     assert text.usage is not None
     check(energy_of(text), "sim-8b", text.usage.completion_tokens)
-    streamed = list(client(api).completions.create(model="sim-70b", prompt="Go on", max_tokens=5,
+    streamed = list(oai.completions.create(model="sim-70b", prompt="Go on", max_tokens=5,
                                                    stream=True, stream_options={"include_usage": True}))
     check(energy_of(streamed[-1]), "sim-70b", 5)
-    emb = client(api).embeddings.create(model="sim-embed", input=["joules", "per", "token"])
+    emb = oai.embeddings.create(model="sim-embed", input=["joules", "per", "token"])
     check(energy_of(emb), "sim-embed", None)
 
 
