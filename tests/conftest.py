@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -19,6 +22,8 @@ from fake_nvml import FakeGpu, FakeNvml  # noqa: E402
 
 from giul_asgi import Ledgers  # noqa: E402
 
+T = TypeVar("T")
+
 
 @pytest.fixture
 def fake_nvml() -> FakeNvml:
@@ -33,3 +38,12 @@ def ledgers() -> Ledgers:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+def closing() -> Iterator[Callable[[T], T]]:
+    """``closing(client)`` closes ``client`` when the test ends, however it ends: a client
+    left to the garbage collector keeps its connection open, and the ResourceWarning fails
+    whichever test runs when it is collected."""
+    with contextlib.ExitStack() as stack:
+        yield stack.enter_context

@@ -62,8 +62,8 @@ def gateway(two_upstreams: dict[str, str]) -> Iterator[str]:
         yield url
 
 
-def test_openai_client_works_through_the_gateway_unchanged(gateway: str) -> None:
-    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+def test_openai_client_works_through_the_gateway_unchanged(gateway: str, closing: Any) -> None:
+    client = closing(openai.OpenAI(base_url=gateway + "/v1", api_key="unused"))
     for model in ("m-big", "m-small"):
         answer = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
@@ -76,8 +76,8 @@ def test_openai_client_works_through_the_gateway_unchanged(gateway: str) -> None
     assert sorted(m.id for m in client.models.list()) == ["m-big", "m-emb", "m-small"]
 
 
-def test_a_stream_the_client_asked_usage_of_keeps_it(gateway: str) -> None:
-    client = openai.OpenAI(base_url=gateway + "/v1", api_key="unused")
+def test_a_stream_the_client_asked_usage_of_keeps_it(gateway: str, closing: Any) -> None:
+    client = closing(openai.OpenAI(base_url=gateway + "/v1", api_key="unused"))
     chunks = list(client.chat.completions.create(
         model="m-big", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
         stream_options={"include_usage": True}))
@@ -85,7 +85,7 @@ def test_a_stream_the_client_asked_usage_of_keeps_it(gateway: str) -> None:
     assert chunks[-1].usage.completion_tokens == 4
 
 
-def test_a_stream_without_include_usage_gets_no_usage(gateway: str) -> None:
+def test_a_stream_without_include_usage_gets_no_usage(gateway: str, closing: Any) -> None:
     with httpx.stream("POST", gateway + "/v1/chat/completions", json={
         "model": "m-small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
         "stream": True,
@@ -97,7 +97,7 @@ def test_a_stream_without_include_usage_gets_no_usage(gateway: str) -> None:
     assert all("usage" not in o for o in objects)  # not the chunk, not "usage": null either
     assert objects[-1]["choices"][0]["finish_reason"] == "length"
     assert sum(1 for o in objects if o["choices"][0]["delta"].get("content")) == 4
-    completions = list(openai.OpenAI(base_url=gateway + "/v1", api_key="x").completions.create(
+    completions = list(closing(openai.OpenAI(base_url=gateway + "/v1", api_key="x")).completions.create(
         model="m-small", prompt="go", max_tokens=3, stream=True))
     assert all(c.usage is None for c in completions) and completions[-1].choices[0].finish_reason
 
@@ -205,7 +205,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_upstream_down_is_a_502_and_slow_is_a_504(spy: tuple[Spy, str]) -> None:
+def test_upstream_down_is_a_502_and_slow_is_a_504(spy: tuple[Spy, str], closing: Any) -> None:
     s, url = spy
     dead = f"http://127.0.0.1:{free_port()}"
     cfg = gw.load_gateway_config({"node": [{"name": "n", "reader": "none"}], "model": [
@@ -213,7 +213,7 @@ def test_upstream_down_is_a_502_and_slow_is_a_504(spy: tuple[Spy, str]) -> None:
         {"name": "slow", "upstream": url + "/v1", "node": "n"}]})
     app = gw.create_app(cfg, meter=False, timeout=httpx.Timeout(0.3, connect=1.0))
     with serve(app) as gateway:
-        client = openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0)
+        client = closing(openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0))
         with pytest.raises(openai.APIStatusError) as down:
             client.chat.completions.create(model="gone", messages=[{"role": "user", "content": "x"}])
         assert down.value.status_code == 502 and "unreachable" in down.value.message
@@ -233,12 +233,14 @@ def test_upstream_down_is_a_502_and_slow_is_a_504(spy: tuple[Spy, str]) -> None:
         assert httpx.get(gateway + "/v1/models").status_code == 502
 
 
-def test_a_stream_broken_upstream_ends_with_an_error_the_client_raises(spy: tuple[Spy, str]) -> None:
+def test_a_stream_broken_upstream_ends_with_an_error_the_client_raises(
+    spy: tuple[Spy, str], closing: Any
+) -> None:
     s, url = spy
     s.break_stream = True
     cfg = gw.load_gateway_config({"model": [{"name": "*", "upstream": url + "/v1"}]})
     with serve(gw.create_app(cfg, meter=False)) as gateway:
-        client = openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0)
+        client = closing(openai.OpenAI(base_url=gateway + "/v1", api_key="x", max_retries=0))
         stream = client.chat.completions.create(model="spy", messages=[], stream=True)
         with pytest.raises(openai.APIError, match="broke off"):
             list(stream)

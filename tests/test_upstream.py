@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -174,9 +175,11 @@ def upstream() -> Iterator[tuple[str, Upstream]]:
         yield url, up
 
 
-def test_openai_client_gets_chat_completions_and_embeddings(upstream: tuple[str, Upstream]) -> None:
+def test_openai_client_gets_chat_completions_and_embeddings(
+    upstream: tuple[str, Upstream], closing: Any
+) -> None:
     url, _ = upstream
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    client = closing(openai.OpenAI(base_url=url + "/v1", api_key="unused"))
     answer = client.chat.completions.create(
         model="fast", messages=[{"role": "user", "content": "hello"}], max_tokens=5)
     assert answer.choices[0].finish_reason in ("length", "stop")
@@ -242,7 +245,9 @@ def test_bad_requests_get_openai_errors(upstream: tuple[str, Upstream], path: st
     assert error["param"] == param and error["message"]
 
 
-def test_readings_speak_the_agent_schema_and_rise_with_load(upstream: tuple[str, Upstream]) -> None:
+def test_readings_speak_the_agent_schema_and_rise_with_load(
+    upstream: tuple[str, Upstream], closing: Any
+) -> None:
     url, up = upstream
     first = httpx.get(url + "/readings").json()
     assert first["schema"] == SCHEMA and first["simulated"] is True
@@ -251,7 +256,7 @@ def test_readings_speak_the_agent_schema_and_rise_with_load(upstream: tuple[str,
     assert set(gpu) == {"index", "uuid", "name", "t", "energy_j", "power_w", "mig", "error"}
     assert gpu["index"] == 0 and gpu["error"] is None and gpu["mig"] is False
     assert gpu["energy_j"] * 1000 == pytest.approx(round(gpu["energy_j"] * 1000), abs=1e-6)  # whole mJ
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    client = closing(openai.OpenAI(base_url=url + "/v1", api_key="unused"))
     client.chat.completions.create(model="fast", messages=[{"role": "user", "content": "x"}],
                                    max_tokens=100)
     time.sleep(0.15)  # one more counter step
