@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..energy import Energy
 from ..meter import Meter
@@ -22,15 +22,25 @@ from ..wire.body import energy_json
 from ..wire.sse import EVENT_ENDS, NEVER, Lane
 from .routing import route_template
 
-if TYPE_CHECKING:
-    from .responders import Responder
-
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("giul_asgi.middleware")
+
+
+class Responder(Protocol):
+    """What the exchange asks of the responder its ``choose`` built (responders.py)."""
+
+    head: Any
+    complete: bool
+
+    async def start(self) -> None: ...
+
+    def send(self, message: Message) -> Awaitable[None]: ...
+
+    async def flush(self) -> None: ...
 
 
 class Exchange:
