@@ -114,12 +114,12 @@ COLD: set[str] = set()  # nodes whose first figure came before any window there 
 
 def cold_first(energy: dict[str, Any]) -> bool:
     """A node's very first figure, before anything settled there, has no measured prior for
-    the part its card has not reported: it is a labelled estimate (once per node), and its
-    settled record is simulated (the totals test checks that)."""
-    if energy["method"] != "estimated" or energy["settled"] or energy["node"] in COLD:
+    the part its card has not reported: it is a labelled estimate or unknown, saying why
+    (once per node; the totals test checks its settled record)."""
+    if energy["method"] not in ("estimated", "unknown") or energy["settled"] or energy["node"] in COLD:
         return False
     COLD.add(energy["node"])
-    return "not settled" in (energy["error"] or "")
+    return bool(energy["error"])
 
 
 def check(energy: dict[str, Any], model: str, tokens: int | None) -> None:
@@ -196,6 +196,7 @@ def test_completions_and_embeddings_are_metered(oai: openai.OpenAI) -> None:
 def test_settled_records_add_up_to_the_energy_totals(api: str) -> None:
     assert len(SEEN) >= 7, "the tests above did not run first"
     records: dict[str, dict[str, Any]] = {}
+    cold_records: set[str] = set()
     deadline = time.monotonic() + 5.0
     with httpx.Client(base_url=api, timeout=5.0) as http:
         for ident, model in SEEN.items():
@@ -209,8 +210,15 @@ def test_settled_records_add_up_to_the_energy_totals(api: str) -> None:
             assert r.status_code == 200, (ident, r.status_code, r.text[:200])
             record = r.json()["record"]
             assert record["settled"] is True, record
-            assert record["method"] == "simulated" and record["id"] == ident
-            assert record["node"] == NODE_OF[model][0]
+            assert record["id"] == ident and record["node"] == NODE_OF[model][0]
+            if record["method"] != "simulated":
+                # A node's very first window, closed before its card had been read at all
+                # (a loaded machine, the agent still starting): nothing measured to give
+                # it, so it says so (unknown, or the tier's labelled estimate), once a node.
+                assert record["method"] in ("unknown", "estimated") and record["error"], record
+                assert record["node"] not in cold_records, record
+                cold_records.add(record["node"])
+                continue
             assert isinstance(record["joules"], float) and record["joules"] > 0
             records[ident] = record
         totals = http.get("/energy").json()
