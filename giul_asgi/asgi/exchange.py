@@ -4,10 +4,10 @@ The exchange is the request's state and nothing else. It wraps the app's ``recei
 only place a client's disconnect shows: a server's ``send`` stays silent after one) and
 ``send`` (the first ``http.response.start`` chooses a responder, through the ``choose``
 function it was given, built from the middleware's options; every later message goes to
-that responder). Its figure is made
-once, when someone first needs it (a header, the JSON block, a trailer): the headers, the
-block and the stream all tell the same one. What settles later goes to the listeners
-through the meter, on the reader's thread.
+that responder, or, for a stream's common chunk, through the responder's lane). Its figure
+is made once, when someone first needs it (a header, the JSON block, a trailer): the
+headers, the block and the stream all tell the same one. What settles later goes to the
+listeners through the meter, on the reader's thread.
 """
 
 from __future__ import annotations
