@@ -121,6 +121,17 @@ def test_four_workers_charge_the_card_once_and_any_worker_finds_any_record(
               f"served by {len(served_by)} workers")
         assert all(r["settled"] for r in records.values())
         assert 0.9 < charged / caused < 1.1, (charged, caused, kind)
+        # And /energy, whichever worker answers, counts the host's requests (each worker
+        # writes its statistics for the others within a second or so of settling them).
+        deadline = time.monotonic() + 20
+        while True:
+            answers = [httpx.get(base + "/energy", params={"window": "all"}, timeout=10.0).json()
+                       for _ in range(8)]  # a new connection each: various workers answer
+            counted = [a["totals"]["requests"] for a in answers]
+            if all(a.get("workers") == 4 and n >= len(plan) for a, n in zip(answers, counted, strict=True)):
+                break
+            assert time.monotonic() < deadline, (counted, [a.get("workers") for a in answers])
+            time.sleep(0.5)
     finally:
         proc.terminate()
         try:
