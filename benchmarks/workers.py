@@ -46,6 +46,7 @@ sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import workers_card  # type: ignore[import-not-found]  # noqa: E402  (tests/: the card and its truth)
+from overhead import free_port  # noqa: E402
 
 TARGET = (0.9, 1.1)
 
@@ -65,22 +66,6 @@ def label(kind: str, share: bool) -> str:
     return f"{kind}, {'no setting' if share else 'GIUL_ASGI_LOAD_DIR=off'}"
 
 
-def command(kind: str, port: int) -> list[str]:
-    if kind == "uvicorn":
-        return [sys.executable, "-m", "uvicorn", "workers_app:app", "--host", "127.0.0.1",
-                "--port", str(port), "--workers", "4", "--log-level", "warning"]
-    return [sys.executable, "-m", "gunicorn", "workers_app:app", "-k", "uvicorn_worker.UvicornWorker",
-            "-w", "4", "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--graceful-timeout", "5"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def get(base: str, path: str, **params: Any) -> httpx.Response:
     with httpx.Client(base_url=base, timeout=30) as client:  # a new connection each time
         return client.get(path, params=params)
@@ -98,7 +83,8 @@ def run_once(kind: str, share: bool, requests: int, concurrency: int, seed: int)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         log = (Path(tmp) / "server.log").open("wb")
-        proc = subprocess.Popen(command(kind, port), env=env, cwd=TESTS, stdout=log, stderr=log)
+        proc = subprocess.Popen(workers_card.server_command(kind, port), env=env, cwd=TESTS,
+                                stdout=log, stderr=log)
         try:
             pids: set[int] = set()
             deadline = time.monotonic() + 60

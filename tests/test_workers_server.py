@@ -14,7 +14,6 @@ import random
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -33,14 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def server(kind: str, port: int) -> list[str]:
-    if kind == "uvicorn":
-        return [sys.executable, "-m", "uvicorn", "workers_app:app", "--host", "127.0.0.1",
-                "--port", str(port), "--workers", "4", "--log-level", "warning"]
-    return [sys.executable, "-m", "gunicorn", "workers_app:app", "-k", "uvicorn_worker.UvicornWorker",
-            "-w", "4", "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--graceful-timeout", "5"]
 
 
 def one_request(base: str, watts: float, seconds: float) -> tuple[str, int]:
@@ -69,7 +60,8 @@ def test_four_workers_charge_the_card_once_and_any_worker_finds_any_record(
                PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT / "benchmarks"), str(ROOT)]))
     log_path = tmp_path / "server.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(server(kind, port), env=env, cwd=TESTS, stdout=log, stderr=log)
+        proc = subprocess.Popen(workers_card.server_command(kind, port), env=env, cwd=TESTS,
+                                stdout=log, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 40

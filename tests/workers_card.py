@@ -10,7 +10,8 @@ whole-mJ counter steps at jittered times), and neither looks at the ledger:
   watts) by the worker that serves it, and every worker's reader replays the file, so all
   of them read one card, for real servers (uvicorn, gunicorn) whose requests nobody
   schedules. :func:`caused` is the truth: each job's energy, tail included, in closed form
-  from the file alone.
+  from the file alone. :func:`server_command` starts such a server, four workers over the
+  card (``workers_app``), for the test and the benchmark alike.
 """
 
 from __future__ import annotations
@@ -157,3 +158,15 @@ def caused(path: str | os.PathLike[str]) -> tuple[float, int]:
         apply(line, jobs, done)
     finished = [j for j in done if j.stop is not None]
     return sum(j.truth(card.ramp_up, card.tau) for j in finished), len(finished)
+
+
+def server_command(kind: str, port: int) -> list[str]:
+    """Four ``workers_app`` workers on 127.0.0.1:``port`` under uvicorn or gunicorn (run
+    with the tests' folder as the working directory), nothing about energy set."""
+    import sys
+
+    if kind == "uvicorn":
+        return [sys.executable, "-m", "uvicorn", "workers_app:app", "--host", "127.0.0.1",
+                "--port", str(port), "--workers", "4", "--log-level", "warning"]
+    return [sys.executable, "-m", "gunicorn", "workers_app:app", "-k", "uvicorn_worker.UvicornWorker",
+            "-w", "4", "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--graceful-timeout", "5"]
