@@ -13,7 +13,7 @@ the ledger (:class:`Listeners` keeps one listener's failure from the others).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -53,6 +53,12 @@ class Listeners:
 
     def __init__(self, items: Iterable[Listener] = ()) -> None:
         self._items: tuple[Listener, ...] = tuple(items)
+
+    def __iter__(self) -> Iterator[Listener]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def settled(self, batch: Sequence[Settled]) -> None:
         for listener in self._items:
