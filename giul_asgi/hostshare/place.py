@@ -14,6 +14,8 @@ process and :func:`log_unshared` says so once.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import stat
@@ -123,6 +125,36 @@ def _usable(path: Path, *, private: bool) -> str | None:
     return None
 
 
+def open_file(path: Path, flags: int, mode: int = 0o600) -> int:
+    """Open a file in the place: never through a symbolic link (``O_NOFOLLOW``), close-on-exec,
+    and only a regular file this user owns. Raises OSError (``EPERM`` for a file that is not
+    ours): a planted link or file can make us neither write elsewhere nor read its rows."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise PermissionError(errno.EPERM, "not a regular file of this user's", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_dir(path: Path) -> Path:
+    """A folder of the place: created 0700 if missing, else accepted only if it is a real
+    directory (not a link) this user owns, made private if it was not. Raises OSError."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a real directory", os.fspath(path))
+    if info.st_uid != os.getuid():
+        raise PermissionError(errno.EPERM, f"belongs to another user (uid {info.st_uid})", os.fspath(path))
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
 
@@ -144,4 +176,4 @@ def log_unshared(place: Place) -> None:
 
 
 __all__ = ["ENV", "OFF", "Place", "Setting", "check_setting", "default_candidates", "log_unshared",
-           "resolve"]
+           "make_dir", "open_file", "resolve"]

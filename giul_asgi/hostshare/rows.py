@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .place import make_dir
+
 
 def process_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot, or None (no such process, no /proc)."""
@@ -74,7 +76,8 @@ class Rows:
     process, such as two nodes on one card)."""
 
     def __init__(self, folder: Path, *, suffix: str = ".json", tag: str = "") -> None:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_dir(folder)
         self.folder = folder
         self.suffix = suffix
         self.name = me(tag) + suffix
