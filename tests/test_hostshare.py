@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import multiprocessing as mp
 import os
+import pwd
 import stat
+import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +24,7 @@ from giul_asgi.errors import ConfigError
 from giul_asgi.hostshare import CardTable, card_key, log_unshared, resolve
 from giul_asgi.hostshare import place as place_module
 from giul_asgi.hostshare.journal import Journal
+from giul_asgi.hostshare.place import make_dir, open_file
 from giul_asgi.hostshare.rows import Rows, parse, process_start
 from giul_asgi.meter import Meter
 
@@ -40,7 +45,7 @@ def test_the_first_process_creates_a_private_directory_and_later_ones_join_it(tm
     assert resolve(candidates=[where]).path == where and (where / "mark").exists()
 
 
-def test_a_directory_opened_to_others_is_made_private_again(tmp_path: Path) -> None:
+def test_a_default_directory_opened_to_others_is_made_private_again(tmp_path: Path) -> None:
     where = tmp_path / "open"
     where.mkdir(mode=0o777)
     os.chmod(where, 0o777)
@@ -115,6 +120,262 @@ def test_a_place_that_cannot_work_says_why_once(
         log_unshared(resolve("off"))
     lines = [r for r in caplog.records if "per process" in r.getMessage()]
     assert len(lines) == 2 and lines[0].levelno == logging.WARNING and lines[1].levelno == logging.INFO
+
+
+# -- the place is private: what is not is refused, with the remedy (issue 20 item 5) ----------
+
+def _nobody() -> int:
+    """The uid of a user who is not us (tests run as root here: we can chown to them)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a directory or file to another user (chown)")
+    try:
+        return pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return 65534
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_an_explicit_directory_others_may_write_is_refused_not_chmodded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(place_module, "_logged", set())  # as in a fresh process
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    found = resolve(open_dir)
+    assert found.path is None and "others may write in it (mode 0777)" in (found.reason or "")
+    assert found.remedy == f"chmod 700 {open_dir}"
+    assert _mode(open_dir) == 0o777  # the operator's directory: never chmod-ed behind their back
+    readable = tmp_path / "readable"
+    readable.mkdir(mode=0o755)
+    os.chmod(readable, 0o755)
+    found = resolve(str(readable))
+    assert "others may read it (mode 0755)" in (found.reason or "")
+    assert found.remedy == f"chmod 700 {readable}"
+    assert _mode(readable) == 0o755
+    with caplog.at_level(logging.INFO, logger="giul_asgi.hostshare"):
+        log_unshared(resolve(open_dir))
+    line = next(r for r in caplog.records if "per process" in r.getMessage())
+    assert line.levelno == logging.WARNING
+    assert f"cannot use {open_dir}" in line.getMessage() and f"-> chmod 700 {open_dir}" in line.getMessage()
+    os.chmod(open_dir, 0o700)  # the remedy works
+    assert resolve(open_dir).path == open_dir
+
+
+@pytest.mark.parametrize("shared", [tempfile.gettempdir(), "/dev/shm"])
+def test_the_system_temp_dir_or_shared_memory_itself_is_refused_with_a_subdirectory_remedy(
+    shared: str,
+) -> None:
+    if not os.path.isdir(shared):
+        pytest.skip(f"{shared} does not exist here")
+    before = _mode(Path(shared))
+    found = resolve(shared)
+    assert found.path is None and "a directory every user may write in" in (found.reason or "")
+    assert found.remedy is not None and f"mkdir -m 700 {shared}/giul-asgi" in found.remedy
+    assert f"GIUL_ASGI_LOAD_DIR={shared}/giul-asgi" in found.remedy
+    assert _mode(Path(shared)) == before
+
+
+def test_another_users_directory_is_refused_explicit_or_default(tmp_path: Path) -> None:
+    nobody = _nobody()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, nobody, nobody)
+    found = resolve(theirs)
+    assert found.path is None and f"belongs to another user (uid {nobody}" in (found.reason or "")
+    assert found.remedy is not None and "mkdir -m 700" in found.remedy
+    mine = tmp_path / "mine"
+    default = resolve(candidates=[theirs, mine])
+    assert default.path == mine  # a squatted default: the next one, said in a warning
+
+
+def test_a_default_place_opened_by_hand_is_made_private_again_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(place_module, "_logged", set())
+    where = tmp_path / "giul-asgi-default"
+    where.mkdir()
+    os.chmod(where, 0o777)
+    with caplog.at_level(logging.WARNING, logger="giul_asgi.hostshare"):
+        assert resolve(candidates=[where]).path == where
+    assert _mode(where) == 0o700
+    assert any("made private again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_symlinked_place_is_refused_explicit_or_default(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    found = resolve(link)
+    assert found.path is None and "symbolic link" in (found.reason or "")
+    assert "not a link" in (found.remedy or "")
+    assert resolve(candidates=[link]).path is None
+
+
+def test_a_place_under_a_directory_others_may_write_without_the_sticky_bit_is_refused(tmp_path: Path) -> None:
+    # Others could rename our private directory away and put theirs (or a link) in its place.
+    lax = tmp_path / "lax"
+    lax.mkdir()
+    os.chmod(lax, 0o777)
+    found = resolve(lax / "giul")
+    assert found.path is None and "without the sticky bit" in (found.reason or "")
+    assert f"chmod go-w {lax}" in (found.remedy or "")
+    assert not (lax / "giul").exists()  # refused before anything was made in it
+    os.chmod(lax, 0o1777)  # sticky, as /tmp: others cannot rename what is ours
+    assert resolve(lax / "giul").path == lax / "giul" and _mode(lax / "giul") == 0o700
+
+
+def test_a_place_made_for_the_operator_is_0700_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o277)  # a umask that would leave the owner unable to write
+    try:
+        made = resolve(tmp_path / "a" / "b" / "giul")
+    finally:
+        os.umask(old)
+    assert made.path == tmp_path / "a" / "b" / "giul" and _mode(made.path) == 0o700
+
+
+def test_a_subfolder_of_another_user_or_a_link_is_refused_at_every_level(tmp_path: Path) -> None:
+    nobody = _nobody()
+    place = tmp_path / "place"
+    place.mkdir(mode=0o700)
+    (place / "stats").mkdir(mode=0o700)
+    os.chown(place / "stats", nobody, nobody)
+    with pytest.raises(PermissionError, match="another user"):
+        Rows(place / "stats")
+    (place / "cards").mkdir(mode=0o700)
+    os.chown(place / "cards", nobody, nobody)  # the folder above a card's: checked too
+    with pytest.raises(PermissionError, match="another user"):
+        Rows(place / "cards" / "uuid-GPU-1")
+    with pytest.raises(PermissionError, match="another user"):
+        make_dir(place / "cards" / "uuid-GPU-2", root=place)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (place / "records").symlink_to(elsewhere)
+    with pytest.raises(NotADirectoryError, match="symbolic link"):
+        Rows(place / "records")
+    assert not list(elsewhere.iterdir())
+
+
+def test_a_subfolder_opened_by_hand_is_private_again_only_inside_a_private_folder(tmp_path: Path) -> None:
+    place = tmp_path / "place"
+    place.mkdir(mode=0o700)
+    (place / "stats").mkdir()
+    os.chmod(place / "stats", 0o777)
+    make_dir(place / "stats")
+    assert _mode(place / "stats") == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)
+    (shared / "stats").mkdir()
+    os.chmod(shared / "stats", 0o755)
+    with pytest.raises(PermissionError, match="chmod 700"):
+        make_dir(shared / "stats")  # outside a private folder: the operator's to fix
+    assert _mode(shared / "stats") == 0o755
+
+
+def test_open_file_refuses_a_link_a_fifo_a_hard_link_and_another_users_file(tmp_path: Path) -> None:
+    target = tmp_path / "precious"
+    target.write_bytes(b"keep me")
+    link = tmp_path / "row.json"
+    link.symlink_to(target)
+    with pytest.raises(OSError, match="symbolic link") as caught:
+        open_file(link, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    assert caught.value.errno == errno.ELOOP
+    hard = tmp_path / "hard.json"
+    os.link(target, hard)
+    with pytest.raises(PermissionError, match="hard link"):
+        open_file(hard, os.O_WRONLY | os.O_TRUNC)
+    assert target.read_bytes() == b"keep me"  # refused before anything was truncated
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | int] = []
+    opener = threading.Thread(target=lambda: outcome.append(_try(lambda: open_file(fifo, os.O_RDONLY))),
+                              daemon=True)
+    opener.start()
+    opener.join(10)
+    assert not opener.is_alive(), "opening a planted FIFO blocked"
+    assert isinstance(outcome[0], PermissionError) and "not a regular file" in str(outcome[0])
+    fd = open_file(tmp_path / "mine.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        assert os.get_blocking(fd) and os.get_inheritable(fd) is False
+        assert _mode(tmp_path / "mine.json") == 0o600
+    finally:
+        os.close(fd)
+
+
+def _try(call: Any) -> BaseException | int:
+    try:
+        fd = call()
+    except BaseException as exc:
+        return exc
+    os.close(fd)
+    return fd
+
+
+def test_open_file_never_truncates_another_users_file(tmp_path: Path) -> None:
+    nobody = _nobody()
+    theirs = tmp_path / "records.jsonl"
+    theirs.write_bytes(b"their lines\n")
+    os.chown(theirs, nobody, nobody)
+    with pytest.raises(PermissionError, match=f"another user \\(uid {nobody}\\)"):
+        open_file(theirs, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    assert theirs.read_bytes() == b"their lines\n"
+
+
+def test_a_row_planted_by_another_user_is_never_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    nobody = _nobody()
+    me = CardTable(tmp_path, "node:n", "n")
+    planted = me.rows.folder / f"{os.getppid()}-{process_start(os.getppid())}-x.json"  # a live pid
+    planted.write_text(json.dumps({"t": time.monotonic(), "integral": 1000.0, "open": 1}))
+    os.chown(planted, nobody, nobody)
+    link = me.rows.folder / f"{os.getpid()}-{process_start(os.getpid())}-link.json"
+    link.symlink_to(planted)
+    with caplog.at_level(logging.WARNING, logger="giul_asgi.hostshare"):
+        assert me.rows.others() == []
+        assert me.others() == 0.0  # 1000 window-seconds that no worker of ours had
+    assert any("never read" in r.getMessage() for r in caplog.records)
+    me.close()
+
+
+def test_a_row_is_written_through_a_temporary_file_of_ours_and_a_planted_link_is_replaced(
+    tmp_path: Path,
+) -> None:
+    rows = Rows(tmp_path / "stats")
+    target = tmp_path / "precious"
+    target.write_bytes(b"keep me")
+    rows.path.symlink_to(target)  # a link where our row goes
+    rows.write(b"row")
+    assert target.read_bytes() == b"keep me" and not rows.path.is_symlink()
+    assert rows.path.read_bytes() == b"row" and _mode(rows.path) == 0o600
+    assert [p.name for p in rows.folder.iterdir()] == [rows.name]  # no temporary file left
+
+
+def test_stale_temporary_files_of_killed_writers_are_removed(tmp_path: Path, ctx: Any) -> None:
+    rows = Rows(tmp_path / "stats")
+    dead = ctx.Process(target=time.sleep, args=(0,))
+    dead.start()
+    dead.join(30)
+    assert dead.pid is not None
+    killed = rows.folder / f".tmp-{dead.pid}-1-abcd1234"  # a writer killed between its two steps
+    killed.write_bytes(b"half")
+    old = rows.folder / ".tmp-k3j4h5"  # an unnamed one (mkstemp's), an hour old
+    old.write_bytes(b"old")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    live = rows.folder / f".tmp-{rows.name.removesuffix('.json')}-beef0000"  # ours, being written
+    live.write_bytes(b"now")
+    young = rows.folder / ".tmp-q9w8e7"  # an unnamed one, just made: maybe a live writer's
+    young.write_bytes(b"young")
+    assert rows.remove_dead(0.0) == 0
+    assert sorted(p.name for p in rows.folder.iterdir()) == sorted([live.name, young.name])
+    again = Rows(tmp_path / "stats")  # a fresh start removes them too
+    os.utime(young, (time.time() - 3600, time.time() - 3600))
+    assert again.remove_stale_tmp() == 1 and live.exists()
 
 
 # -- rows and the card's table, with real processes ------------------------------------------

@@ -1,15 +1,31 @@
-"""Where the processes of one host meet: a per-user directory on shared memory, by default.
+"""Where the processes of one host meet: a private per-user directory, on shared memory by default.
 
 ``uvicorn --workers 4`` and gunicorn give no hook that runs once before the workers start,
 and an operator should not have to name a directory for four workers to charge a card
 once. So the first process of a user creates the directory (mode 0700) and later ones join
 it: ``/dev/shm/giul-asgi-<uid>`` (RAM, gone at reboot), else ``$XDG_RUNTIME_DIR/giul-asgi``,
-else ``<tmp>/giul-asgi-<uid>``. A directory another user owns, a symbolic link or one we
-cannot write is refused (someone else could feed us rows), and the next place is tried.
+else ``<tmp>/giul-asgi-<uid>``. One setting moves or disables it: ``Node(workers_dir=...)``
+or ``$GIUL_ASGI_LOAD_DIR`` (a path; ``"off"`` or ``False`` to share nothing).
 
-One setting moves or disables it: ``Node(workers_dir=...)`` or ``$GIUL_ASGI_LOAD_DIR``
-(a path; ``"off"`` or ``False`` to share nothing). Where no place works, figures are per
-process and :func:`log_unshared` says so once.
+The place is private, because whoever can write in it can feed us rows (a stranger's
+requests and joules merged into ours) and plant links that make us write elsewhere:
+
+- The place is a real directory (not a symbolic link) of this user's, mode 0700, and every
+  directory above it is root's or ours and writable by no one else unless sticky (``/tmp``,
+  ``/dev/shm``): otherwise someone could move it away and put another in its stead.
+- A *default* place is ours by its name: we create it 0700, and one found open to others
+  (ours, but chmod-ed by hand) is made 0700 again, said in a warning. A default another user
+  owns, a link or a file is refused and the next default is tried.
+- An *explicit* place (the setting) is the operator's: created 0700 if it is missing, but
+  an existing one is never chmod-ed behind their back. One that others may write or read, or
+  that another user owns, is refused, and the log line says exactly what to do (``chmod 700
+  DIR``, or for a shared directory such as ``/tmp``: ``mkdir -m 700 /tmp/giul-asgi``).
+- Every folder in the place is made by :func:`make_dir` (a real directory of ours, never a
+  link) and every file opened by :func:`open_file` (``O_NOFOLLOW``, a regular file of ours
+  with no other link): a planted link or a stranger's file is refused, never followed.
+
+Where no place works, figures are per process (``Place(None, reason, remedy=...)``) and
+:func:`log_unshared` says why, once, as a warning with the remedy.
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ log = logging.getLogger("giul_asgi.hostshare")
 #: The one setting: a directory, or ``off``.
 ENV = "GIUL_ASGI_LOAD_DIR"
 OFF = "off"
+#: What a place may let others do: nothing (group and other bits all clear).
+PRIVATE = 0o700
 
 Setting = str | os.PathLike[str] | bool | None
 
@@ -45,10 +63,18 @@ class Place:
     reason: str | None = None
     #: The operator turned sharing off (said at info level, not as a warning).
     off: bool = False
+    #: What the operator can do to share again (``None`` when shared or off).
+    remedy: str | None = None
 
     @property
     def shared(self) -> bool:
         return self.path is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    why: str
+    remedy: str
 
 
 def default_candidates() -> list[Path]:
@@ -73,17 +99,24 @@ def resolve(setting: Setting = None, *, candidates: Sequence[Path] | None = None
         setting = None
     if setting is not None:
         path = Path(os.fspath(setting))
-        problem = _usable(path, private=False)
-        if problem is None:
+        refused = _usable(path, explicit=True)
+        if refused is None:
             return Place(path)
-        return Place(None, f"cannot use {path}: {problem}")
-    reasons = []
+        return Place(None, f"cannot use {path}: {refused.why}", remedy=refused.remedy)
+    reasons: list[str] = []
+    remedies: list[str] = []
     for path in candidates if candidates is not None else default_candidates():
-        problem = _usable(path, private=True)
-        if problem is None:
+        refused = _usable(path, explicit=False)
+        if refused is None:
+            if reasons:
+                _warn_once(f"the default place {reasons[0]} is refused; sharing through {path} "
+                           f"instead (-> {remedies[0]})")
             return Place(path)
-        reasons.append(f"{path}: {problem}")
-    return Place(None, "no place to share: " + "; ".join(reasons))
+        reasons.append(f"{path}: {refused.why}")
+        remedies.append(refused.remedy)
+    return Place(None, "no place to share: " + "; ".join(reasons),
+                 remedy=(remedies[0] + f"; or set {ENV} to a private directory (mkdir -m 700 DIR)")
+                 if remedies else f"set {ENV} to a private directory (mkdir -m 700 DIR)")
 
 
 def check_setting(setting: object) -> None:
@@ -97,83 +130,245 @@ def check_setting(setting: object) -> None:
                       remedy=f"give a directory every worker can write, or {OFF!r}")
 
 
-def _usable(path: Path, *, private: bool) -> str | None:
+# -- the checks -------------------------------------------------------------------------------
+
+def _usable(path: Path, *, explicit: bool) -> _Refused | None:
     """Create ``path`` (0700) if missing; ``None`` if this user may share through it, else why not."""
+    above = _above(path)
+    if above is not None:
+        return above
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        try:
-            path.mkdir(mode=0o700, parents=not private, exist_ok=True)
-            info = os.lstat(path)
-        except OSError as exc:
-            return f"cannot create it ({exc.strerror or exc})"
+        created = _mkdir(path, parents=explicit)
     except OSError as exc:
-        return f"cannot look at it ({exc.strerror or exc})"
-    if stat.S_ISLNK(info.st_mode):
-        return "it is a symbolic link"
-    if not stat.S_ISDIR(info.st_mode):
-        return "it is not a directory"
-    if info.st_uid != os.getuid():
-        return f"it belongs to another user (uid {info.st_uid})"
-    if private and info.st_mode & 0o077:
-        try:
-            os.chmod(path, 0o700)  # ours: keep it to ourselves
-        except OSError as exc:
-            return f"cannot make it private ({exc.strerror or exc})"
+        return _Refused(f"cannot create it ({exc.strerror or exc})",
+                        f"create it as the user the server runs as: mkdir -m 700 {path}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return _refused_open(path, exc)
+    try:
+        info = os.fstat(fd)
+        refused = _mode(path, info)
+        if refused is not None:
+            if explicit or created or info.st_uid != os.getuid():
+                return refused
+            os.fchmod(fd, PRIVATE)  # our default, opened by hand: ours again
+            _warn_once(f"the place {path} was open to others (mode {stat.S_IMODE(info.st_mode):04o}): "
+                       "made private again (0700); files in it that are not this user's are never read")
+    except OSError as exc:
+        return _Refused(f"cannot make it private ({exc.strerror or exc})", f"chmod 700 {path}")
+    finally:
+        os.close(fd)
     if not os.access(path, os.W_OK | os.X_OK):
-        return "it is not writable"
+        return _Refused("this user cannot write in it", f"chmod 700 {path} (as its owner)")
     return None
+
+
+def _mkdir(path: Path, *, parents: bool) -> bool:
+    """Create ``path`` mode 0700 exactly (whatever the umask); whether it was created here."""
+    if parents and not os.path.lexists(path.parent):
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, PRIVATE)
+    except FileExistsError:
+        return False
+    os.chmod(path, PRIVATE, follow_symlinks=False)  # the umask may have taken bits we need
+    return True
+
+
+def _refused_open(path: Path, exc: OSError) -> _Refused:
+    if os.path.islink(path):
+        return _Refused(f"it is a symbolic link (to {os.readlink(path)})",
+                        "name a real directory of this user's, mode 0700, not a link to one")
+    if exc.errno == errno.ENOTDIR:
+        return _Refused("it is not a directory", f"remove it, or name a directory: mkdir -m 700 {path}")
+    return _Refused(f"cannot look at it ({exc.strerror or exc})",
+                    f"check that the server's user may enter {path}")
+
+
+def _mode(path: Path, info: os.stat_result) -> _Refused | None:
+    """Why a directory found at ``path`` is not private (``None``: it is)."""
+    uid = os.getuid()
+    mode = stat.S_IMODE(info.st_mode)
+    sub = path / "giul-asgi"
+    if _shared_dir(info):
+        return _Refused(f"it is a directory every user may write in (mode {mode:04o})",
+                        f"create a private subdirectory: mkdir -m 700 {sub} and set {ENV}={sub} "
+                        "(or workers_dir)")
+    if info.st_uid != uid:
+        return _Refused(f"it belongs to another user (uid {info.st_uid}; this server runs as uid {uid})",
+                        f"give a directory of uid {uid}'s, mode 0700 (mkdir -m 700 DIR), or unset "
+                        f"{ENV}: the default place is private")
+    if mode & 0o022:
+        return _Refused(f"others may write in it (mode {mode:04o})", f"chmod 700 {path}")
+    if mode & 0o077:
+        return _Refused(f"others may read it (mode {mode:04o})", f"chmod 700 {path}")
+    return None
+
+
+def _shared_dir(info: os.stat_result) -> bool:
+    """A directory made for every user to write in (sticky, as ``/tmp`` and ``/dev/shm``)."""
+    return bool(info.st_mode & stat.S_ISVTX and info.st_mode & 0o022)
+
+
+def _above(path: Path) -> _Refused | None:
+    """Whether every directory above ``path`` keeps it where it is: root's or ours, and
+    writable by nobody else unless sticky (where others cannot rename what is ours)."""
+    here = path.parent
+    while not os.path.lexists(here) and here != here.parent:
+        here = here.parent
+    real = Path(os.path.realpath(here))
+    uid = os.getuid()
+    for folder in (real, *real.parents):
+        try:
+            info = os.stat(folder)
+        except OSError as exc:
+            return _Refused(f"cannot look at {folder} above it ({exc.strerror or exc})",
+                            f"check that the server's user may enter {folder}")
+        if info.st_uid not in (0, uid):
+            return _Refused(f"{folder}, above it, belongs to another user (uid {info.st_uid}), who "
+                            "could put another directory in its place",
+                            "choose a place whose every parent is root's or this user's (unset "
+                            f"{ENV}: the default place is private)")
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return _Refused(f"{folder}, above it, is writable by others (mode "
+                            f"{stat.S_IMODE(info.st_mode):04o}) without the sticky bit: they could put "
+                            "another directory in its place",
+                            f"chmod go-w {folder}, or choose a place whose parents only root or this "
+                            "user may write")
+    return None
+
+
+# -- folders and files of the place -----------------------------------------------------------
+
+def make_dir(path: Path, *, root: Path | None = None) -> Path:
+    """A folder of the place: created 0700 if missing, else accepted only if it is a real
+    directory (not a link) this user owns. One found open to others is made 0700 again where
+    its parent is a private folder of ours (nobody else could reach it: it is ours by its
+    name), refused elsewhere. With ``root`` (the place) every folder between ``root`` and
+    ``path`` is checked and made the same way; without, ``path``'s parent must be a real
+    directory of ours too, and missing ancestors are made. Raises OSError (``EPERM`` for
+    another user's, ``ENOTDIR`` for a link)."""
+    if root is not None:
+        here = root
+        for part in path.relative_to(root).parts:
+            here = here / part
+            _folder(here)
+        return path
+    missing: list[Path] = []
+    here = path.parent
+    while not os.path.lexists(here) and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    if not missing and path.parent != path:
+        _folder(path.parent, fix=False)
+    for level in reversed(missing):
+        _folder(level)
+    _folder(path)
+    return path
+
+
+def _folder(path: Path, *, fix: bool = True) -> None:
+    created = False
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, PRIVATE)
+        created = True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            what = "a symbolic link" if os.path.islink(path) else "not a directory"
+            raise NotADirectoryError(errno.ENOTDIR, f"{what}, refused", os.fspath(path)) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise PermissionError(errno.EPERM, f"belongs to another user (uid {info.st_uid}), refused",
+                                  os.fspath(path))
+        mode = stat.S_IMODE(info.st_mode)
+        if mode != PRIVATE and (fix or created):
+            if not created and not _private(path.parent):
+                raise PermissionError(errno.EPERM, f"open to others (mode {mode:04o}) outside a private "
+                                      f"folder, refused: chmod 700 {path}", os.fspath(path))
+            os.fchmod(fd, PRIVATE)  # made here (the umask took bits), or ours by its name
+    finally:
+        os.close(fd)
+
+
+def _private(folder: Path) -> bool:
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return False
+    return info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == PRIVATE
 
 
 def open_file(path: Path, flags: int, mode: int = 0o600) -> int:
     """Open a file in the place: never through a symbolic link (``O_NOFOLLOW``), close-on-exec,
-    and only a regular file this user owns. Raises OSError (``EPERM`` for a file that is not
-    ours): a planted link or file can make us neither write elsewhere nor read its rows."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    and only a regular file this user owns with no other hard link (a FIFO does not block the
+    open: it is refused). ``O_TRUNC`` truncates only once the file is known to be ours. Raises
+    OSError: ``EPERM`` for a file that is not ours, ``ELOOP`` for a link. A planted link or
+    file can make us neither write elsewhere nor read its rows."""
+    truncate = bool(flags & os.O_TRUNC)
+    blocking = not flags & os.O_NONBLOCK
+    try:
+        fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link, refused", os.fspath(path)) from None
+        raise
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-            raise PermissionError(errno.EPERM, "not a regular file of this user's", os.fspath(path))
+        if not stat.S_ISREG(info.st_mode):
+            raise PermissionError(errno.EPERM, "not a regular file, refused", os.fspath(path))
+        if info.st_uid != os.getuid():
+            raise PermissionError(errno.EPERM, f"belongs to another user (uid {info.st_uid}), refused",
+                                  os.fspath(path))
+        if info.st_nlink > 1:
+            raise PermissionError(errno.EPERM, "has another hard link, refused", os.fspath(path))
+        if blocking:
+            os.set_blocking(fd, True)
+        if truncate:
+            os.ftruncate(fd, 0)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def make_dir(path: Path) -> Path:
-    """A folder of the place: created 0700 if missing, else accepted only if it is a real
-    directory (not a link) this user owns, made private if it was not. Raises OSError."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, "not a real directory", os.fspath(path))
-    if info.st_uid != os.getuid():
-        raise PermissionError(errno.EPERM, f"belongs to another user (uid {info.st_uid})", os.fspath(path))
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
+# -- saying it ----------------------------------------------------------------------------------
 
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
 
 
-def log_unshared(place: Place) -> None:
-    """Say once per process (per reason) that figures are this process's alone."""
-    if place.shared or place.reason is None:
-        return
+def _first_time(text: str) -> bool:
     with _logged_lock:
-        if place.reason in _logged:
-            return
-        _logged.add(place.reason)
-    log.log(
-        logging.INFO if place.off else logging.WARNING,
-        "figures are per process: %s. Several worker processes on one card would each charge "
-        "it whole; set %s (or workers_dir) to a directory every worker can write",
-        place.reason, ENV,
+        if text in _logged:
+            return False
+        _logged.add(text)
+        return True
+
+
+def _warn_once(text: str) -> None:
+    if _first_time(text):
+        log.warning("%s", text)
+
+
+def log_unshared(place: Place) -> None:
+    """Say once per process (per reason) that figures are this process's alone, and what to do."""
+    if place.shared or place.reason is None or not _first_time(place.reason):
+        return
+    if place.off:
+        log.info("figures are per process: %s", place.reason)
+        return
+    log.warning(
+        "figures are per process: %s -> %s. Until then several worker processes on one card "
+        "each charge it whole and each answer /energy for itself",
+        place.reason, place.remedy or f"set {ENV} (or workers_dir) to a private directory "
+                                      "(mkdir -m 700 DIR) every worker can write",
     )
 
 
-__all__ = ["ENV", "OFF", "Place", "Setting", "check_setting", "default_candidates", "log_unshared",
-           "make_dir", "open_file", "resolve"]
+__all__ = ["ENV", "OFF", "PRIVATE", "Place", "Setting", "check_setting", "default_candidates",
+           "log_unshared", "make_dir", "open_file", "resolve"]

@@ -4,18 +4,36 @@ A row is named by its writer's pid and start time (``/proc/<pid>/stat`` field 22
 reused pid is never mistaken for a dead writer, and a writer is alive only while a process
 with that pid *and* that start time runs. A row is replaced atomically (a temporary file,
 then ``os.replace``): a reader sees the old row or the new one, never half of one.
+
+Nothing in the folder is taken on trust (:mod:`.place`): the folder is made by
+:func:`~.place.make_dir`, the temporary file is created by :func:`~.place.open_file`
+(``O_EXCL | O_NOFOLLOW``; the replace renames the name itself and never follows a link at
+the row's path), and :meth:`Rows.others` lists only regular files of this user's. The
+temporary file is named by its writer (``.tmp-<pid>-<start>-<random>``), so one left by a
+writer that was killed between the two steps is removed once that writer is dead, and any
+older than :data:`STALE_TMP_S` (the old unnamed ones included).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import tempfile
+import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .place import make_dir
+from .place import make_dir, open_file
+
+log = logging.getLogger("giul_asgi.hostshare")
+
+#: The prefix of a row's temporary file.
+TMP = ".tmp-"
+#: A temporary file this old is a dead writer's whoever wrote it (a live one holds it for
+#: the time of one write).
+STALE_TMP_S = 60.0
 
 
 def process_start(pid: int) -> str | None:
@@ -75,20 +93,28 @@ class Rows:
     """This process's row in ``folder`` and the others' (``tag`` tells apart several rows of one
     process, such as two nodes on one card)."""
 
-    def __init__(self, folder: Path, *, suffix: str = ".json", tag: str = "") -> None:
-        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        make_dir(folder)
+    def __init__(self, folder: Path, *, suffix: str = ".json", tag: str = "",
+                 root: Path | None = None) -> None:
+        make_dir(folder, root=root)  # with root: every folder from the place down is checked
         self.folder = folder
         self.suffix = suffix
         self.name = me(tag) + suffix
         self.path = folder / self.name
+        self._uid = os.getuid()
+        self._foreign_said = False
+        self.remove_stale_tmp()
 
     def write(self, data: bytes) -> None:
         """Replace this process's row with ``data``, atomically."""
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
+        tmp = self.folder / f"{TMP}{me()}-{secrets.token_hex(4)}"
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -96,18 +122,60 @@ class Rows:
             raise
 
     def others(self) -> list[Row]:
-        """Every other row in the folder, live or dead (``Row.alive()`` says which)."""
+        """Every other row in the folder, live or dead (``Row.alive()`` says which): regular
+        files of this user's only (a link, or a file someone else put here, is never a row)."""
         rows = []
-        for name in os.listdir(self.folder):
-            if name == self.name:
-                continue
-            who = parse(name, self.suffix)
-            if who is not None:
+        with os.scandir(self.folder) as entries:
+            for entry in entries:
+                name = entry.name
+                if name == self.name:
+                    continue
+                who = parse(name, self.suffix)
+                if who is None or not self._ours(entry):
+                    continue
                 rows.append(Row(name, self.folder / name, who[0], who[1]))
         return rows
 
+    def _ours(self, entry: os.DirEntry[str]) -> bool:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            return False
+        if stat.S_ISREG(info.st_mode) and info.st_uid == self._uid:
+            return True
+        if not self._foreign_said:
+            self._foreign_said = True
+            log.warning("%s in %s is %s: never read (someone else writes in the host's place?)",
+                        entry.name, self.folder,
+                        "not a regular file" if not stat.S_ISREG(info.st_mode)
+                        else f"another user's (uid {info.st_uid})")
+        return False
+
+    def remove_stale_tmp(self) -> int:
+        """Remove temporary files whose writer is dead, or older than :data:`STALE_TMP_S`."""
+        now = time.time()
+        removed = 0
+        try:
+            with os.scandir(self.folder) as entries:
+                names = [(e.name, e) for e in entries if e.name.startswith(TMP)]
+        except OSError:
+            return 0
+        for name, entry in names:
+            try:
+                old = now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_S
+                parts = name[len(TMP):].split("-")
+                writer = parse(f"{parts[0]}-{parts[1]}.x", ".x") if len(parts) >= 3 else None
+                if old or (writer is not None and not alive(*writer)):
+                    os.unlink(self.folder / name)
+                    removed += 1
+            except OSError:
+                continue
+        return removed
+
     def remove_dead(self, older_than_s: float, rows: list[Row] | None = None) -> int:
-        """Remove dead writers' rows untouched for ``older_than_s``; returns how many."""
+        """Remove dead writers' rows untouched for ``older_than_s`` (and their temporary
+        files, :meth:`remove_stale_tmp`); returns how many rows."""
+        self.remove_stale_tmp()
         now = time.time()
         removed = 0
         for row in rows if rows is not None else self.others():
@@ -132,4 +200,4 @@ class Rows:
             self.path.unlink()
 
 
-__all__ = ["Row", "Rows", "alive", "me", "parse", "process_start"]
+__all__ = ["STALE_TMP_S", "TMP", "Row", "Rows", "alive", "me", "parse", "process_start"]
