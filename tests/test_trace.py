@@ -10,10 +10,17 @@ file, a missing one, rotated files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
+import logging
+import multiprocessing as mp
 import os
 import random
+import sys
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,7 @@ from giul_asgi import EnergyMiddleware, Ledgers
 from giul_asgi.cli import main
 from giul_asgi.config import Node, Tier
 from giul_asgi.errors import ConfigError
+from giul_asgi.hostshare.rows import process_start
 from giul_asgi.ledger import Ledger, TokenSplit
 from giul_asgi.ledger.trace import rotated, trace_stem
 from giul_asgi.meter import Meter
@@ -454,3 +462,185 @@ def test_a_buffer_the_reader_thread_did_not_empty_in_time_is_bounded_and_said(tm
     loaded = load(tmp_path)
     assert loaded.lost == 1 and len(loaded.events) == 100
     assert any("lost events" in note for note in loaded.notes)
+
+
+# -- the trace's files: private, bounded, never left open (issue 20 items 5-6, issue 21 item 9) --
+
+def _fds_on(path: Path) -> list[str]:
+    """This process's descriptors open on ``path`` (from /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                found.append(fd)
+    return found
+
+
+def test_nothing_the_trace_opens_outlives_a_write_and_an_unstopped_trace_collects_silently(
+    tmp_path: Path,
+) -> None:
+    from giul_asgi.ledger.trace import Trace
+
+    trace = Trace(tmp_path, {"node": "sim", "split": "time", "pid": os.getpid()}, max_bytes=1_000_000)
+    trace.note(("o", 1.0, 1))
+    trace.write()
+    path = trace.path
+    assert path.exists() and _fds_on(path) == []  # written, and closed again
+    trace.note(("c", 2.0, 1, None, None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a ResourceWarning would fail whichever test runs next
+        del trace  # never stopped: a ledger a test forgot
+        gc.collect()
+    assert _fds_on(path) == []
+
+
+def test_a_planted_link_at_the_trace_path_is_never_followed_and_costs_the_trace_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    aimed = elsewhere / "cron-job"  # a link to a file that does not exist yet: open(.., "a") makes it
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    stem = trace_stem("card-0")
+    (traces / f"{stem}.jsonl").symlink_to(aimed)  # planted where our trace goes
+    traffic = Traffic(traces, seed=5)
+    traffic.run(0.5)
+    trace = traffic.ledger._trace
+    assert trace is not None
+    trace.write()
+    assert not aimed.exists() and trace.broken is None
+    assert trace.path.name == f"{stem}-2.jsonl" and not trace.path.is_symlink()  # a name of its own
+    # A link swapped in between two writes (each write opens the file again) is refused.
+    precious = elsewhere / "precious"
+    precious.write_text("keep me\n")
+    trace.path.unlink()
+    trace.path.symlink_to(precious)
+    traffic.run(0.5)
+    with caplog.at_level(logging.ERROR, logger="giul_asgi.ledger"):
+        trace.write()
+    assert precious.read_text() == "keep me\n"
+    assert trace.broken is not None and "symbolic link" in trace.broken
+    assert any("cannot be written" in r.getMessage() for r in caplog.records)
+    live = traffic.stop()
+    assert any(j is not None for j in live.values())  # the ledger's figures are whole
+
+
+def _one_lifetime(directory: str, node: str) -> None:
+    from giul_asgi.ledger.trace import Trace
+
+    trace = Trace(directory, {"node": node, "split": "time", "pid": os.getpid()}, max_bytes=1_000_000)
+    trace.note(("o", 1.0, 1))
+    trace.close({"measured_j": 1.0})
+
+
+def test_a_trace_directory_under_worker_churn_holds_the_live_and_the_newest_dead(tmp_path: Path) -> None:
+    from giul_asgi.ledger.trace import KEEP_DEAD, Trace
+
+    ctx = mp.get_context("spawn")
+    keep = tmp_path / "giul-trace-notes.txt"
+    keep.write_text("the operator's file: not a trace")
+    foreign = tmp_path / "giul-trace-x-1.jsonl"
+    foreign.write_text("no header: not one of ours to judge\n")
+    lifetimes = 8
+    for i in range(lifetimes):  # workers recycled one after another, each tracing the node
+        proc = ctx.Process(target=_one_lifetime, args=(str(tmp_path), "sim"))
+        proc.start()
+        proc.join(60)
+        assert proc.exitcode == 0
+        time.sleep(0.01 * (i % 2))  # distinct mtimes, whatever the file system's resolution
+    live = Trace(tmp_path, {"node": "sim", "split": "time", "pid": os.getpid()}, max_bytes=1_000_000)
+    live.note(("o", 1.0, 1))
+    live.write()  # a new worker begins its trace: the dead ones beyond the bound go
+    traces = sorted(p.name for p in tmp_path.glob("giul-trace-sim-*.jsonl"))
+    assert len(traces) == KEEP_DEAD + 1 and live.path.name in traces
+    assert keep.exists() and foreign.exists()
+    # The newest dead are the ones kept.
+    kept_pids = sorted(json.loads(p.read_text().splitlines()[0])["pid"]
+                       for p in tmp_path.glob("giul-trace-sim-*.jsonl") if p != live.path)
+    assert len(kept_pids) == KEEP_DEAD
+    live.close()
+
+
+def test_a_trace_of_a_reused_pid_is_a_dead_processs_and_rotated_parts_go_with_it(tmp_path: Path) -> None:
+    from giul_asgi.ledger.trace import prune
+
+    header = {"giul_trace": 1, "node": "sim", "pid": os.getpid(), "start": "1", "part": 0}
+    old = tmp_path / "giul-trace-sim-old.jsonl"
+    old.write_text(json.dumps(header) + "\n")
+    part = tmp_path / "giul-trace-sim-old.1.jsonl"
+    part.write_text(json.dumps({**header, "part": 1}) + "\n")
+    mine = tmp_path / "giul-trace-sim-live.jsonl"
+    mine.write_text(json.dumps({**header, "start": process_start(os.getpid())}) + "\n")
+    assert prune(tmp_path, 0) == 2  # our pid, but not our start: a process before us
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mine.name]
+
+
+def test_building_a_traced_ledger_touches_no_file_and_the_loop_never_writes_the_trace(
+    tmp_path: Path,
+) -> None:
+    # Starlette builds the middleware stack (and so the ledgers) on the event loop at the
+    # first ASGI call; aclose() stops them off it. An audit hook sees every open, listing,
+    # rename and removal under the trace directory and the thread that made it.
+    card = SimulatedCard(idle_w=60.0, cap_w=700.0, counter_period=0.02)
+    node = Node("sim", idle_w=60.0, period_s=0.02, trace=str(tmp_path),
+                reader_factory=lambda _n: SimulatedReader(card, period=0.02))
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def serve() -> None:
+        with _FileCalls(tmp_path) as calls:
+            calls.loop_thread = threading.get_ident()
+            middleware = EnergyMiddleware(app, nodes=[node], ledgers=Ledgers())
+            await middleware.start()
+            for _ in range(3):
+                await drive(middleware, path="/v1/chat/completions")
+            deadline = time.monotonic() + 20.0
+            while not calls.seen and time.monotonic() < deadline:  # the reader thread's write
+                await asyncio.sleep(0.05)
+            await middleware.aclose()
+        assert calls.seen, "the audit hook saw no trace file at all"
+        assert calls.on_loop == [], calls.on_loop
+
+    asyncio.run(serve())
+    assert list(tmp_path.glob("giul-trace-sim-*.jsonl"))
+
+
+_AUDITED = ("open", "os.listdir", "os.scandir", "os.mkdir", "os.rename", "os.remove", "os.truncate",
+            "os.chmod", "os.link", "os.symlink")
+_watch: list[_FileCalls] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if not _watch or event not in _AUDITED or not args:
+        return
+    target = args[0]
+    if isinstance(target, int):
+        return
+    with contextlib.suppress(TypeError):
+        text = os.fsdecode(target)
+        for calls in _watch:
+            if text.startswith(str(calls.root)):
+                calls.seen.append((event, text))
+                if threading.get_ident() == calls.loop_thread:
+                    calls.on_loop.append((event, text))
+
+
+sys.addaudithook(_audit)  # once per process; it does nothing unless a test watches
+
+
+class _FileCalls:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.loop_thread = -1
+        self.seen: list[tuple[str, str]] = []
+        self.on_loop: list[tuple[str, str]] = []
+
+    def __enter__(self) -> _FileCalls:
+        _watch.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _watch.remove(self)
