@@ -106,16 +106,9 @@ def _check_probe(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 # -- replay --------------------------------------------------------------------------------------
 def replay(args: argparse.Namespace) -> int:
-    import json
+    from .replay import command
 
-    from .replay import load, render
-    from .replay import replay as run_replay
-
-    result = run_replay(load(args.trace), split=args.split, idle_w=args.idle_w)
-    for note in result.loaded.notes:
-        print(f"giul-asgi replay: {note}", file=sys.stderr)
-    print(json.dumps(result.as_dict(), indent=2) if args.json else render(result))
-    return 0
+    return command(args.trace, split=args.split, idle_w=args.idle_w, as_json=args.json)
 
 
 # -- the parser ----------------------------------------------------------------------------------
@@ -167,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with another, compared per route and tier.")
     r.add_argument("trace", metavar="TRACE",
                    help="a giul-trace-<node>-<pid>.jsonl file (its rotated parts are read too), "
-                        "or the directory holding one")
+                        "or a directory: each trace in it, in turn")
     r.add_argument("--split", choices=SPLITS, default=None,
                    help="share each span by time or tokens (default: the live split)")
     r.add_argument("--idle-w", type=watts, default=None,

@@ -13,15 +13,19 @@ checks every request to 1e-9). Each figure is graded by :func:`~giul_asgi.energy
 labelled ``source: replay``.
 
 Bad input is said, never guessed around: a missing file or directory, an empty trace and a
-trace without a header are errors with a remedy (exit 2); garbage lines and a last line cut
-short are skipped, counted and said; rotated files are read oldest first, and a trace whose
-oldest part was rotated away says that its first windows cannot agree with live.
+trace without a header are errors with a remedy (exit 2); garbage lines (a line nested too
+deeply for the parser included) and a last line cut short are skipped, counted and said
+with their file and line; rotated files are read oldest first, and a trace whose oldest
+part was rotated away says that its first windows cannot agree with live. A directory
+stands for every trace in it (one per node and process: a server with four workers leaves
+four), each replayed in turn (:func:`command`, ``giul-asgi replay DIR``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,19 +93,34 @@ class Loaded:
     lost: int = 0  # times the live buffer dropped events
     live_books: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
+    #: Where the first skipped lines are (``file:line (why)``), for people.
+    skipped_at: list[str] = field(default_factory=list)
+
+
+#: Skipped lines named one by one in the notes (the rest are counted).
+NAMED = 5
+
+
+def traces_in(directory: str | Path) -> list[Path]:
+    """Every trace in ``directory`` (its current file; rotated parts go with it), by name."""
+    found = sorted(p for p in Path(directory).glob("giul-trace-*.jsonl")
+                   if not p.stem.split(".")[-1].isdigit())
+    if not found:
+        raise ConfigError(f"{str(directory)!r} is a directory with 0 traces", remedy=_REMEDY)
+    return found
 
 
 def trace_files(path: str | Path) -> list[Path]:
     """The files of the trace at ``path``, oldest first: its rotated parts, then itself. A
-    directory holding one node's trace stands for it."""
+    directory holding one trace stands for it (:func:`traces_in` lists several)."""
     path = Path(path)
     if path.is_dir():
-        found = sorted(p for p in path.glob("giul-trace-*.jsonl") if not p.stem.split(".")[-1].isdigit())
+        found = traces_in(path)
         if len(found) != 1:
-            listed = ", ".join(p.name for p in found[:5]) or "none"
+            listed = ", ".join(p.name for p in found[:5])
             raise ConfigError(
                 f"{str(path)!r} is a directory with {len(found)} traces ({listed})",
-                remedy="give the path of one trace file" if found else _REMEDY)
+                remedy="give the path of one trace file, or replay them all: giul-asgi replay DIR")
         path = found[0]
     if not path.is_file():
         raise ConfigError(f"no trace at {str(path)!r}", remedy=_REMEDY)
@@ -125,6 +144,14 @@ def load(path: str | Path) -> Loaded:
     books: dict[str, float] | None = None
     last_attach: list[Any] | None = None
     repeat_attach = False  # a continued file repeats the attach: not a new reader
+    skipped_at: list[str] = []
+
+    def skip(file: Path, number: int, why: str) -> None:
+        nonlocal skipped
+        skipped += 1
+        if len(skipped_at) < NAMED:
+            skipped_at.append(f"{file}:{number + 1} ({why})")
+
     for index, file in enumerate(files):
         try:
             text = file.read_text(encoding="utf-8", errors="replace")
@@ -136,11 +163,14 @@ def load(path: str | Path) -> Loaded:
                 continue
             try:
                 item = json.loads(line)
+            except RecursionError:  # "[[[[...": no event nests this deep
+                skip(file, number, "nested too deeply to be a trace event")
+                continue
             except ValueError:
                 if index == len(files) - 1 and number == len(lines) - 1:
                     truncated = True  # no newline after it: cut while being written
                 else:
-                    skipped += 1
+                    skip(file, number, "not JSON")
                 continue
             if isinstance(item, dict):
                 if "giul_trace" in item:
@@ -153,10 +183,10 @@ def load(path: str | Path) -> Loaded:
                 elif "lost" in item:
                     lost += 1
                 else:
-                    skipped += 1
+                    skip(file, number, "an object that is not a header, books or lost")
                 continue
             if not _event(item):
-                skipped += 1
+                skip(file, number, "not a trace event")
                 continue
             if item[0] == "at":
                 if repeat_attach and item == last_attach:
@@ -175,9 +205,12 @@ def load(path: str | Path) -> Loaded:
     if header.get("giul_trace") != VERSION:
         raise ConfigError(f"trace version {header.get('giul_trace')!r}, this giul-asgi reads {VERSION}",
                           remedy="replay it with the giul-asgi version that wrote it")
-    loaded = Loaded(files, header, events, skipped, truncated, continues, lost, books)
+    loaded = Loaded(files, header, events, skipped, truncated, continues, lost, books,
+                    skipped_at=skipped_at)
     if skipped:
-        loaded.notes.append(f"{skipped} line(s) were not trace events: skipped")
+        more = f", and {skipped - len(skipped_at)} more" if skipped > len(skipped_at) else ""
+        loaded.notes.append(f"{skipped} line(s) were not trace events: skipped "
+                            f"({'; '.join(skipped_at)}{more})")
     if truncated:
         loaded.notes.append("the last line was cut short (a trace still being written): skipped")
     if continues:
@@ -436,4 +469,46 @@ def render(result: Replayed) -> str:
     return "\n".join(out)
 
 
-__all__ = ["AGREES", "Loaded", "Replayed", "load", "render", "replay", "trace_files"]
+def command(target: str | Path, *, split: str | None = None, idle_w: float | None = None,
+            as_json: bool = False) -> int:
+    """``giul-asgi replay TARGET``: a trace file, or a directory of traces, each replayed in
+    turn. A trace that cannot be replayed is said (with its remedy) and the others still are;
+    the status is 2 when none could be (a ConfigError for a single one, as before)."""
+    path = Path(target)
+    if not path.is_dir():
+        return _print([_one(path, split, idle_w)], as_json)
+    results: list[Replayed] = []
+    failed = 0
+    for file in traces_in(path):
+        try:
+            results.append(_one(file, split, idle_w))
+        except ConfigError as exc:
+            failed += 1
+            print(f"giul-asgi replay: {file}: {exc.message}", file=sys.stderr)
+            if exc.remedy:
+                print(f"  -> {exc.remedy}", file=sys.stderr)
+    if not results:
+        raise ConfigError(f"none of the {failed} trace(s) in {str(path)!r} could be replayed",
+                          remedy=_REMEDY)
+    return _print(results, as_json)
+
+
+def _one(path: Path, split: str | None, idle_w: float | None) -> Replayed:
+    result = replay(load(path), split=split, idle_w=idle_w)
+    for note in result.loaded.notes:
+        print(f"giul-asgi replay: {result.loaded.files[-1]}: {note}", file=sys.stderr)
+    return result
+
+
+def _print(results: list[Replayed], as_json: bool) -> int:
+    if as_json:  # one trace: its document, as ever; several: one document listing them
+        doc: Any = (results[0].as_dict() if len(results) == 1
+                    else {"source": "replay", "traces": [r.as_dict() for r in results]})
+        print(json.dumps(doc, indent=2))
+    else:
+        print("\n\n".join(render(r) for r in results))
+    return 0
+
+
+__all__ = ["AGREES", "Loaded", "Replayed", "command", "load", "render", "replay", "trace_files",
+           "traces_in"]

@@ -644,3 +644,48 @@ class _FileCalls:
 
     def __exit__(self, *exc: object) -> None:
         _watch.remove(self)
+
+
+# -- replay: odd lines said where they are; a directory of traces (issue 20 item 7, 21 item 7) --
+
+def test_a_deeply_nested_line_is_skipped_and_said_with_its_file_and_line(tmp_path: Path, capsys: Any) -> None:
+    path, live = _trace(tmp_path, seed=14)
+    lines = path.read_text().splitlines()
+    lines.insert(3, "[" * 200_000 + "]" * 200_000)  # valid JSON, deeper than any parser's stack
+    lines.insert(5, '{"a": ' * 100_000 + "1" + "}" * 100_000)
+    path.write_text("\n".join(lines) + "\n")
+    loaded = load(path)
+    assert loaded.skipped == 2
+    assert loaded.skipped_at[0] == f"{path}:4 (nested too deeply to be a trace event)"
+    assert loaded.skipped_at[1] == f"{path}:6 (nested too deeply to be a trace event)"
+    assert agree(live, replay(loaded).rows) <= AGREES
+    assert main(["replay", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert f"{path}:4 (nested too deeply" in err and "RecursionError" not in err
+
+
+def test_replay_of_a_directory_replays_every_trace_in_it(tmp_path: Path, capsys: Any) -> None:
+    # Four workers of one server leave four traces: giul-asgi replay DIR takes them all.
+    first, second = Traffic(tmp_path, seed=15), Traffic(tmp_path, seed=16)
+    first.run(1.0)
+    second.run(1.0)
+    live = {**first.stop(), **second.stop()}
+    assert len(list(tmp_path.glob("giul-trace-*.jsonl"))) == 2
+    assert main(["replay", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("replay of ") == 2 and out.count("agreement with live") == 2
+    assert main(["replay", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"] == "replay" and len(doc["traces"]) == 2
+    replayed = {row["id"]: row["joules"] for trace in doc["traces"] for row in trace["requests"]}
+    assert set(replayed) == set(live)
+    assert all(t["agreement"]["within"] == t["agreement"]["compared"] for t in doc["traces"])
+    # One that cannot be replayed (a worker that had written nothing yet) is said; the others are.
+    (tmp_path / f"{trace_stem('card-0', 999_999)}.jsonl").write_text("")
+    assert main(["replay", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("replay of ") == 2 and "is empty" in captured.err
+    for p in tmp_path.glob("giul-trace-*.jsonl"):
+        p.write_text("")
+    assert main(["replay", str(tmp_path)]) == 2
+    assert "none of the 3 trace(s)" in capsys.readouterr().err
