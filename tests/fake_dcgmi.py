@@ -13,14 +13,20 @@ used in turn (the launch count is kept in ``$FAKE_DCGMI_STATE``; the last mode r
 - ``reserve``: the fields cannot be watched, exit 1;
 - ``garbage``: lines that are not dmon output, then exit 3;
 - ``na``: GPU 1's total energy is N/A (power still given);
-- ``hang``: the header, then nothing.
+- ``hang``: the header, then nothing;
+- ``silent:N``: N samples, then nothing, without exiting (a wedged host engine); its pid
+  is appended to ``$FAKE_DCGMI_SILENT`` once it has fallen silent.
 
-Each launch's arguments are appended to ``$FAKE_DCGMI_ARGS`` (one line each).
+Each launch's arguments are appended to ``$FAKE_DCGMI_ARGS`` (one line each), and its pid
+to ``$FAKE_DCGMI_PIDS``. With ``$FAKE_DCGMI_CHILD`` set, each launch first starts a helper
+process of its own that sleeps (its pid goes to ``$FAKE_DCGMI_PIDS`` too), as a real tool's
+helpers would: it must go when dmon's process group is ended.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -38,6 +44,14 @@ def main(argv: list[str]) -> int:
             launch = 0
         with open(state, "w") as fh:
             fh.write(str(launch + 1))
+    if os.environ.get("FAKE_DCGMI_PIDS"):
+        pids = [os.getpid()]
+        if os.environ.get("FAKE_DCGMI_CHILD"):
+            helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            pids.append(helper.pid)
+        with open(os.environ["FAKE_DCGMI_PIDS"], "a") as fh:
+            fh.write("".join(f"{pid}\n" for pid in pids))
     if os.environ.get("FAKE_DCGMI_ARGS"):
         with open(os.environ["FAKE_DCGMI_ARGS"], "a") as fh:
             fh.write(" ".join(argv) + "\n")
@@ -67,7 +81,7 @@ def main(argv: list[str]) -> int:
         return 3
     energy = {g: 123_456_789 + 1_000_000 * g for g in gpus}
     sample = 0
-    limit = int(mode.split(":")[1]) if mode.startswith("die:") else None
+    limit = int(mode.split(":")[1]) if mode.startswith(("die:", "silent:")) else None
     for line in HEADER:
         out.write(line + "\n")
     out.flush()
@@ -86,6 +100,11 @@ def main(argv: list[str]) -> int:
         out.flush()
         sample += 1
         time.sleep(interval)
+    if mode.startswith("silent:"):
+        if os.environ.get("FAKE_DCGMI_SILENT"):
+            with open(os.environ["FAKE_DCGMI_SILENT"], "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+        time.sleep(3600)
     return 1
 
 

@@ -7,8 +7,11 @@ for a condition with a generous bound, so the tests hold on a busy machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -227,3 +230,110 @@ def test_a_node_reads_through_dcgmi_with_its_ledger(dcgmi: Callable[[str], Path]
         assert totals.backend == "dcgm" and totals.read_errors == 0
     finally:
         ledger.stop(WAIT_S)
+
+
+# -- a silent dmon, and no dmon outliving its server (issue 20 item 6) ------------------------
+
+def _gone(pid: int) -> bool:
+    """The process is gone (or a zombie its new parent has not reaped yet: it runs no more)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_a_dmon_that_stops_printing_is_ended_and_started_again(
+    dcgmi: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dcgmi("silent:3,ok")
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_DCGMI_PIDS", str(pids))
+    reader = DcgmiReader(_spec(stale_s=0.5, backoff_s=0.1))
+    try:
+        errors: list[str] = []
+
+        def recovered() -> bool:
+            reading = reader.read()
+            if reading.error:
+                errors.append(reading.error)
+            return bool(errors) and reading.ok
+
+        assert _until(recovered), errors
+        assert any("printed no sample for 0.5 s (silent, not exited): ended it" in e for e in errors), errors
+        assert reader.restarts >= 1 and len(_pids(pids)) >= 2
+        assert _until(lambda: _gone(_pids(pids)[0]))  # the silent one was ended, not left behind
+    finally:
+        reader.close()
+    try:
+        assert _until(lambda: all(_gone(pid) for pid in _pids(pids)))
+    finally:
+        _kill_all(_pids(pids))
+
+
+def test_close_ends_dmons_whole_process_group(
+    dcgmi: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dcgmi("ok")
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_DCGMI_PIDS", str(pids))
+    monkeypatch.setenv("FAKE_DCGMI_CHILD", "1")  # dmon starts a helper of its own
+    reader = DcgmiReader(_spec())
+    try:
+        assert _until(lambda: len(_pids(pids)) == 2)
+        reader.close()
+        assert _until(lambda: all(_gone(pid) for pid in _pids(pids))), _pids(pids)
+    finally:
+        reader.close()
+        _kill_all(_pids(pids))
+
+
+def _kill_all(pids: list[int]) -> None:
+    """Never leave a fake behind, whatever the outcome (only ours: a pid may have been reused)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"fake_dcgmi" in command or b"time.sleep(3600)" in command:
+                os.kill(pid, signal.SIGKILL)
+
+
+SERVER = """
+import sys, time
+from giul_asgi.readers.base import ReaderSpec
+from giul_asgi.readers.dcgmi import DcgmiReader
+reader = DcgmiReader(ReaderSpec(gpus=(0,), options={"interval_ms": 50, "start_timeout_s": 20,
+                                                    "stale_s": 3600}))
+print("reading", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_no_dmon_outlives_a_server_killed_with_sigkill(
+    dcgmi: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A silent dmon never meets a broken pipe: only the kernel can end it with its server.
+    dcgmi("silent:2")
+    pids, silent = tmp_path / "pids", tmp_path / "silent"
+    monkeypatch.setenv("FAKE_DCGMI_PIDS", str(pids))
+    monkeypatch.setenv("FAKE_DCGMI_SILENT", str(silent))
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)  # not our group: only its own death counts
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "reading"
+        [dmon] = _pids(pids)
+        assert _until(lambda: _pids(silent) == [dmon])  # it has printed all it will: no pipe to break
+        assert not _gone(dmon)
+        server.kill()
+        server.wait(WAIT_S)
+        assert _until(lambda: _gone(dmon)), f"dmon {dmon} outlived its server"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(WAIT_S)
+        if server.stdout is not None:
+            server.stdout.close()
+        _kill_all(_pids(pids))

@@ -19,7 +19,16 @@ poller never waits on the pipe. The counter (TOTEC) is read where every GPU give
 the power (POWER), which the tape integrates.
 
 When ``dcgmi`` dies mid-run it is started again after a back-off (doubling, bounded), and
-reads are failed readings meanwhile, saying why. Errors are typed, each with its remedy (the
+reads are failed readings meanwhile, saying why. A ``dcgmi`` that stops printing without
+exiting (a wedged host engine) is the same failure: no sample for ``stale_s`` (none within
+``start_timeout_s`` of a launch) and its process group is ended and started again.
+
+No ``dcgmi`` outlives the server that started it, however the server ends: each is started
+in a process group of its own (ended whole on close and restart) and, on Linux, through a
+tiny wrapper that asks the kernel for ``SIGKILL`` when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``) before it execs ``dcgmi``. A server
+killed with -9 takes its dmon with it, even a silent one that would never meet a broken
+pipe. Errors are typed, each with its remedy (the
 three the seed's reader contract names, plus a stream that fails):
 :class:`HostEngineUnavailable` (``nv-hostengine`` not reachable), :class:`WatchHeldByExporter`
 (dcgm-exporter already holds the watch), :class:`FieldsNotReserved` (the engine would not
@@ -30,14 +39,19 @@ prints garbage). At build they are raised; later they are the failed readings' t
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import selectors
 import shutil
+import signal
 import subprocess
+import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Literal
+from typing import Literal
 
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
@@ -50,6 +64,20 @@ OPTIONS = ("dcgmi", "host", "interval_ms", "start_timeout_s", "backoff_s", "back
            "stale_s")
 #: Lines of output kept to explain a failure.
 KEEP_LINES = 8
+#: A line longer than this is not dmon output (read on without holding it).
+MAX_LINE = 64 * 1024
+#: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+#: Run as ``python -I -S -c WRAPPER <parent pid> <dcgmi> <args...>``: ask for SIGKILL at the
+#: parent's death, make sure the parent did not die before we asked, then become dcgmi.
+WRAPPER = (
+    "import ctypes,os,signal,sys\n"
+    "if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:\n"
+    "    sys.stderr.write('prctl(PR_SET_PDEATHSIG) failed\\n')\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(0)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 class DcgmiError(ReaderUnavailable):
@@ -234,7 +262,7 @@ class DcgmiReader:
         self._failure: DcgmiError | None = None  # why the stream last ended, typed
         self._closed = threading.Event()
         self._first = threading.Event()  # a sample came, or the first run ended
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._pump, name="giul-dcgmi", daemon=True)
         self._thread.start()
         if not self._first.wait(self.start_timeout_s):
@@ -259,34 +287,41 @@ class DcgmiReader:
 
     # -- the stream -------------------------------------------------------------------------
     def _pump(self) -> None:
-        """Run dmon, parse it line by line, and start it again after a back-off when it ends."""
+        """Run dmon, parse it line by line, and start it again after a back-off when it ends
+        or falls silent."""
         backoff = self.backoff_s
         while not self._closed.is_set():
             parser = DmonParser(self.gpus)
-            got = False
+            got = silent = False
             try:
-                proc = subprocess.Popen(
-                    self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-                )
+                proc = _launch(self.command)
             except OSError as exc:
                 failure: DcgmiError = DmonStreamError(f"could not start dcgmi: {exc}", remedy=self.remedy)
             else:
                 self._proc = proc
                 try:
-                    got = self._follow(proc.stdout, parser)
+                    got, silent = self._follow(proc, parser)
                 finally:
+                    _end(proc)  # silent, closed, or exited: nothing of its group stays behind
                     if proc.stdout is not None:
                         proc.stdout.close()
                 code = _wait(proc)
+                self._proc = None
                 if self._closed.is_set():
                     return
                 said = "\n".join(parser.others)
-                failure = classify(said, self.host) or DmonStreamError(
-                    f"dcgmi dmon exited (status {code})"
-                    + (f" after printing {parser.garbage} line(s) that are not dmon output, the last: "
-                       f"{parser.others[-1]!r}" if parser.others else ""),
-                    remedy=self.remedy)
+                if silent:
+                    failure = DmonStreamError(
+                        f"`{' '.join(self.command)}` printed no sample for {self.stale_s:g} s (silent, "
+                        "not exited): ended it" if got else
+                        f"`{' '.join(self.command)}` printed no sample within {self.start_timeout_s:g} s",
+                        remedy=self.remedy)
+                else:
+                    failure = classify(said, self.host) or DmonStreamError(
+                        f"dcgmi dmon exited (status {code})"
+                        + (f" after printing {parser.garbage} line(s) that are not dmon output, the last: "
+                           f"{parser.others[-1]!r}" if parser.others else ""),
+                        remedy=self.remedy)
             if got:
                 backoff = self.backoff_s
             with self._lock:
@@ -298,17 +333,43 @@ class DcgmiReader:
                 return
             backoff = min(backoff * 2, self.backoff_max_s)
 
-    def _follow(self, stdout: IO[str] | None, parser: DmonParser) -> bool:
+    def _follow(self, proc: subprocess.Popen[bytes], parser: DmonParser) -> tuple[bool, bool]:
+        """Read dmon until it exits or falls silent: (whether a sample came, whether silent).
+        No sample within ``start_timeout_s`` of the launch, or ``stale_s`` after the last, is
+        silence; the pipe is watched with a bound, never read blindly."""
+        stdout = proc.stdout
+        if stdout is None:
+            return False, False
+        fd = stdout.fileno()
         got = False
-        for line in stdout or ():
-            sample = parser.feed(line, self.clock())
-            if sample is None:
-                continue
-            got = True
-            with self._lock:
-                self._latest, self._error = sample, None
-            self._first.set()
-        return got
+        last = time.monotonic()
+        pending = b""
+        with selectors.DefaultSelector() as watch:
+            watch.register(fd, selectors.EVENT_READ)
+            while not self._closed.is_set():
+                left = last + (self.stale_s if got else self.start_timeout_s) - time.monotonic()
+                if left <= 0:
+                    return got, True
+                if not watch.select(min(left, 0.5)):
+                    continue
+                chunk = os.read(fd, 65536)
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop() if chunk else b""
+                if len(pending) > MAX_LINE:
+                    lines.append(pending[:200])
+                    pending = b""
+                for line in lines:
+                    sample = parser.feed(line.decode("utf-8", errors="replace"), self.clock())
+                    if sample is None:
+                        continue
+                    got = True
+                    last = time.monotonic()
+                    with self._lock:
+                        self._latest, self._error = sample, None
+                    self._first.set()
+                if not chunk:
+                    return got, False  # it exited (or closed its output)
+        return got, False
 
     # -- the reader ----------------------------------------------------------------------------
     def read(self) -> Reading:
@@ -332,18 +393,57 @@ class DcgmiReader:
     def close(self) -> None:
         self._closed.set()
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(OSError):
-                proc.terminate()
+        if proc is not None:
+            _end(proc)
             _wait(proc)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(2.0)
 
 
-def _wait(proc: subprocess.Popen[str], timeout: float = 2.0) -> int | None:
+def _launch(command: list[str]) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a process group of its own, through :data:`WRAPPER` on Linux
+    (SIGKILL when this process dies); without a Python to run it, ``preexec_fn`` does the
+    same ``prctl`` (less safe beside threads, so the wrapper comes first)."""
+    argv = command
+    preexec: Callable[[], None] | None = None
+    if sys.platform.startswith("linux"):
+        python = sys.executable
+        if python and os.access(python, os.X_OK) and os.path.basename(python).startswith("python"):
+            argv = [python, "-I", "-S", "-c", WRAPPER, str(os.getpid()), *command]
+        else:
+            preexec = _die_with_parent()
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, bufsize=0, start_new_session=True,
+                            preexec_fn=preexec)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+    return preexec
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Ask dmon's whole process group to end (it is the group's leader, not reaped yet: its
+    pid, and so the group's id, cannot have been reused)."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGTERM)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float = 2.0) -> int | None:
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
