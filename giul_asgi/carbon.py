@@ -23,11 +23,16 @@ its age (``carbon_age_s``), and is retried with a doubling back-off. Past ``max_
 intensity is ``None``: ``carbon_grams`` is null, never 0, and the reason is in
 :meth:`CarbonFeed.status` (the node's ``/energy`` ledger block) and in one log line per
 change of state. The age is the value's own (``datetime`` in the answer), else the file's
-modification time, else when the URL answered.
+modification time, else when the URL answered. A value dated in the future is not fresh
+forever: a little ahead (clocks apart) it counts from when it came; more than
+``MAX_AHEAD_S`` ahead it is bad data, a failed poll that says so. A fetch has one budget
+(``timeout_s``, 10 s) for all of it, slow headers included.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -61,7 +66,7 @@ TOKEN_ENV = "ELECTRICITYMAPS_TOKEN"
 ELECTRICITYMAPS_HOSTS: tuple[str, ...] = ("electricitymap.org", "electricitymaps.com")
 EVERY_S = 300.0
 MAX_AGE_S = 6 * 3600.0
-#: How long one fetch may take (connect, each read, the whole answer).
+#: How long one fetch may take, all of it: connect, headers, body.
 TIMEOUT_S = 10.0
 #: The first retry after a failure comes after this (or ``every_s`` if shorter), doubling
 #: with each failure up to ``BACKOFF_CAP`` polls' worth.
@@ -71,6 +76,10 @@ BACKOFF_CAP = 4
 MAX_BYTES = 64 * 1024
 #: How often the reader thread re-ages the value (at most; ``every_s`` if shorter).
 TICK_S = 1.0
+#: An answer dated this far ahead of this host's clock is bad data (a forecast taken for the
+#: present, or a clock wrong here or there), never a fresh value; one dated less far ahead
+#: (clocks a little apart) counts as of when it came, and ages from then.
+MAX_AHEAD_S = 3600.0
 
 
 class SourceError(Exception):
@@ -194,49 +203,49 @@ def _epoch(stamp: Any, where: str) -> float:
 # -- fetching -------------------------------------------------------------------------------
 
 class UrlSource:
-    """GETs the URL: a timeout on each phase and on the whole answer, a size cap, no
-    redirects (the token must not follow one to another host), ``auth-token`` if given."""
+    """GETs the URL: one budget (``timeout_s``) for the whole fetch, headers included (a
+    provider that dribbles its headers a byte at a time cannot hold a poll past it), a size
+    cap, no redirects (the token must not follow one to another host), ``auth-token`` if
+    given. Each fetch runs on an event loop of its own in the poll's thread: a deadline on
+    the whole exchange is what httpx's per-phase timeouts cannot give (each read restarts
+    them)."""
 
     def __init__(self, url: str, *, token: str | None, timeout_s: float, clock: Callable[[], float],
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.url = url
         self.kind = "electricitymaps" if electricitymaps_host(url) else "url"
         self.timeout_s = timeout_s
         self.clock = clock
         self._token = token
         self._transport = transport
-        self._client: httpx.Client | None = None  # made by the first fetch, off the request path
 
-    def _connect(self) -> httpx.Client:
+    def fetch(self) -> Intensity:
+        return asyncio.run(self._fetch())
+
+    async def _fetch(self) -> Intensity:
+        where = shown(self.url)
         headers = {"accept": "application/json"}
         if self._token:
             headers["auth-token"] = self._token
-        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(self.timeout_s),
-                                    follow_redirects=False, transport=self._transport)
-        return self._client
-
-    def fetch(self) -> Intensity:
-        where = shown(self.url)
-        client = self._client or self._connect()
-        deadline = time.monotonic() + self.timeout_s
         chunks: list[bytes] = []
+        late = SourceError(f"{where} did not answer within {self.timeout_s:g} s",
+                           remedy="the provider is slow or unreachable from here")
         try:
-            with client.stream("GET", self.url) as response:
+            async with asyncio.timeout(self.timeout_s), httpx.AsyncClient(
+                headers=headers, timeout=httpx.Timeout(self.timeout_s), follow_redirects=False,
+                transport=self._transport,
+            ) as client, client.stream("GET", self.url) as response:
                 if response.status_code != 200:
                     raise _http_error(response, where)
                 size = 0
-                for chunk in response.iter_bytes():
+                async for chunk in response.aiter_bytes():
                     size += len(chunk)
                     if size > MAX_BYTES:
                         raise SourceError(f"{where} answered more than {MAX_BYTES} bytes",
                                           remedy="point carbon at the intensity endpoint itself")
-                    if time.monotonic() > deadline:
-                        raise SourceError(f"{where} took more than {self.timeout_s:g} s",
-                                          remedy="the provider is slow or unreachable from here")
                     chunks.append(chunk)
-        except httpx.TimeoutException:
-            raise SourceError(f"{where} did not answer within {self.timeout_s:g} s",
-                              remedy="the provider is slow or unreachable from here") from None
+        except (TimeoutError, httpx.TimeoutException):
+            raise late from None
         except httpx.HTTPError as exc:
             raise SourceError(f"{type(exc).__name__} on {where}: {exc or 'no detail'}",
                               remedy="check the URL and that this host can reach it") from None
@@ -244,8 +253,7 @@ class UrlSource:
                      default_as_of=self.clock())
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        return None  # each fetch's client is closed with it
 
 
 def _http_error(response: httpx.Response, where: str) -> SourceError:
@@ -307,7 +315,7 @@ class CarbonFeed:
         self, target: str, *, pue: float = 1.0, token: str | None = None,
         every_s: float = EVERY_S, max_age_s: float = MAX_AGE_S, timeout_s: float = TIMEOUT_S,
         node: str = "", clock: Callable[[], float] = time.time,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.target = target
         self.pue = pue
@@ -332,6 +340,8 @@ class CarbonFeed:
         self._thread: threading.Thread | None = None
         self._started_at = 0.0
         self._answer: Intensity | SourceError | None = None
+        #: How far ahead of this host's clock the last answer was dated (None: not ahead).
+        self.ahead_s: float | None = None
         self.current = Carbon(None, pue, self.source.kind, self._signal(), None)
 
     def _signal(self) -> str | None:
@@ -373,6 +383,8 @@ class CarbonFeed:
 
     def _take(self, answer: Intensity | SourceError, now: float) -> None:
         if isinstance(answer, Intensity):
+            answer = self._dated(answer, now)
+        if isinstance(answer, Intensity):
             self.last = answer
             self.failures = 0
             self.last_error = self.remedy = None
@@ -386,6 +398,24 @@ class CarbonFeed:
         if answer.retry_after_s is not None:
             delay = max(delay, min(answer.retry_after_s, 3600.0))
         self._next = now + delay
+
+    def _dated(self, answer: Intensity, now: float) -> Intensity | SourceError:
+        """An answer dated in the future: clamped to now (a little ahead), refused (far)."""
+        ahead = answer.as_of - now
+        self.ahead_s = ahead if ahead > 0 else None
+        if ahead <= 0:
+            return answer
+        when = datetime.fromtimestamp(answer.as_of, UTC).isoformat(timespec="seconds")
+        if ahead > MAX_AHEAD_S:
+            return SourceError(
+                f"{shown(self.target)} answered a value dated {when}, {_duration(ahead)} ahead of this "
+                f"host's clock: bad data, not used (more than {_duration(MAX_AHEAD_S)} ahead)",
+                remedy="check the provider's datetime (a forecast?), the file's modification time, and "
+                       "this host's clock (timedatectl)")
+        log.info("node %r: carbon intensity from %s is dated %s, %s ahead of this host's clock: "
+                 "counted as of now, and aged from now", self.node, shown(self.target), when,
+                 _duration(ahead))
+        return dataclasses.replace(answer, as_of=now)
 
     def _carbon(self, now: float) -> Carbon:
         last = self.last
@@ -450,6 +480,7 @@ class CarbonFeed:
             "signal": carbon.signal, "pue": self.pue,
             "as_of": last.as_of if last else None, "age_s": carbon.age_s,
             "zone": last.zone if last else None, "estimated": last.estimated if last else None,
+            "ahead_s": self.ahead_s,
             "every_s": self.every_s, "max_age_s": self.max_age_s,
             "polls": self.polls, "errors": self.errors, "last_error": self.last_error,
             "remedy": self.remedy, "reason": self.reason(now),
@@ -477,7 +508,7 @@ def static_status(carbon: Carbon) -> dict[str, Any]:
         "source": carbon.source, "target": None, "state": "static",
         "g_per_kwh": carbon.g_per_kwh, "last_g_per_kwh": carbon.g_per_kwh,
         "signal": carbon.signal, "pue": carbon.pue, "as_of": None, "age_s": None, "zone": None,
-        "estimated": None, "every_s": None, "max_age_s": None, "polls": 0, "errors": 0,
+        "estimated": None, "ahead_s": None, "every_s": None, "max_age_s": None, "polls": 0, "errors": 0,
         "last_error": None, "remedy": None, "reason": None, "next_poll_in_s": None,
         "poll_in_flight_s": None,
     }

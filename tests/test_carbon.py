@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -448,6 +449,110 @@ def test_a_file_source_follows_the_file_on_disk(tmp_path: Path) -> None:
         assert poll(feed).g_per_kwh is None and feed.status()["state"] == "expired"
     finally:
         feed.close()
+
+
+# -- answers dated in the future, and providers that dribble (issue 20 item 7) -------------
+
+def test_an_answer_a_little_ahead_of_our_clock_ages_from_when_it_came(
+        provider: tuple[Provider, str], caplog: pytest.LogCaptureFixture) -> None:
+    p, url = provider
+    wall = Wall()
+    p.stamp = iso(wall.t + 600)  # the provider's clock is 10 min ahead of ours
+    feed = CarbonFeed(url, every_s=300, max_age_s=3600, clock=wall)
+    caplog.set_level(logging.INFO, logger="giul_asgi.carbon")
+    try:
+        carbon = poll(feed)
+        assert carbon.g_per_kwh == 302.0 and carbon.age_s == 0.0
+        assert feed.status()["ahead_s"] == pytest.approx(600.0)
+        assert any("ahead of this host's clock" in r.getMessage() for r in caplog.records)
+        p.mode = "500"  # the provider fails from now on: the value must age out all the same
+        wall.t += 1800
+        assert poll(feed).age_s == pytest.approx(1800.0)  # not 1200: it ages from when it came
+        while wall.t < 1_800_000_000.0 + 3600 + 1:
+            wall.t += 600
+            poll(feed)
+        assert feed.tick().g_per_kwh is None and feed.status()["state"] == "expired"
+    finally:
+        feed.close()
+
+
+def test_an_answer_dated_far_in_the_future_is_bad_data_and_said(
+        provider: tuple[Provider, str], tmp_path: Path) -> None:
+    p, url = provider
+    wall = Wall()
+    p.stamp = "2100-01-01T00:00:00Z"  # would be fresh for 73 years
+    feed = CarbonFeed(url, every_s=300, clock=wall)
+    try:
+        assert poll(feed).g_per_kwh is None
+        status = feed.status()
+        assert status["state"] == "failing" and "ahead of this host's clock: bad data" in status["last_error"]
+        assert "2100-01-01T00:00:00+00:00" in status["last_error"] and "timedatectl" in status["remedy"]
+        p.stamp = iso(wall.t - 60)
+        wall.t += 1200  # the next poll, past the back-off: a sane answer is taken
+        assert poll(feed).g_per_kwh == 302.0 and feed.status()["ahead_s"] is None
+    finally:
+        feed.close()
+    path = tmp_path / "carbon.json"  # a file whose modification time is far ahead
+    path.write_text('{"g_per_kwh": 410}')
+    os.utime(path, (wall.t + 86_400, wall.t + 86_400))
+    from_file = CarbonFeed(str(path), every_s=60, clock=wall)
+    try:
+        assert poll(from_file).g_per_kwh is None
+        assert "24 h ahead of this host's clock" in from_file.status()["last_error"]
+    finally:
+        from_file.close()
+
+
+class Dribbler:
+    """A provider that sends its status line, then its headers a byte every 50 ms, for
+    ``DRIBBLE_S``: each read gets a byte, so no per-read timeout ever fires."""
+
+    DRIBBLE_S = 15.0
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/latest"
+        self.left = threading.Event()  # the client closed the connection while we dribbled
+        self.finished = threading.Event()  # we dribbled all the headers
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        self.sock.settimeout(WAIT_S)
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-slow: ")
+                end = time.monotonic() + self.DRIBBLE_S
+                while time.monotonic() < end and not self.stop.is_set():
+                    conn.sendall(b"a")
+                    time.sleep(0.05)
+                body = b'{"g_per_kwh": 1}'
+                conn.sendall(b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                self.finished.set()
+            except OSError:
+                self.left.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        self.thread.join(WAIT_S)
+
+
+def test_slow_headers_count_against_the_fetchs_budget() -> None:
+    slow = Dribbler()
+    try:
+        source = UrlSource(slow.url, token=None, timeout_s=1.0, clock=Wall())
+        with pytest.raises(SourceError, match="did not answer within 1 s"):
+            source.fetch()
+        assert not slow.finished.is_set()  # it gave up while the headers still came
+        assert slow.left.wait(WAIT_S)  # and left: the connection is closed, not kept
+    finally:
+        slow.close()
 
 
 # -- through the ledger and the meter: the record's numbers ---------------------------------
