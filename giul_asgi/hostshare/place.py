@@ -148,6 +148,9 @@ def _usable(path: Path, *, explicit: bool) -> _Refused | None:
         return _refused_open(path, exc)
     try:
         info = os.fstat(fd)
+        if created and stat.S_IMODE(info.st_mode) != PRIVATE:
+            os.fchmod(fd, PRIVATE)  # made here: the umask may have taken bits we need
+            info = os.fstat(fd)
         refused = _mode(path, info)
         if refused is not None:
             if explicit or created or info.st_uid != os.getuid():
@@ -165,14 +168,14 @@ def _usable(path: Path, *, explicit: bool) -> _Refused | None:
 
 
 def _mkdir(path: Path, *, parents: bool) -> bool:
-    """Create ``path`` mode 0700 exactly (whatever the umask); whether it was created here."""
+    """Create ``path`` (mode 0700 less the umask: made exact once opened); whether it was
+    created here."""
     if parents and not os.path.lexists(path.parent):
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     try:
         os.mkdir(path, PRIVATE)
     except FileExistsError:
         return False
-    os.chmod(path, PRIVATE, follow_symlinks=False)  # the umask may have taken bits we need
     return True
 
 
