@@ -373,12 +373,6 @@ class Ledger:
         with self._lock:
             return self.book.load_at(self.clock())
 
-    def note_others(self, t: float, window_seconds: float) -> None:
-        with self._lock:
-            self.book.note_others(t, window_seconds)
-            if self._note is not None:
-                self._note(("ow", t, window_seconds))
-
     def note_upstream(self, t: float, running: float) -> None:
         """The upstream (the inference server) ran ``running`` requests at ``t``."""
         with self._lock:
@@ -593,7 +587,7 @@ class _Workers:
         table.publish(integral, open_now, t, _books(ledger.totals()))
         others = table.others(t)
         if others is not None:
-            ledger.note_others(t, others)
+            pass  # replaced by the card table (being rebuilt)
 
     def host(self, mine: LedgerTotals) -> LedgerTotals:
         table = self.table

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .tape import Span
+from .cardspan import CardSpan
 
 
 class Split(Protocol):
@@ -162,7 +162,7 @@ class Window:
 class Waiting:
     """A span whose split waits for weights that open windows will know at close."""
 
-    span: Span
+    span: CardSpan
     above: float
     members: list[tuple[Window, float]]
     open_members: int
