@@ -30,10 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..energy import Provenance, Share
-from .cardspan import NOBODY, CardSpan, Coverage
+from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
 from .foreign import ForeignWatch
 from .prior import FLOOR, Prior
-from .tape import Gap, Piece, Span
 from .unseen import Unseen
 from .window import First, Split, TimeSplit, TokenSplit, Waiting, Window, spread
 
@@ -89,6 +88,7 @@ class Book:
         self.foreign = ForeignWatch()
         self.unseen = Unseen()
         self._open: dict[int, Window] = {}
+        self._seq = 0
         self._closing: list[Window] = []  # closed, not yet seen past their tail
         self._waiting: deque[Waiting] = deque()
         self._n = 0
@@ -127,12 +127,17 @@ class Book:
         return self._busy
 
     def open(self, t: float) -> Window:
-        window = Window(t, self._advance(t))
+        self._seq += 1
+        window = Window(t, self._advance(t), self._seq)
         self._n += 1
         if self.split.known_at_open:
             window.weight = 1.0
         self._open[id(window)] = window
         return window
+
+    def open_windows(self) -> list[Window]:
+        """The windows open now."""
+        return list(self._open.values())
 
     def mark(self, window: Window, name: str, t: float) -> None:
         if window.t_close is not None:

@@ -29,9 +29,9 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ..readers.base import Kind, Reading
+from ..spans import Gap, Piece, Span
 
 #: Readings may fail this long (in learnt periods, at least MIN_GAP_S) before a gap is booked.
 GAP_PERIODS = 10
@@ -47,43 +47,6 @@ DEFAULT_MAX_W = 2000.0
 BRACKETS = 24
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """Energy between ``t0`` and ``t1``: ``above_j`` over the idle floor, ``total_j`` in all.
-
-    ``stamp_s`` is how far either end may be from the true step time (0 for reads stamped
-    at read time); the book turns it into uncertainty at a window's edges. ``unc_j`` is
-    what the span's energy itself may be off by (a gauge's samples miss what happened
-    between them; a counter is exact to its millijoule).
-    """
-
-    t0: float
-    t1: float
-    above_j: float
-    total_j: float
-    stamp_s: float = 0.0
-    unc_j: float = 0.0
-
-    @property
-    def seconds(self) -> float:
-        return self.t1 - self.t0
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """Between ``t0`` and ``t1`` the card's energy is unknown, for the reason given.
-
-    ``fault`` is true when the reader failed (errors, a stale counter, a reset); false
-    where a healthy reader simply had no baseline yet (the time before its first step).
-    """
-
-    t0: float
-    t1: float
-    why: str
-    fault: bool = True
-
-
-Piece = Span | Gap
 
 
 class StepClock:

@@ -1,23 +1,65 @@
-"""One span of a card as the whole host sees it: decided once, taken by every process.
+"""The pieces of a card's energy that pass from part to part: spans, gaps, and spans decided for the host.
 
-Several processes (the workers of one server, or of several servers) can draw on one card.
-Its energy must be charged once, so one process reads it (the one holding the card's lock,
-:mod:`giul_asgi.hostshare.cards`) and decides, for each span its tape yields, what the host's
-windows share of it: which windows are members (those that overlap the span, else the
-ramp-down tails of windows closed just before), how much window-time they cover in all, what
-a foreign load takes first. That decision is a :class:`CardSpan`. Every process then takes
-its own part of it, ``above_j x mine / (covered + unseen)``, and shares that part among its
-own windows by the node's split. The parts of all processes add up to the span: the card is
-charged once, whoever holds it and however many processes share it.
+The tape (:mod:`giul_asgi.ledger.tape`) turns readings into :class:`Span` s of energy above
+idle and :class:`Gap` s where the energy is unknown. Several processes (the workers of one
+server, or of several servers) can draw on one card, and its energy must be charged once: the
+process that reads it (the one holding the card's lock, :mod:`giul_asgi.hostshare.cards`)
+decides, for each span, what the host's windows share of it: which windows are members (those
+that overlap the span, else the ramp-down tails of windows closed just before), how much
+window-time they cover in all, what a foreign load takes first. That decision is a
+:class:`CardSpan`, published at the card's table. Every process then takes its own part,
+``above_j x mine / (covered + unseen)``, and shares it among its own windows by the node's
+split: the parts of all processes add up to the span, whoever holds the card.
 
-A process alone on its card (or where nothing can be shared) makes the same decision with
-nobody else's windows, so there is one way to book a span.
+A process alone on its card makes the same decision with nobody else's windows, so there is
+one way to book a span. These are plain records, imported by the ledger and the card's table
+alike.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Energy between ``t0`` and ``t1``: ``above_j`` over the idle floor, ``total_j`` in all.
+
+    ``stamp_s`` is how far either end may be from the true step time (0 for reads stamped
+    at read time); the book turns it into uncertainty at a window's edges. ``unc_j`` is
+    what the span's energy itself may be off by (a gauge's samples miss what happened
+    between them; a counter is exact to its millijoule).
+    """
+
+    t0: float
+    t1: float
+    above_j: float
+    total_j: float
+    stamp_s: float = 0.0
+    unc_j: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.t1 - self.t0
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Between ``t0`` and ``t1`` the card's energy is unknown, for the reason given.
+
+    ``fault`` is true when the reader failed (errors, a stale counter, a reset); false
+    where a healthy reader simply had no baseline yet (the time before its first step).
+    """
+
+    t0: float
+    t1: float
+    why: str
+    fault: bool = True
+
+
+Piece = Span | Gap
+
 
 INF = math.inf
 
@@ -126,4 +168,4 @@ class CardSpan:
         return self.foreign_j + (self.above_j - self.part(self.covered))
 
 
-__all__ = ["NOBODY", "CardSpan", "Coverage"]
+__all__ = ["NOBODY", "CardSpan", "Coverage", "Gap", "Piece", "Span"]
