@@ -64,6 +64,9 @@ class Sink:
     def reads_card(self) -> bool:
         return True
 
+    def card_state(self) -> tuple[str, str | None]:
+        return "ok", None
+
     def failed(self, error: BaseException) -> None:
         self.failure = error
         self.attached.set()

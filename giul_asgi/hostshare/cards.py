@@ -73,11 +73,17 @@ _TAPE_MAGIC = b"GIULTAP1"
 _SEAT_MAGIC = b"GIULSEA1"
 # The tape's header: magic, books' sequence lock, pieces published, then its books and the
 # holder's state (see Books and _Tape).
-_TAPE_HEAD = struct.Struct("<8sQQ12d2Q")
+_TAPE_HEAD = struct.Struct("<8sQQ24d")
 # measured, unattributed, external, retired charged, retired unattributed, retired estimated,
-# last piece's end, period, heartbeat, retired received, 2 spare | holder pid, holder start
+# last piece's end, period, heartbeat, retired received, the holders' reads, failed reads and
+# counter resets, the holder's last good reading, the highest measured, unattributed and
+# external sums so far (what is shown: a counter never falls), 7 spare
 _T_MEASURED, _T_UNATTRIBUTED, _T_EXTERNAL, _T_R_CHARGED, _T_R_UNATTR, _T_R_ESTIMATED, \
-    _T_LAST, _T_PERIOD, _T_BEAT, _T_R_RECEIVED = range(10)
+    _T_LAST, _T_PERIOD, _T_BEAT, _T_R_RECEIVED, _T_READS, _T_ERRORS, _T_RESETS, _T_GOOD, \
+    _T_MEASURED_TOP, _T_UNATTRIBUTED_TOP, _T_EXTERNAL_TOP = range(17)
+#: A sum that a span measured below idle may lower (a step stamp's error, carried into the next
+#: span) and the highest it has been: the books show the highest, so no counter ever falls.
+_TOPS = {_T_MEASURED: _T_MEASURED_TOP, _T_UNATTRIBUTED: _T_UNATTRIBUTED_TOP, _T_EXTERNAL: _T_EXTERNAL_TOP}
 # A piece: index, kind, fault, tails, quiet, unwatched, level seen lately, foreign process
 # (-1 unknown), unseen lately; 15 floats; members; why; crc32 of all before it.
 _ENTRY = struct.Struct("<QBBBBBBbB15dI96sI")
@@ -119,12 +125,20 @@ class HostBooks:
     windows_open: int
     #: Filled from the prior where no reading covered a window's time (outside the books).
     estimated_j: float = 0.0
+    #: What a foreign or unseen load took; the card's reads by every holder, failed reads,
+    #: counter resets; seconds since the last piece was published (None: none yet).
+    foreign_j: float = 0.0
+    reads: int = 0
+    read_errors: int = 0
+    resets: int = 0
+    age_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SeatBooks:
     """What one ledger publishes of its books: its part of the pieces it took and what became
-    of it (``received == charged + forfeit + in flight``)."""
+    of it (``received == charged + forfeit + in flight``; charged and forfeit as the highest
+    they have been, so that the card's counters never fall)."""
 
     received_j: float
     charged_j: float
@@ -289,6 +303,7 @@ class CardTable:
         self._answers_read = 0
         self._looked = -math.inf
         self._last_t1: float | None = None
+        self._counted = (0, 0, 0)  # this holder's tape's reads, errors, resets already counted
 
     def _map(self, path: Path, size: int) -> _Map:
         made = _Map(path, size, create=False)
@@ -323,6 +338,7 @@ class CardTable:
         except BlockingIOError:
             return False
         self.holding = True
+        self._counted = (0, 0, 0)
         self._taken = max(self._taken, self._published())
         last = self._tape_float(_T_LAST)
         self._last_t1 = last if last > 0 else None
@@ -382,12 +398,14 @@ class CardTable:
         """A ledger has gone: its books move into the tape's (what it had been given and not
         charged is lost with it: unattributed), and its file is removed."""
         books = [_finite(v) for v in struct.unpack_from("<8d", remote.seat.mm, _SEAT_FLOATS)]
-        charged, estimated = books[_S_CHARGED], books[_S_ESTIMATED]
+        charged, forfeit, estimated = books[_S_CHARGED], books[_S_FORFEIT], books[_S_ESTIMATED]
         # What it took: what the holder gave it (a follower), or what it took as holder.
         took = max(books[_S_GIVEN], books[_S_RECEIVED])
         with self._books():
             self._add(_T_R_CHARGED, charged)
-            self._add(_T_R_UNATTR, max(0.0, took - charged))  # forfeit, in flight, in transit
+            # Its forfeit, and what it had in flight or in transit: never less than the forfeit
+            # already shown (the seat shows its highest), so no counter falls.
+            self._add(_T_R_UNATTR, max(forfeit, took - charged))
             self._add(_T_R_ESTIMATED, estimated)
             self._add(_T_R_RECEIVED, took)
             _Q.pack_into(remote.seat.mm, 24, _RETIRED)  # counted in the tape's books now
@@ -468,6 +486,21 @@ class CardTable:
         _D.pack_into(mm, at, _finite(_D.unpack_from(mm, at)[0]) + given)
         _Q.pack_into(mm, _SEAT_COUNTS + 8, written + 1)
 
+    def count_reads(self, reads: int, errors: int, resets: int, good_t: float | None) -> None:
+        """Holder: its tape's reads, failed reads and resets so far (the card's counters add
+        every holder's, so they never fall when the card changes hands), and when it last
+        read the card well."""
+        if good_t is not None:
+            self._set(_T_GOOD, good_t)
+        before = self._counted
+        if (reads, errors, resets) == before:
+            return
+        with self._books():
+            self._add(_T_READS, max(0, reads - before[0]))
+            self._add(_T_ERRORS, max(0, errors - before[1]))
+            self._add(_T_RESETS, max(0, resets - before[2]))
+        self._counted = (reads, errors, resets)
+
     def beat(self) -> None:
         """Holder: say it is alive (followers whose windows wait look at this)."""
         self._set(_T_BEAT, self.clock())
@@ -538,6 +571,11 @@ class CardTable:
         beat = self._tape_float(_T_BEAT)
         return max(0.0, self.clock() - beat) if beat > 0 else None
 
+    def reading_age(self) -> float | None:
+        """Seconds since the card's holder last read it well (None: never)."""
+        good = self._tape_float(_T_GOOD)
+        return max(0.0, self.clock() - good) if good > 0 else None
+
     @property
     def period(self) -> float | None:
         period = self._tape_float(_T_PERIOD)
@@ -560,12 +598,12 @@ class CardTable:
             if seq % 2:
                 time.sleep(0)
                 continue
-            tape = [_finite(v) for v in struct.unpack_from("<10d", self.tape.mm, _TAPE_FLOATS)]
+            tape = [_finite(v) for v in struct.unpack_from("<24d", self.tape.mm, _TAPE_FLOATS)]
             rows = [self._seat_books(mm) for mm in seats]
             if _Q.unpack_from(self.tape.mm, 8)[0] == seq:
                 break
         else:
-            tape = [_finite(v) for v in struct.unpack_from("<10d", self.tape.mm, _TAPE_FLOATS)]
+            tape = [_finite(v) for v in struct.unpack_from("<24d", self.tape.mm, _TAPE_FLOATS)]
             rows = [self._seat_books(mm) for mm in seats]
         live = [r for r in rows if r is not None]
         everyone = [*live, (mine.received_j, mine.charged_j, mine.forfeit_j, mine.in_flight_j,
@@ -574,11 +612,14 @@ class CardTable:
         forfeit = sum(r[2] for r in everyone)
         in_flight = sum(r[3] for r in everyone) + sum(max(0.0, r[6] - r[0]) for r in live)
         return HostBooks(
-            workers=len(everyone), measured_j=tape[_T_MEASURED],
+            workers=len(everyone), measured_j=tape[_T_MEASURED_TOP],
             charged_j=charged,
-            unattributed_j=tape[_T_UNATTRIBUTED] + tape[_T_R_UNATTR] + forfeit,
+            unattributed_j=tape[_T_UNATTRIBUTED_TOP] + tape[_T_R_UNATTR] + forfeit,
             in_flight_j=in_flight, windows_open=int(sum(r[5] for r in everyone)),
             estimated_j=tape[_T_R_ESTIMATED] + sum(r[4] for r in everyone),
+            foreign_j=tape[_T_EXTERNAL_TOP], reads=int(tape[_T_READS]), read_errors=int(tape[_T_ERRORS]),
+            resets=int(tape[_T_RESETS]),
+            age_s=max(0.0, self.clock() - tape[_T_GOOD]) if tape[_T_GOOD] > 0 else None,
         )
 
     def _published(self) -> int:
@@ -588,9 +629,8 @@ class CardTable:
         return _finite(_D.unpack_from(self.seat.mm, _SEAT_FLOATS + 8 * _S_GIVEN)[0])
 
     def _seats(self) -> list[mmap.mmap]:
-        """Every other live ledger's header, mapped (the holder's own remotes where it is one)."""
-        if self.holding:
-            return [r.seat.mm for r in self._remotes.values()]
+        """Every other ledger's header, mapped read-only for this look (any thread: the
+        holder's own maps belong to its reader thread, which may close them meanwhile)."""
         found = []
         try:
             names = [n for n in os.listdir(self.folder) if n.startswith("p-") and n != self.name]
@@ -624,7 +664,11 @@ class CardTable:
         return _SeqLock(self.tape.mm)
 
     def _add(self, index: int, value: float) -> None:
-        self._set(index, self._tape_float(index) + _finite(value))
+        total = self._tape_float(index) + _finite(value)
+        self._set(index, total)
+        top = _TOPS.get(index)
+        if top is not None and total > self._tape_float(top):
+            self._set(top, total)
 
     def _set(self, index: int, value: float) -> None:
         _D.pack_into(self.tape.mm, _TAPE_FLOATS + 8 * index, value)

@@ -132,6 +132,7 @@ class Ledger:
         self.table: CardTable | None = None
         self._joined = False
         self._books_t = -math.inf
+        self._highs: dict[str, float] = {}
         #: Why this process's figures cannot see other processes on the card (no place to
         #: share through), said in every figure; None where they are shared or turned off.
         self.unshared: str | None = None
@@ -304,6 +305,8 @@ class Ledger:
                     settled += self.book.book(piece, reading.t)
                 else:
                     settled += self._publish(table, piece, reading.t, tape.period)
+            if table is not None and table.holding:
+                table.count_reads(tape.reads, tape.errors, tape.resets, tape.last_good)
             if settled and self._note is not None:
                 self._noted(settled)
         _fire(settled)
@@ -340,6 +343,20 @@ class Ledger:
             self._books_t = now
             table.publish_books(self._seat_books())
         return table.holding
+
+    def card_state(self) -> tuple[str, str | None]:
+        """How the card is read where another process reads it for this one: ``ok`` while
+        its readings come, else ``failing`` and why (the reader thread's health)."""
+        table = self.table
+        if table is None:
+            return "starting", None
+        age = table.reading_age()
+        bound = max(2.0, 20 * self._period())
+        if age is None:
+            return "starting", "the process that reads the card has not read it yet"
+        if age > bound:
+            return "failing", f"the process that reads the card has not read it well for {age:.1f} s"
+        return "ok", None
 
     def _follow(self, table: CardTable) -> None:
         """Take this process's part of what the card's holder published."""
@@ -392,8 +409,17 @@ class Ledger:
     def _seat_books(self) -> SeatBooks:
         with self._lock:
             book = self.book.totals()
-        return SeatBooks(book.received_j, book.charged_j, book.forfeit_j, book.in_flight_j,
-                         book.estimated_j, book.windows_open)
+            return SeatBooks(book.received_j, self._high("charged", book.charged_j),
+                             self._high("forfeit", book.forfeit_j), book.in_flight_j,
+                             book.estimated_j, book.windows_open)
+
+    def _high(self, name: str, value: float) -> float:
+        """The highest ``value`` this book's counter ``name`` has shown (under the lock): a
+        span measured below idle (a step stamp's error, carried into the next span) lowers a
+        sum for a moment, and a counter that falls reads as a reset to Prometheus."""
+        high = max(self._highs.get(name, value), value)
+        self._highs[name] = high
+        return high
 
     def _noted(self, settled: list[Window]) -> None:
         """Trace what the windows just settled with (under the lock), for replay's check."""
@@ -470,19 +496,8 @@ class Ledger:
         return status
 
     def host_totals(self) -> LedgerTotals:
-        """:meth:`totals` for the whole host: the card's books, every process's charges on it
-        summed (what ``/energy`` and ``/metrics`` show), the same from every process; this
-        process's alone where nothing is shared (``workers`` is then 1)."""
-        mine = self.totals()
-        table = self.table
-        if table is None:
-            return mine
-        books = table.host(self._seat_books())
-        return replace(
-            mine, measured_j=books.measured_j, charged_j=books.charged_j,
-            unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j,
-            windows_open=books.windows_open, workers=books.workers, estimated_j=books.estimated_j,
-        )
+        """The card's books (:meth:`totals`: what ``/energy`` and ``/metrics`` show)."""
+        return self.totals()
 
     def own_load(self) -> tuple[float, int]:
         """This process's window-seconds integral on the node so far, and windows open."""
@@ -587,14 +602,16 @@ class Ledger:
                 self._note(("s",))
                 self._noted(settled)
         table = self.table
-        if table is not None:  # the holder folds this process's books into the card's
-            table.publish_books(self._seat_books())
-            table.close()
         if self._trace is not None:
-            totals = self.totals()
+            totals = self._own_totals()  # what replay books again from this process's trace
             self._trace.close({"measured_j": totals.measured_j, "charged_j": totals.charged_j,
                                "unattributed_j": totals.unattributed_j,
                                "in_flight_j": totals.in_flight_j})
+        if table is not None:  # the holder folds this process's books into the card's
+            table.publish_books(self._seat_books())
+            with self._lock:
+                self.table = None
+            table.close()
         _fire(settled)
 
     async def aclose(self, timeout: float | None = None) -> None:
@@ -603,13 +620,36 @@ class Ledger:
 
     # -- the books ------------------------------------------------------------------------
     def totals(self) -> LedgerTotals:
+        """The card's books: where this process shares the card with others, the whole
+        host's (every process's charges summed, the same from every process); else its own
+        (``workers`` is then 1)."""
+        mine = self._own_totals()
+        table = self.table
+        if table is None:
+            return mine
+        try:
+            books = table.host(self._seat_books())
+        except ValueError:  # the table closed under this call (the ledger is stopping)
+            return mine
+        return replace(
+            mine, measured_j=books.measured_j, charged_j=books.charged_j,
+            unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j, foreign_j=books.foreign_j,
+            windows_open=books.windows_open, workers=books.workers, estimated_j=books.estimated_j,
+            reads=books.reads, read_errors=books.read_errors, resets=books.resets,
+            last_reading_age_s=books.age_s, period_s=table.period or mine.period_s,
+        )
+
+    def _own_totals(self) -> LedgerTotals:
         with self._lock:
             book = self.book.totals()
             tape = self.tape
             poller = self._poller
+            high = self._high
             return LedgerTotals(
-                node=self.node.name, measured_j=book.measured_j, charged_j=book.charged_j,
-                unattributed_j=book.unattributed_j, foreign_j=book.foreign_j,
+                node=self.node.name, measured_j=high("measured", book.measured_j),
+                charged_j=high("charged", book.charged_j),
+                unattributed_j=high("unattributed", book.unattributed_j),
+                foreign_j=high("foreign", book.foreign_j),
                 in_flight_j=book.in_flight_j, idle_w=self.node.idle_w,
                 mean_concurrency=book.mean_concurrency, foreign_watts=book.foreign_watts,
                 contended=book.contended, reads=tape.reads if tape else 0,

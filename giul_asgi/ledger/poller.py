@@ -67,6 +67,10 @@ class Sink(Protocol):
         one, which has taken what it published)."""
         ...
 
+    def card_state(self) -> tuple[str, str | None]:
+        """Where another process reads the card: how that is going (state, why)."""
+        ...
+
     def failed(self, error: BaseException) -> None: ...
 
     def ingest(self, reading: Reading) -> None: ...
@@ -215,6 +219,8 @@ class Poller:
             reads = self._turn()
             if reads:
                 self._read(reader)
+            else:
+                self._follow_health()
             now = self._clock()
             if reads and lists and now >= next_look:
                 next_look = now + PROCESS_EVERY_S
@@ -264,6 +270,22 @@ class Poller:
         except Exception:  # a bug in the sharing must not stop the reading: say it, read
             log.exception("node %r: the card's table failed", self.name)
             return True
+
+    def _follow_health(self) -> None:
+        """Another process reads the card for this one: its health is that reading's."""
+        try:
+            state, why = self._sink.card_state()
+        except Exception:
+            return
+        health = self.health
+        if state == "failing" and health.state != "failing":
+            log.warning("node %r: %s", self.name, why)
+        health.state, health.last_error = state, why or health.last_error
+        if not self._announced:
+            self._announced = True
+            log.info("node %r: reader %s (%s): ready; another process on this host reads the card "
+                     "for every process at its table, and this one takes its part", self.name,
+                     health.reader, health.target)
 
     def _read(self, reader: Reader) -> None:
         try:

@@ -287,6 +287,11 @@ class Tape:
         return [Span(t0, t, total - (self.idle_w or 0.0) * dt, total, 0.0, abs(watts - w0) * sensor)]
 
     # -- health ---------------------------------------------------------------------------
+    @property
+    def last_good(self) -> float | None:
+        """When the last good reading was taken (None: never)."""
+        return self._last_good
+
     def age(self, now: float) -> float | None:
         """Seconds since the last good reading; None before the first."""
         return None if self._last_good is None else max(0.0, now - self._last_good)
