@@ -339,8 +339,6 @@ class Book:
         self._contention = (span.level, span.level_recent, span.processes_foreign, span.unseen_recent)
         seconds = span.seconds
         if span.covered <= 0:
-            if seconds > 0:
-                self.prior.learn_card(span.measured_j / seconds)
             return
         members = self._overlapping(span.t0, span.t1) if not span.tails else \
             self._tail_members(span.t0, span.t1)
@@ -364,7 +362,7 @@ class Book:
         self._busy_booked += covered
         self._time_booked += seconds
         if not span.tails and not span.unwatched:
-            self.prior.learn_span(above / covered, covered, seconds, members)
+            self.prior.learn_span(above / covered, covered, seconds, members, span.t1)
         open_members = 0
         if not self.split.known_at_open:
             open_members = sum(1 for w, _ in members if w.weight is None and w.t_close is None)
