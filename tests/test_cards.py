@@ -202,6 +202,26 @@ def test_a_holder_killed_with_minus_9_frees_the_card_and_leaves_its_books(tmp_pa
         me.close()
 
 
+def test_a_killed_process_not_yet_reaped_is_dead() -> None:
+    """A zombie still answers kill(pid, 0): a worker killed with -9 under a parent slow to
+    reap it held its windows open on the card for ever (every later span shared with them)."""
+    from giul_asgi.hostshare.rows import alive, process_start
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        start = process_start(child.pid)
+        assert alive(child.pid, start)
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while alive(child.pid, start):  # a zombie now: killed, not reaped (no wait() yet)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert Path(f"/proc/{child.pid}").exists()  # still there, as a zombie
+    finally:
+        child.kill()
+        child.wait()
+
+
 @pytest.fixture
 def tiny_place(tmp_path: Path) -> Any:
     """A 64 KB tmpfs: too small for one card's tape (Docker's /dev/shm is 64 MB; a full one

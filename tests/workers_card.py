@@ -66,13 +66,33 @@ def caused_by(plan: Plan, only: set[int] | None = None) -> float:
                for w, o, s, watts in plan if only is None or w in only)
 
 
+class _Aborting(TrueReader):
+    """The card as a killed worker leaves it: an inference server aborts the requests of a
+    gateway worker whose connections dropped, so that worker's jobs stop at its death (the
+    parent writes the worker and the time into ``killed``)."""
+
+    def __init__(self, card: TrueCard, jobs: list[tuple[int, Job]], killed: Any) -> None:
+        super().__init__(card)
+        self.jobs, self.killed = jobs, killed
+
+    def read(self) -> Any:
+        if self.killed is not None and self.killed[1] > 0:
+            who, at = int(self.killed[0]), self.killed[1]
+            with self.card._lock:
+                for worker, job in self.jobs:
+                    if worker == who and job.stop is not None and job.stop > at:
+                        job.stop = max(job.start, at)
+        return super().read()
+
+
 def run(index: int, node_name: str, setting: str | bool | None, start: Any, workers: int,
-        per_worker: int, out: Any, shape: str = "steady") -> None:
+        per_worker: int, out: Any, shape: str = "steady", killed: Any = None) -> None:
     """One worker: meters its part of the schedule on a card that draws for all of them.
     ``start`` is a shared value the parent sets once every worker is reading. ``setting``
-    is the node's ``workers_dir``: None is the default (no setting at all). Puts on ``out``
-    (index, settled sum, measured, host charged, host workers, first-figure sum, windows
-    with no figure, windows contended)."""
+    is the node's ``workers_dir``: None is the default (no setting at all). ``killed``: a
+    shared (worker, time) the parent sets when it kills one. Puts on ``out`` (index, settled
+    sum, measured, host charged, host workers, first-figure sum, windows with no figure,
+    windows contended)."""
     os.environ.pop("GIUL_ASGI_LOAD_DIR", None)  # the deployment's shape: nothing set
     plan = schedule(workers, per_worker, shape=shape)
     card = TrueCard(idle_w=IDLE, seed=5)
@@ -82,9 +102,10 @@ def run(index: int, node_name: str, setting: str | bool | None, start: Any, work
     t_start = start.value
     card.t0 = t_start
     card._phase = 0.041  # every process's card steps at the same times
-    for _, offset, seconds, watts in plan:
-        card.jobs.append(Job(watts, t_start + offset, t_start + offset + seconds))
-    reader = TrueReader(card)
+    jobs = [(w, Job(watts, t_start + offset, t_start + offset + seconds))
+            for w, offset, seconds, watts in plan]
+    card.jobs.extend(job for _, job in jobs)
+    reader = _Aborting(card, jobs, killed)
     reader.card_id = f"schedule:{node_name}"  # type: ignore[attr-defined]  # every process's one card
     ledger = Ledger(Node(node_name, idle_w=IDLE, workers_dir=setting), reader)
     ledger.ensure_started()

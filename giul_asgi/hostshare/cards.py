@@ -64,8 +64,10 @@ ANSWERS = 8192
 ANSWER = 24
 TAPE_BYTES = PAGE + TAPE_ENTRIES * ENTRY
 SEAT_BYTES = PAGE + EVENTS * EVENT + ANSWERS * ANSWER
-#: How often the holder looks whether the other ledgers still run (seconds).
-LIVENESS_S = 0.5
+#: How often the holder looks whether the other ledgers still run, and for new ones (s): a
+#: dead one's windows stop counting as the card's members only once it is seen dead.
+LIVENESS_S = 0.1
+CENSUS_S = 0.5
 #: A holder that has published nothing for this long while windows wait is gone or wedged.
 HOLDER_STALE_S = 5.0
 
@@ -77,10 +79,11 @@ _TAPE_HEAD = struct.Struct("<8sQQ24d")
 # measured, unattributed, external, retired charged, retired unattributed, retired estimated,
 # last piece's end, period, heartbeat, retired received, the holders' reads, failed reads and
 # counter resets, the holder's last good reading, the highest measured, unattributed and
-# external sums so far (what is shown: a counter never falls), 7 spare
+# external sums so far (what is shown: a counter never falls), where the holder's tape goes
+# on from (a counter's value and its step's time), 5 spare
 _T_MEASURED, _T_UNATTRIBUTED, _T_EXTERNAL, _T_R_CHARGED, _T_R_UNATTR, _T_R_ESTIMATED, \
     _T_LAST, _T_PERIOD, _T_BEAT, _T_R_RECEIVED, _T_READS, _T_ERRORS, _T_RESETS, _T_GOOD, \
-    _T_MEASURED_TOP, _T_UNATTRIBUTED_TOP, _T_EXTERNAL_TOP = range(17)
+    _T_MEASURED_TOP, _T_UNATTRIBUTED_TOP, _T_EXTERNAL_TOP, _T_BASE_VALUE, _T_BASE_T = range(19)
 #: A sum that a span measured below idle may lower (a step stamp's error, carried into the next
 #: span) and the highest it has been: the books show the highest, so no counter ever falls.
 _TOPS = {_T_MEASURED: _T_MEASURED_TOP, _T_UNATTRIBUTED: _T_UNATTRIBUTED_TOP, _T_EXTERNAL: _T_EXTERNAL_TOP}
@@ -301,7 +304,7 @@ class CardTable:
         self._events = 0
         self._taken = 0  # pieces of the tape this ledger has taken (or skipped)
         self._answers_read = 0
-        self._looked = -math.inf
+        self._looked = self._census_t = -math.inf
         self._last_t1: float | None = None
         self._counted = (0, 0, 0)  # this holder's tape's reads, errors, resets already counted
 
@@ -346,12 +349,17 @@ class CardTable:
         return True
 
     def look(self, *, force: bool = False) -> None:
-        """Holder: read every other ledger's new opens and closes; about twice a second also
-        find who joined and who left (a departed ledger's books go to the tape's)."""
+        """Holder: read every other ledger's new opens and closes; ten times a second see
+        whether they still run, and twice a second who joined (a departed ledger's books go
+        to the tape's)."""
         now = self.clock()
-        if force or now - self._looked >= LIVENESS_S:
-            self._looked = now
+        if force or now - self._census_t >= CENSUS_S:
+            self._census_t = self._looked = now
             self._census()
+        elif now - self._looked >= LIVENESS_S:
+            self._looked = now
+            for remote in list(self._remotes.values()):
+                self._check(remote)
         for remote in self._remotes.values():
             remote.read_events()
 
@@ -366,17 +374,21 @@ class CardTable:
                 remote = self._join_remote(name)
                 if remote is None:
                     continue
-            state = _Q.unpack_from(remote.seat.mm, 24)[0]
-            if state == _RETIRED:  # counted in the tape's books already: only its file is left
-                with contextlib.suppress(OSError):
-                    os.unlink(remote.seat.path)
-                self._remotes.pop(name).seat.close()
-                continue
-            if state != _LIVE or not alive(remote.pid, str(remote.start) if remote.start else None):
-                remote.read_events()
-                self._retire(remote)
+            self._check(remote)
         for name in [n for n in self._remotes if n not in names]:
             self._remotes.pop(name).seat.close()
+
+    def _check(self, remote: _Remote) -> None:
+        """Retire a ledger that has left or died."""
+        state = _Q.unpack_from(remote.seat.mm, 24)[0]
+        if state == _RETIRED:  # counted in the tape's books already: only its file is left
+            with contextlib.suppress(OSError):
+                os.unlink(remote.seat.path)
+            self._remotes.pop(remote.name).seat.close()
+            return
+        if state != _LIVE or not alive(remote.pid, str(remote.start) if remote.start else None):
+            remote.read_events()
+            self._retire(remote)
 
     def _join_remote(self, name: str) -> _Remote | None:
         try:
@@ -485,6 +497,17 @@ class CardTable:
         at = _SEAT_FLOATS + 8 * _S_GIVEN
         _D.pack_into(mm, at, _finite(_D.unpack_from(mm, at)[0]) + given)
         _Q.pack_into(mm, _SEAT_COUNTS + 8, written + 1)
+
+    def note_baseline(self, baseline: tuple[float, float] | None) -> None:
+        """Holder: where its tape goes on from, for whoever takes the card over next."""
+        if baseline is not None:
+            self._set(_T_BASE_VALUE, baseline[0])
+            self._set(_T_BASE_T, baseline[1])
+
+    def baseline(self) -> tuple[float, float] | None:
+        """Where the last holder's tape went on from (None: never said)."""
+        t = self._tape_float(_T_BASE_T)
+        return (self._tape_float(_T_BASE_VALUE), t) if t > 0 else None
 
     def count_reads(self, reads: int, errors: int, resets: int, good_t: float | None) -> None:
         """Holder: its tape's reads, failed reads and resets so far (the card's counters add

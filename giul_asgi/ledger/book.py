@@ -339,6 +339,8 @@ class Book:
         self._contention = (span.level, span.level_recent, span.processes_foreign, span.unseen_recent)
         seconds = span.seconds
         if span.covered <= 0:
+            if seconds > 0:
+                self.prior.learn_card(span.measured_j / seconds)
             return
         members = self._overlapping(span.t0, span.t1) if not span.tails else \
             self._tail_members(span.t0, span.t1)
@@ -522,7 +524,7 @@ class Book:
             return
         measures = self.measures and not window.abandoned and window.lost_s <= 0
         if measures and window.filled_s > 0:
-            fill = self.prior.fill(window, window.alone)
+            fill = self.prior.fill(window, window.alone, settling=True)
             if fill is None:
                 end = self._t_end if self._t_end is not None else window.t_close
                 if window.trouble is None and not self.stopped and end - window.t_close < MAX_WAIT_S:

@@ -166,7 +166,7 @@ class Ledger:
             t = self.clock()
             window = self.book.open(t)
             table = self.table
-            if table is not None:
+            if table is not None:  # in the holder's own file too: whoever takes over reads them
                 table.opened(window.seq, t)
             if self._note is not None:
                 self._note(("o", t, id(window)))
@@ -307,6 +307,7 @@ class Ledger:
                     settled += self._publish(table, piece, reading.t, tape.period)
             if table is not None and table.holding:
                 table.count_reads(tape.reads, tape.errors, tape.resets, tape.last_good)
+                table.note_baseline(tape.baseline())
             if settled and self._note is not None:
                 self._noted(settled)
         _fire(settled)
@@ -335,6 +336,7 @@ class Ledger:
         if not table.holding:
             self._follow(table)
             if table.try_hold():
+                self._resume(table)
                 log.info("node %r: this process (pid %d) now reads the card for the %d others at its "
                          "table", self.node.name, os.getpid(), table.others)
         if table.holding:
@@ -343,6 +345,15 @@ class Ledger:
             self._books_t = now
             table.publish_books(self._seat_books())
         return table.holding
+
+    def _resume(self, table: CardTable) -> None:
+        """This process now holds the card: its tape goes on from the last holder's, so the
+        time between the two is a span, not a gap (where the counter follows on)."""
+        baseline = table.baseline()
+        with self._lock:
+            tape = self.tape
+            if baseline is not None and tape is not None and tape.reads == 0:
+                tape.resume(*baseline)
 
     def card_state(self) -> tuple[str, str | None]:
         """How the card is read where another process reads it for this one: ``ok`` while

@@ -91,6 +91,7 @@ class Prior:
         self._prior = _Rate()  # settled windows, less their tails
         self._span_rate = _Rate()  # the spans windows shared with no close inside
         self._run_rate = _Rate()  # the same, in spans windows covered whole
+        self._card_w: float | None = None  # above-idle watts of spans no window was in
         self._settled = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
         self._growth: deque[float] = deque(maxlen=RESIDUALS)  # settled doubt added after close
@@ -113,6 +114,15 @@ class Prior:
         if all(overlap >= seconds * (1 - 1e-9) for _, overlap in members):
             self._run_rate.add(rate * covered, covered)
 
+    def learn_card(self, watts: float) -> None:
+        """A span no window was in: the card's above-idle power then. Never a first figure's
+        basis (an idle card's near-zero was one); the last resort of a fill at settling, for
+        a window that closed before the card's first step with nothing else learnt, so that
+        it settles (labelled estimated, and why) rather than wait ten seconds for a rate."""
+        card = self._card_w
+        watts = max(0.0, watts)
+        self._card_w = watts if card is None else card + 0.5 * (watts - card)
+
     def learn_settled(self, window: Window, measured_unc: float) -> None:
         """A window settled wholly measured: its rate, and how far its first guess fell."""
         seconds = window.seconds
@@ -127,8 +137,9 @@ class Prior:
             self._ranks = None
 
     # -- guessing -------------------------------------------------------------------------
-    def rate(self, window: Window, alone: bool) -> tuple[float | None, float, str]:
-        """(joules per second, tail seconds to add, what the rate is) for this window."""
+    def rate(self, window: Window, alone: bool, *, settling: bool = False) -> tuple[float | None, float, str]:
+        """(joules per second, tail seconds to add, what the rate is) for this window
+        (``settling``: a fill at settling, which may fall back on the card's power)."""
         tail = self._tail(window, alone)
         run = self._run_rate.value
         if run is not None:
@@ -143,6 +154,8 @@ class Prior:
             # A window measured for half a period or more has ramped up: its own rate stands
             # (a sliver of one, a ramp-up's first ms, would not).
             return window.share / window.measured_s, tail, "the window's own measured rate"
+        if settling and self._card_w:
+            return self._card_w, 0.0, "the card's power in its first readings"
         return None, 0.0, "nothing yet"
 
     def _tail(self, window: Window, alone: bool) -> float:
@@ -167,10 +180,10 @@ class Prior:
             measured_unc, window.filled_s, basis,
         )
 
-    def fill(self, window: Window, alone: bool) -> Fill | None:
+    def fill(self, window: Window, alone: bool, *, settling: bool = False) -> Fill | None:
         """The window's time no reading will cover (``filled_s``), at the prior, with the
         same learnt bias and spread as a first figure's guess; None when nothing is known."""
-        rate, _, basis = self.rate(window, alone)
+        rate, _, basis = self.rate(window, alone, settling=settling)
         if rate is None or rate <= 0:
             return None
         guess = rate * window.filled_s

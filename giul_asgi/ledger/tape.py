@@ -145,6 +145,7 @@ class Tape:
         self.resets = 0
         self.last_error: str | None = None
         self.end: float | None = None  # where the last span or gap ended
+        self._resumed = False  # the baseline is another process's (see resume)
 
     @property
     def period(self) -> float:
@@ -214,6 +215,13 @@ class Tape:
             return []
         delta = joules - base_j
         since = t - (base_t if base_t is not None else self._quiet_t)
+        if self._resumed:
+            self._resumed = False
+            if delta < 0 or delta > max(self.max_w, DEFAULT_MAX_W) * max(since, self.period):
+                # Not the same counter (another origin) or a reset meanwhile: from scratch.
+                self._base_j, self._base_t, self._quiet_t, self._first_t = joules, None, t, t
+                return [self._gap(base_t, t, "the card's reader changed hands; its counter did not "
+                                  "follow on")] if base_t is not None and t > base_t else []
         if delta < 0:
             drop = -delta
             if joules < 0.01 * base_j or drop > max(self.max_w, DEFAULT_MAX_W) * max(since, self.period):
@@ -287,6 +295,29 @@ class Tape:
         return [Span(t0, t, total - (self.idle_w or 0.0) * dt, total, 0.0, abs(watts - w0) * sensor)]
 
     # -- health ---------------------------------------------------------------------------
+    def baseline(self) -> tuple[float, float] | None:
+        """Where the next span starts: the counter's value at its last step and that step's
+        time (a gauge: its last sample's time and watts); None before one is known. Another
+        process that takes the card over resumes from it (:meth:`resume`)."""
+        if self.kind != "power" and self._base_j is not None and self._base_t is not None:
+            return self._base_j, self._base_t
+        if self.kind == "power" and self._last_w is not None:
+            return self._last_w[1], self._last_w[0]
+        return None
+
+    def resume(self, value: float, t: float) -> None:
+        """Start from another tape's :meth:`baseline` of the same card (its last holder's),
+        so the time between the two holders is a span, not a gap. A first reading that does
+        not follow from it (a counter that went down, or rose faster than a card can draw:
+        another counter) starts afresh instead."""
+        if not (math.isfinite(value) and math.isfinite(t)):
+            return
+        if self.kind == "power":
+            self._last_w = (t, value)
+        else:
+            self._base_j, self._base_t, self._quiet_t = value, t, t
+            self._resumed = True
+
     @property
     def last_good(self) -> float | None:
         """When the last good reading was taken (None: never)."""
