@@ -66,12 +66,12 @@ def one_gateway(config: str, seconds: float, warm: float) -> dict[str, Any]:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    import giul_asgi.ledger
+    import giul_asgi.ledger.ledger
     from giul_asgi import EnergyMiddleware, Node
     from giul_asgi.ledger import default_ledgers
 
     if config == "before: always fast":
-        giul_asgi.ledger.IDLE_S = 0.0  # type: ignore[attr-defined]  # the idle pace = the busy pace
+        giul_asgi.ledger.ledger.IDLE_S = 0.0  # type: ignore[attr-defined]  # the idle pace = the busy pace
 
     async def chat(request: Request) -> JSONResponse:
         return JSONResponse({"id": "x"})

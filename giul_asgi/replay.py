@@ -37,6 +37,7 @@ from .errors import ConfigError, GiulError
 from .ledger import Ledger, TimeSplit, TokenSplit, Window
 from .ledger.trace import VERSION, rotated
 from .readers.base import Kind, Reading
+from .spans import CardSpan, Gap
 
 #: Replay agrees with live when every settled window's joules are this close (relative).
 AGREES = 1e-9
@@ -360,9 +361,10 @@ def replay(loaded: Loaded, *, split: str | None = None, idle_w: float | None = N
             ledger.failed(GiulError(event[1]))
         elif kind == "p":
             ledger.book.note_processes(event[1])  # the verdict the live ledger reached
-        elif kind == "ow":
-            clock.now = event[1]
-            ledger.note_others(event[1], event[2])
+        elif kind == "k":  # a piece the card's holder decided: this process took its part
+            piece = _taken(event[1])
+            clock.now = max(clock.now, piece.t1)
+            ledger.take([(piece, float(event[2]))])
         elif kind == "up":
             clock.now = event[1]
             ledger.note_upstream(event[1], event[2])
@@ -377,6 +379,13 @@ def replay(loaded: Loaded, *, split: str | None = None, idle_w: float | None = N
         loaded.notes.append(f"{unknown} window(s) closed that opened before the trace begins: not replayed")
     return Replayed(loaded, split, live_split, ledger.tape.idle_w if ledger.tape else node_idle,
                     rows, books, _groups(rows), _agreement(rows, split == live_split), unknown)
+
+
+def _taken(event: list[Any]) -> CardSpan | Gap:
+    """A piece from the card's holder, as the trace wrote it (``Ledger``'s ``k`` event)."""
+    if event[0] == "g":
+        return Gap(float(event[1]), float(event[2]), str(event[3]), bool(event[4]))
+    return CardSpan(*event[1:])
 
 
 def _row(ledger: Ledger, request: _Request) -> dict[str, Any]:

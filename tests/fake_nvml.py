@@ -208,7 +208,8 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
         self._stall(gpu)
         if gpu.uuid is None:
-            return f"GPU-fake-{self.gpus.index(gpu):04d}"
+            # One fake card per test: two tests' cards never meet at a card's table.
+            return f"GPU-fake-{self.gpus.index(gpu):04d}-{id(self):x}"
         return gpu.uuid
 
     def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> tuple[int, int]:

@@ -53,7 +53,8 @@ def test_readings_follow_the_schema() -> None:
     assert body["schema"] == SCHEMA and body["simulated"] is False and isinstance(body["host"], str)
     assert before <= body["now"] <= after  # same host, same monotonic clock
     first, second = body["gpus"]
-    assert first == {"index": 0, "uuid": "GPU-fake-0000", "name": "NVIDIA H100 80GB HBM3",
+    assert first["uuid"].startswith("GPU-fake-0000")
+    assert first == {"index": 0, "uuid": first["uuid"], "name": "NVIDIA H100 80GB HBM3",
                      "t": first["t"], "energy_j": 1234.567, "power_w": 250.5, "mig": False, "error": None}
     assert second["energy_j"] is None and second["power_w"] == 100.0 and second["mig"] is True
     assert second["uuid"] == "GPU-b"

@@ -281,7 +281,7 @@ def test_the_shipped_gateway_toml_loads() -> None:
 
 
 def test_meter_example_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import giul_asgi.ledger as ledger_module
+    import giul_asgi.ledger.registry as ledger_module
 
     # The example uses the process's default ledgers, as a script does; other tests in this
     # process may have left a different node named "sim" there.

@@ -14,19 +14,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from giul_asgi.config import Node
 from giul_asgi.errors import ConfigError
-from giul_asgi.hostshare import CardTable, card_key, log_unshared, resolve
+from giul_asgi.hostshare import log_unshared, resolve
 from giul_asgi.hostshare import place as place_module
 from giul_asgi.hostshare.journal import Journal
 from giul_asgi.hostshare.place import make_dir, open_file
 from giul_asgi.hostshare.rows import Rows, parse, process_start
-from giul_asgi.meter import Meter
 
 # -- the place ------------------------------------------------------------------------------
 
@@ -330,17 +328,37 @@ def test_a_row_planted_by_another_user_is_never_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     nobody = _nobody()
-    me = CardTable(tmp_path, "node:n", "n")
-    planted = me.rows.folder / f"{os.getppid()}-{process_start(os.getppid())}-x.json"  # a live pid
+    me = Rows(tmp_path / "stats")
+    planted = me.folder / f"{os.getppid()}-{process_start(os.getppid())}-x.json"  # a live pid
     planted.write_text(json.dumps({"t": time.monotonic(), "integral": 1000.0, "open": 1}))
     os.chown(planted, nobody, nobody)
-    link = me.rows.folder / f"{os.getpid()}-{process_start(os.getpid())}-link.json"
+    link = me.folder / f"{os.getpid()}-{process_start(os.getpid())}-link.json"
     link.symlink_to(planted)
     with caplog.at_level(logging.WARNING, logger="giul_asgi.hostshare"):
-        assert me.rows.others() == []
-        assert me.others() == 0.0  # 1000 window-seconds that no worker of ours had
+        assert me.others() == []
     assert any("never read" in r.getMessage() for r in caplog.records)
     me.close()
+
+
+def test_a_seat_planted_by_another_user_at_a_card_s_table_is_never_counted(tmp_path: Path) -> None:
+    from giul_asgi.hostshare.cards import SEAT_BYTES, CardTable, SeatBooks
+
+    nobody = _nobody()
+    me = CardTable(tmp_path, "card:x", "n")
+    try:
+        assert me.try_hold()
+        planted = me.folder / f"p-{os.getppid()}-{process_start(os.getppid())}-9"  # a live pid
+        planted.write_bytes((me.folder / me.name).read_bytes()[:SEAT_BYTES])
+        os.chown(planted, nobody, nobody)
+        other = CardTable(tmp_path, "card:x", "n")
+        other.publish_books(SeatBooks(0.0, 99_999.0, 0.0, 0.0, 0.0, 1))
+        os.chown(me.folder / other.name, nobody, nobody)  # its seat, now another user's
+        me.look(force=True)
+        host = me.host(SeatBooks(0.0, 1.0, 0.0, 0.0, 0.0, 0))
+        assert host.charged_j == 1.0 and host.workers == 1
+        other.close()
+    finally:
+        me.close()
 
 
 def test_a_row_is_written_through_a_temporary_file_of_ours_and_a_planted_link_is_replaced(
@@ -378,86 +396,11 @@ def test_stale_temporary_files_of_killed_writers_are_removed(tmp_path: Path, ctx
     assert again.remove_stale_tmp() == 1 and live.exists()
 
 
-# -- rows and the card's table, with real processes ------------------------------------------
-
-def worker(directory: str, integral: float, open_now: int, charged: float, ready: Any, stop: str) -> None:
-    table = CardTable(Path(directory), "uuid:GPU-1", "gpu0")
-    other = CardTable(Path(directory), "uuid:GPU-2", "gpu1")
-    table.publish(integral, open_now, t=100.0, books={"measured_j": 50.0, "charged_j": charged})
-    other.publish(1.0, 0, t=100.0)
-    ready.set()
-    deadline = time.monotonic() + 30
-    while not os.path.exists(stop) and time.monotonic() < deadline:  # a file, not an Event:
-        time.sleep(0.01)  # a killed waiter would wedge a shared Event for the survivors
-    table.close()
-
+# -- rows, with real processes ------------------------------------------
 
 @pytest.fixture
 def ctx() -> Any:
     return mp.get_context("spawn")
-
-
-def start(ctx: Any, directory: Path, integral: float, open_now: int, charged: float, stop: Path) -> Any:
-    ready = ctx.Event()
-    proc = ctx.Process(target=worker, args=(str(directory), integral, open_now, charged, ready, str(stop)),
-                       daemon=True)
-    proc.start()
-    assert ready.wait(60)
-    return proc
-
-
-def test_others_sum_live_workers_extrapolated_and_keep_the_dead_frozen(ctx: Any, tmp_path: Path) -> None:
-    stop_a, stop_b = tmp_path / "stop-a", tmp_path / "stop-b"
-    a = start(ctx, tmp_path, 10.0, 2, 7.0, stop_a)
-    b = start(ctx, tmp_path, 5.0, 0, 3.0, stop_b)
-    me = CardTable(tmp_path, "uuid:GPU-1", "gpu0")
-    me.publish(99.0, 1, t=100.0)
-    try:
-        assert me.others(t=100.0) == pytest.approx(15.0)  # my own row is not counted
-        assert me.others(t=101.0) == pytest.approx(17.0)  # a had 2 windows open for 1 s more
-        assert CardTable(tmp_path, "uuid:GPU-2", "gpu1").others(t=101.0) == pytest.approx(2.0)
-        assert CardTable(tmp_path, "uuid:GPU-3", "gpu9").others(t=100.0) == 0.0
-        books = me.host({"measured_j": 40.0, "charged_j": 1.0, "in_flight_j": 0.5, "windows_open": 1})
-        assert books.workers == 3 and books.charged_j == pytest.approx(11.0)
-        assert books.measured_j == 50.0 and books.unattributed_j == pytest.approx(50.0 - 11.0 - 0.5)
-        a.kill()
-        a.join(10)
-        assert me.others(t=102.0) == pytest.approx(12.0 + 5.0)  # a frozen at its last value
-        books = me.host({"measured_j": 41.0, "charged_j": 1.0, "in_flight_j": 0.5, "windows_open": 1})
-        assert books.workers == 2  # a dead process's file is not a worker
-        assert books.charged_j == pytest.approx(11.0)  # but its charges still count
-        assert books.measured_j == pytest.approx(51.0)  # the card drew what I saw since
-        stop_b.touch()
-        b.join(10)
-        assert me.others(t=103.0) == pytest.approx(12.0 + 5.0)  # b left cleanly: frozen too
-    finally:
-        stop_a.touch()
-        stop_b.touch()
-        for p in (a, b):
-            p.join(10)
-        me.close()
-
-
-def test_dead_rows_are_removed_after_the_grace_period(tmp_path: Path) -> None:
-    me = CardTable(tmp_path, "node:n", "n", grace_s=10.0)
-    folder = me.rows.folder
-    dead = folder / "999999-1-abc.json"
-    dead.write_text('{"t": 0.0, "integral": 4.0, "open": 0}')
-    (folder / "junk.json").write_text("{not json")
-    (folder / "999998-1.json").write_text("{not json")
-    assert me.others(t=5.0) == 0.0 and dead.exists()  # never seen alive: nothing to keep
-    assert me.others(t=20.0) == 0.0 and not dead.exists()
-
-
-def test_a_reused_pid_is_not_the_dead_worker(tmp_path: Path) -> None:
-    me = CardTable(tmp_path, "node:n", "n")
-    start_time = process_start(os.getpid())
-    assert start_time is not None
-    row = {"t": time.monotonic(), "integral": 3.0, "open": 0}
-    (me.rows.folder / f"{os.getpid()}-{int(start_time) + 1}-x.json").write_text(json.dumps(row))
-    assert me.others() == 0.0
-    (me.rows.folder / f"{os.getpid()}-{start_time}-y.json").write_text(json.dumps(row))
-    assert me.others() == pytest.approx(3.0)  # our own process, another node on the same card
 
 
 def test_row_names(tmp_path: Path) -> None:
@@ -469,19 +412,6 @@ def test_row_names(tmp_path: Path) -> None:
     rows.write(b"one")
     rows.write(b"two")
     assert rows.path.read_bytes() == b"two" and [p.name for p in rows.folder.iterdir()] == [rows.name]
-
-
-# -- the card's key ----------------------------------------------------------------------------
-
-def test_a_card_is_keyed_by_its_uuids_where_the_reader_knows_them() -> None:
-    nvml_like = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-b"), SimpleNamespace(uuid="GPU-a")])
-    both = "uuid:GPU-a+GPU-b"
-    assert card_key(Node("one"), nvml_like) == card_key(Node("two", gpus=(3,)), nvml_like) == both
-    assert card_key(Node("x"), SimpleNamespace(uuids=("GPU-c",))) == "uuid:GPU-c"
-    half = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-a"), SimpleNamespace(uuid=None)])
-    assert card_key(Node("x"), half) == card_key(Node("x"), None) == "node:x|auto|gpus=0"
-    assert card_key(Node("y", reader="agent", url="http://h:1")) == "node:y|agent|http://h:1"
-    assert card_key(Node("z", reader="simulated")) is None  # a card inside this process
 
 
 # -- records, journal ------------------------------------------------------------------------
@@ -563,38 +493,3 @@ def test_a_record_kept_by_one_process_is_found_by_another(ctx: Any, tmp_path: Pa
     finally:
         stop.touch()
         proc.join(10)
-
-
-def test_a_ledger_that_cannot_share_says_so_once_and_keeps_its_own_books(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from truecard import TrueCard, TrueReader
-
-    from giul_asgi.ledger import Ledger
-
-    monkeypatch.setattr(place_module, "_logged", set())  # as in a fresh process
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    ledgers = [Ledger(Node(f"n{i}", idle_w=70.0, workers_dir=str(blocker / "sub")), TrueReader(TrueCard()))
-               for i in range(2)]
-    with caplog.at_level(logging.INFO, logger="giul_asgi.hostshare"):
-        for ledger in ledgers:
-            ledger.ensure_started()
-        deadline = time.monotonic() + 20
-        while any(lg._workers is None or lg._workers.place is None for lg in ledgers):
-            assert time.monotonic() < deadline, "the reader thread never looked for the place"
-            time.sleep(0.01)
-    try:
-        said = [r for r in caplog.records if "per process" in r.getMessage()]
-        assert len(said) == 1 and said[0].levelno == logging.WARNING and "cannot use" in said[0].getMessage()
-        for ledger in ledgers:
-            books = ledger.host_totals()
-            assert books.workers == 1 and books.charged_j == ledger.totals().charged_j
-            # ... and every figure says so (issue 16 item 1): it cannot see other workers.
-            meter = Meter(ledger)
-            meter.open()
-            meter.close()
-            assert "per process" in (meter.figure().error or "")
-    finally:
-        for ledger in ledgers:
-            ledger.stop(1.0)

@@ -61,6 +61,12 @@ class Sink:
     def attach(self, reader: Reader) -> None:
         self.attached.set()
 
+    def reads_card(self) -> bool:
+        return True
+
+    def card_state(self) -> tuple[str, str | None]:
+        return "ok", None
+
     def failed(self, error: BaseException) -> None:
         self.failure = error
         self.attached.set()
@@ -136,7 +142,7 @@ def test_without_a_busy_signal_the_pace_never_drops() -> None:
 
 
 def test_a_ledger_wakes_its_poller_when_a_window_opens(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("giul_asgi.ledger.IDLE_S", 600.0)  # only a wake can bring a read soon
+    monkeypatch.setattr("giul_asgi.ledger.ledger.IDLE_S", 600.0)  # only a wake can bring a read soon
     reader = Counter()
     ledger = Ledger(Node("n", reader="none", idle_w=10.0), reader)
     ledger.ensure_started()

@@ -33,9 +33,31 @@ def test_a_cold_ledger_fills_from_the_windows_own_measured_rate_with_its_whole_s
     assert math.isclose(fill.uncertainty, COLD_SPREAD * 18.0 + 0.05 * 18.0)
 
 
+def test_a_sliver_of_a_window_or_an_idle_card_is_no_basis_for_a_guess() -> None:
+    """Issue 21: a first figure of 0.00277 +- 0.00291 J settled at 2.83 J: its rate came from
+    the first few ms of a ramp-up; and windows closed before the first step were filled at an
+    idle card's power. A node that knows nothing says so."""
+    prior = Prior(0.1, lambda: 0.1)
+    sliver = window(0.0, 0.5, share=0.003, measured_s=0.01)
+    sliver.filled_s = 0.1
+    assert prior.first_guess(sliver, True, 0.0) is None and prior.fill(sliver, True) is None
+    assert prior.first_guess(window(0.0, 0.0005), True, 0.0) is None  # shorter than any work
+
+
+def test_a_short_window_with_its_tail_teaches_a_rate_by_its_time_not_one_rate_per_window() -> None:
+    prior = Prior(0.1, lambda: 0.1)
+    for seconds, share in ((0.002, 5.0), (1.0, 200.0), (1.0, 200.0)):  # a 2 ms window's tail
+        w = window(0.0, seconds, share=share, measured_s=seconds)
+        w.alone = False
+        prior.learn_settled(w, 0.0)
+    rate, _, basis = prior.rate(window(0.0, 0.3), False)
+    assert basis == "the node's settled windows" and rate is not None
+    assert 200.0 < rate < 205.0  # an EWMA of per-window rates said 2500 W a window first
+
+
 def test_the_run_rate_wins_and_a_window_closing_alone_gets_a_tail() -> None:
     prior = Prior(0.1, lambda: 0.1)
-    prior.learn_span(200.0, covered=0.1, seconds=0.1, members=[(window(0, 1), 0.1)])
+    prior.learn_span(200.0, covered=0.1, seconds=0.1, members=[(window(0, 1), 0.1)], t1=0.1)
     w = window(0.0, 0.3, share=20.0, measured_s=0.1)
     alone = prior.first_guess(w, True, 0.0)
     shared = prior.first_guess(w, False, 0.0)

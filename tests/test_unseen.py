@@ -1,5 +1,4 @@
-"""The load this process cannot see: other workers' window-seconds and the upstream's
-running requests beyond ours."""
+"""The load no process on the host can see: the upstream's running requests beyond ours."""
 
 from __future__ import annotations
 
@@ -41,15 +40,6 @@ def test_past_the_last_sample_the_excess_holds_for_a_second_then_is_unknown() ->
     unseen.note_upstream(0.0, running=2.0, ours=0)
     assert math.isclose(unseen.window_seconds(0.0, 0.5), 1.0)
     assert unseen.window_seconds(0.0, 1.5) == 0.0  # not covered: no claim
-
-
-def test_other_workers_are_interpolated_between_their_samples() -> None:
-    unseen = Unseen()
-    unseen.note_others(0.0, 10.0)
-    unseen.note_others(1.0, 12.0)
-    assert math.isclose(unseen.window_seconds(0.25, 0.75), 1.0)
-    assert math.isclose(unseen.window_seconds(1.0, 1.5), 1.0)  # their recent slope
-    assert unseen.window_seconds(-1.0, 0.5) == 0.0  # before the first sample: unknown
 
 
 def test_an_upstream_sample_that_runs_fewer_than_ours_is_no_negative_load() -> None:

@@ -1,62 +1,145 @@
-"""Four real worker processes on one card charge its energy once, not four times, with no setting."""
+"""Real worker processes on one card charge its energy once, not once each, with no setting.
+
+Each worker meters only its own windows, on a card (:mod:`truecard`, read by every worker)
+that draws for all of them: ramp-ups, ramp-down tails, whole-mJ steps at jittered times, and
+each job running when its request does (a few ms after its window opens, until just before it
+closes), however late a loaded machine brings the worker there. The truth is each job's energy
+in closed form from the times it ran, never from the ledger. One process holds the card and
+reads it; the others take their parts of what it publishes.
+"""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import workers_card
 
+from giul_asgi.hostshare import resolve
+from giul_asgi.hostshare.keys import folder_name
 
-def run_workers(setting: str | bool | None) -> tuple[float, float, list[tuple[float, int]]]:
-    """Four workers under ``setting`` (None: nothing set, the default); returns what they
-    charged, what the schedule caused, and each one's view of the host's books."""
+
+@dataclass
+class Run:
+    charged: float  # settled figures, summed over the workers that finished
+    first: float  # first figures, likewise
+    caused: float  # what those workers' requests caused
+    hosts: list[tuple[float, int]]  # each worker's view of the host's books: charged, workers
+    missing: int  # windows with no figure
+    contended: int  # windows flagged contended (no foreign load runs here)
+    killed: int | None = None
+
+
+def run_workers(setting: str | bool | None, shape: str = "steady", per_worker: int = 4,
+                kill_holder_after: float | None = None) -> Run:
+    """Four workers under ``setting`` (None: nothing set, the default)."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     start = ctx.Value("d", 0.0)
+    abort = ctx.Array("d", [-1.0, 0.0])  # (worker, when): its upstream aborts its jobs then
+    plan = workers_card.schedule(4, per_worker, shape=shape)
+    ran = ctx.Array("d", [-1.0] * (2 * len(plan)))  # each job's start and stop, as it ran
     node = f"card-{uuid.uuid4().hex[:8]}"  # this run's card: a concurrent run never joins it
-    procs = [
-        ctx.Process(target=workers_card.run, args=(i, node, setting, start, 4, 4, out)) for i in range(4)
-    ]
+    procs = [ctx.Process(target=workers_card.run,
+                         args=(i, node, setting, start, 4, per_worker, out, shape, abort, ran))
+             for i in range(4)]
     for p in procs:
         p.start()
+    killed = None
     try:
         for _ in procs:  # every worker has imported everything: the schedule starts together
-            assert out.get(timeout=60)[0] == "ready"
+            assert out.get(timeout=90)[0] == "ready"
         start.value = time.monotonic() + 0.5  # time for each poller to see the counter step
-        results = [out.get(timeout=60) for _ in procs]
+        if kill_holder_after is not None:
+            time.sleep(0.5 + kill_holder_after)
+            holder = _holder(node)
+            assert holder is not None, "nobody holds the card"
+            killed = next(i for i, p in enumerate(procs) if p.pid == holder)
+            os.kill(holder, signal.SIGKILL)
+            abort[0], abort[1] = float(killed), time.monotonic()
+        results = [out.get(timeout=90) for i in range(len(procs)) if i != killed]
     finally:
         for p in procs:
-            p.join(10)
+            p.join(15)
             if p.is_alive():
                 p.kill()
-    charged = sum(r[1] for r in results)
-    return charged, caused_by_schedule(), [(r[3], r[4]) for r in results]
+    survivors = {r[0] for r in results}
+    return Run(
+        charged=sum(r[1] for r in results), first=sum(r[5] for r in results),
+        caused=workers_card.caused_by(plan, ran, survivors), hosts=[(r[3], r[4]) for r in results],
+        missing=sum(r[6] for r in results), contended=sum(r[7] for r in results), killed=killed,
+    )
 
 
-def caused_by_schedule() -> float:
-    """The truth, from the same schedule, in closed form."""
-    from truecard import Job, TrueCard
-
-    card = TrueCard()
-    total = 0.0
-    for _, offset, seconds, watts in workers_card.schedule(4, 4):
-        job = Job(watts, offset, offset + seconds)
-        total += job.truth(card.ramp_up, card.tau)
-    return total
+def _holder(node: str) -> int | None:
+    """The pid holding the card's lock in the default place (where the workers, with nothing
+    set, meet), from /proc/locks: the kernel's own word."""
+    saved = os.environ.pop("GIUL_ASGI_LOAD_DIR", None)
+    try:
+        root = resolve(None).path
+    finally:
+        if saved is not None:
+            os.environ["GIUL_ASGI_LOAD_DIR"] = saved
+    assert root is not None
+    lock = root / "cards" / folder_name(f"card:schedule:{node}") / "lock"
+    inode = os.stat(lock).st_ino
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "FLOCK" in fields and fields[-3].endswith(f":{inode}"):
+            return int(fields[4])
+    return None
 
 
 def test_four_workers_on_one_card_charge_it_once_with_no_setting() -> None:
-    charged, caused, hosts = run_workers(None)
-    assert 0.9 < charged / caused < 1.1, (charged, caused)
-    # Any worker answers for the host's books: the last to look saw every other's charges
-    # (those that had left, frozen), and while they all ran, each saw four workers.
-    assert abs(max(h for h, _ in hosts) / charged - 1.0) < 0.03, (hosts, charged)
-    assert max(w for _, w in hosts) == 4
+    run = run_workers(None)
+    assert 0.9 < run.charged / run.caused < 1.1, run
+    assert 0.9 < run.first / run.caused < 1.1, run
+    # Any worker answers for the card's books, the same from each: the host's, every worker's
+    # charges summed (those that had left, folded in), and while they all ran, four workers.
+    assert max(h for h, _ in run.hosts) - min(h for h, _ in run.hosts) < 0.02 * run.charged, run
+    assert abs(max(h for h, _ in run.hosts) / run.charged - 1.0) < 0.03, run
+    assert max(w for _, w in run.hosts) == 4
+    assert run.missing == 0 and run.contended == 0, run
+
+
+def test_short_requests_from_four_workers_are_charged_once() -> None:
+    """Issue 20: 50 ms requests on four workers were charged 1.21x (1.35x on a busy
+    machine), first figures 1.34x; every window was flagged contended."""
+    run = run_workers(None, shape="short", per_worker=20)
+    assert 0.9 < run.charged / run.caused < 1.1, run
+    # First figures: the part the card had not reported at close is guessed; on a loaded
+    # machine more of it (benchmarks/workers.py gives the figures on a quiet one).
+    assert 0.8 < run.first / run.caused < 1.2, run
+    assert run.missing == 0 and run.contended == 0, run
+
+
+def test_a_burst_from_idle_on_four_workers_is_charged_once() -> None:
+    """Issue 20: 32 requests of 0.4 s from idle were charged 1.31-2.06x settled, 1.14-2.10x
+    first, every one contended (the other workers' windows read as a foreign load)."""
+    run = run_workers(None, shape="burst", per_worker=8)
+    assert 0.9 < run.charged / run.caused < 1.1, run
+    assert 0.8 < run.first / run.caused < 1.2, run
+    assert run.missing == 0 and run.contended == 0, run
+
+
+def test_killing_the_card_s_holder_hands_the_card_to_another_worker() -> None:
+    """kill -9 of the process that reads the card: another takes the card over (the kernel
+    frees the lock) and its tape goes on from the last holder's (a span, not a gap), and the
+    survivors' requests are still charged once. The killed worker's requests stop at its
+    death, as an inference server aborts the requests of a gateway whose connections drop."""
+    run = run_workers(None, per_worker=6, kill_holder_after=0.8)
+    assert run.killed is not None
+    assert 0.9 < run.charged / run.caused < 1.1, run
+    assert run.missing == 0, run
+    assert max(w for _, w in run.hosts) >= 3
 
 
 def test_sharing_off_each_worker_charges_what_it_saw() -> None:
-    charged, caused, hosts = run_workers("off")
-    assert charged / caused > 1.5  # the defect sharing fixes: every worker took the card
-    assert all(workers == 1 for _, workers in hosts)
+    run = run_workers("off")
+    assert run.charged / run.caused > 1.5  # the defect sharing fixes: every worker took the card
+    assert all(workers == 1 for _, workers in run.hosts)

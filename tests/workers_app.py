@@ -47,4 +47,6 @@ async def work(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 node = Node(os.environ["WORKERS_NODE"], idle_w=70.0, reader_factory=lambda _: FileCardReader(CARD))
-app = EnergyMiddleware(work, nodes=[node])
+# A Prometheus endpoint where the test asks for one (a setting users make, not a giul plumbing one).
+metrics = "/metrics" if os.environ.get("WORKERS_METRICS") else None
+app = EnergyMiddleware(work, nodes=[node], metrics_path=metrics)

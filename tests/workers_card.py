@@ -34,21 +34,88 @@ from giul_asgi.meter import Meter
 IDLE = 70.0
 
 
-def schedule(workers: int, per_worker: int, seed: int = 11) -> list[tuple[int, float, float, float]]:
+Plan = list[tuple[int, float, float, float]]  # (worker, start offset, seconds, watts)
+
+
+def schedule(workers: int, per_worker: int, seed: int = 11, shape: str = "steady") -> Plan:
+    """Who runs what, when: ``steady`` (0.2-0.6 s requests at random times over two
+    seconds), ``short`` (50 ms requests back to back with 20-80 ms between, every worker at
+    once), ``burst`` (every request 0.4 s long, all starting within 20 ms, from idle)."""
     rng = random.Random(seed)
+    if shape == "short":
+        plan: Plan = []
+        for w in range(workers):
+            t = 0.3 + rng.uniform(0.0, 0.05)
+            for _ in range(per_worker):
+                plan.append((w, t, 0.05, rng.uniform(60.0, 120.0)))
+                t += 0.05 + rng.uniform(0.02, 0.08)
+        return plan
+    if shape == "burst":
+        return [(w, 0.5 + rng.uniform(0.0, 0.02), 0.4, rng.uniform(60.0, 120.0))
+                for w in range(workers) for _ in range(per_worker)]
     return [
         (w, rng.uniform(0.3, 2.3), rng.uniform(0.2, 0.6), rng.uniform(60.0, 120.0))
         for w in range(workers) for _ in range(per_worker)
     ]
 
 
+def caused_by(plan: Plan, ran: Any, only: set[int] | None = None) -> float:
+    """The truth: what the jobs of ``plan`` (of the workers in ``only``) caused, in closed form
+    from the card's model and the times they ran (``ran``: each job's start and stop, as
+    :func:`run` records them; a job that never started caused nothing)."""
+    card = TrueCard()
+    total = 0.0
+    for k, (w, _, _, watts) in enumerate(plan):
+        start, stop = ran[2 * k], ran[2 * k + 1]
+        if (only is None or w in only) and start >= 0 and stop > start:
+            total += Job(watts, start, stop).truth(card.ramp_up, card.tau)
+    return total
+
+
+class _Upstream(TrueReader):
+    """The card every worker's requests load, as an inference server runs them: a job starts
+    a few ms after its request's window opens (the request reaches the server) and stops just
+    before it closes (the answer goes out when the work is done), whenever the worker gets
+    there, however loaded the machine; a killed worker's jobs stop at its death (the server
+    aborts the requests of a gateway whose connections dropped). Every process's copy reads
+    the times from ``ran``, shared, so they all draw the same card."""
+
+    def __init__(self, card: TrueCard, plan: Plan, ran: Any, killed: Any) -> None:
+        super().__init__(card)
+        self.plan, self.ran, self.killed = plan, ran, killed
+        self.jobs: dict[int, Job] = {}
+
+    def read(self) -> Any:
+        who, at = (int(self.killed[0]), self.killed[1]) if self.killed is not None else (-1, 0.0)
+        with self.card._lock:
+            for k, (w, _, _, watts) in enumerate(self.plan):
+                start, stop = self.ran[2 * k], self.ran[2 * k + 1]
+                if start < 0:
+                    continue
+                job = self.jobs.get(k)
+                if job is None:
+                    job = self.jobs[k] = Job(watts, start)
+                    self.card.jobs.append(job)
+                if stop > 0:
+                    job.stop = stop
+                elif w == who and at > 0:
+                    job.stop = max(job.start, at)
+        return super().read()
+
+
 def run(index: int, node_name: str, setting: str | bool | None, start: Any, workers: int,
-        per_worker: int, out: Any) -> None:
+        per_worker: int, out: Any, shape: str = "steady", killed: Any = None,
+        ran: Any = None) -> None:
     """One worker: meters its part of the schedule on a card that draws for all of them.
     ``start`` is a shared value the parent sets once every worker is reading. ``setting``
-    is the node's ``workers_dir``: None is the default (no setting at all)."""
+    is the node's ``workers_dir``: None is the default (no setting at all). ``ran``: shared
+    (start, stop) of every job, written by the worker that runs it; ``killed``: a shared
+    (worker, time) the parent sets when it kills one. Puts on ``out`` (index, settled sum,
+    measured, host charged, host workers, first-figure sum, windows with no figure, windows
+    contended)."""
     os.environ.pop("GIUL_ASGI_LOAD_DIR", None)  # the deployment's shape: nothing set
-    plan = schedule(workers, per_worker)
+    plan = schedule(workers, per_worker, shape=shape)
+    rng = random.Random(1000 + index)
     card = TrueCard(idle_w=IDLE, seed=5)
     out.put(("ready", index))
     while start.value == 0.0:
@@ -56,29 +123,40 @@ def run(index: int, node_name: str, setting: str | bool | None, start: Any, work
     t_start = start.value
     card.t0 = t_start
     card._phase = 0.041  # every process's card steps at the same times
-    for _, offset, seconds, watts in plan:
-        card.jobs.append(Job(watts, t_start + offset, t_start + offset + seconds))
-    ledger = Ledger(Node(node_name, idle_w=IDLE, workers_dir=setting), TrueReader(card))
+    reader = _Upstream(card, plan, ran, killed)
+    reader.card_id = f"schedule:{node_name}"  # type: ignore[attr-defined]  # every process's one card
+    ledger = Ledger(Node(node_name, idle_w=IDLE, workers_dir=setting), reader)
     ledger.ensure_started()
-    mine = sorted((o, s) for w, o, s, _ in plan if w == index)
-    meters = []
-    for offset, seconds in mine:
-        time.sleep(max(0.0, t_start + offset - time.monotonic()))
-        meter = Meter(ledger)
-        meter.open()
-        time.sleep(max(0.0, t_start + offset + seconds - time.monotonic()))
-        meter.close()
-        meters.append(meter)
+    # This worker's opens and closes in time order (its windows may overlap).
+    events = sorted([(t_start + o, 0, k) for k, (w, o, _, _) in enumerate(plan) if w == index]
+                    + [(t_start + o + s, 1, k) for k, (w, o, s, _) in enumerate(plan) if w == index])
+    meters: dict[int, Meter] = {}
+    firsts: dict[int, float | None] = {}
+    for at, kind, k in events:
+        time.sleep(max(0.0, at - time.monotonic()))
+        if kind == 0:
+            meters[k] = Meter(ledger)
+            meters[k].open()
+            ran[2 * k] = time.monotonic() + rng.uniform(0.001, 0.008)
+        else:
+            ran[2 * k + 1] = max(ran[2 * k] + 0.001, time.monotonic() - rng.uniform(0.0, 0.002))
+            meters[k].close()
+            firsts[k] = meters[k].figure().joules
     deadline = time.monotonic() + 10.0  # a loaded machine settles late; never for ever
-    while not all(m.settled_now for m in meters) and time.monotonic() < deadline:
+    while not all(m.settled_now for m in meters.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    charged = sum(m.figure().joules or 0.0 for m in meters)
+    figures = [m.figure() for m in meters.values()]
+    charged = sum(f.joules or 0.0 for f in figures)
+    first = sum(v or 0.0 for v in firsts.values())
+    missing = sum(1 for f in figures if f.joules is None)
+    contended = sum(1 for f in figures if f.contended)
     # The end of the schedule is quiet for everybody: wait for every worker's last figures
     # to reach the table before reading the host's books.
     time.sleep(1.0)
     host = ledger.host_totals()
     ledger.stop(1.0)
-    out.put((index, charged, ledger.totals().measured_j, host.charged_j, host.workers))
+    out.put((index, charged, ledger.totals().measured_j, host.charged_j, host.workers, first, missing,
+             contended))
 
 
 class FileCard:
@@ -143,6 +221,8 @@ class FileCardReader(TrueReader):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.file = FileCard(path)
         super().__init__(self.file.card)
+        #: Every worker reads this one card: the processes share it.
+        self.card_id = f"file:{os.fspath(path)}"
 
     def read(self) -> Any:
         self.file.refresh()

@@ -8,8 +8,8 @@ package is the one mechanism they all use, with no setting:
 - :mod:`.place`: the per-user directory on shared memory that the first process creates and
   later ones join, the one setting that moves or disables it, and why it may not work;
 - :mod:`.rows`: one file per process, named by pid and start time, so dead ones expire;
-- :mod:`.load`: one table per card (keyed by :mod:`.keys`): each process's window-seconds
-  for the ledger's shares, and its books for the host's;
+- :mod:`.cards`: one table per card (keyed by :mod:`.keys`): every process's windows on it,
+  the one tape its holder reads, and the card's books;
 - :mod:`.journal`: each process's recent records, readable by id from any other.
 
 The statistics of the whole host (``giul_asgi.stats``) keep their rows here too.
@@ -17,8 +17,8 @@ The statistics of the whole host (``giul_asgi.stats``) keep their rows here too.
 
 from __future__ import annotations
 
+from .cards import CardTable, HostBooks, SeatBooks, Unusable
 from .keys import card_key, reader_uuids
-from .load import CardTable, HostBooks
 from .place import ENV, OFF, Place, Setting, check_setting, log_unshared, resolve
 from .rows import Row, Rows, alive, process_start
 
@@ -30,7 +30,9 @@ __all__ = [
     "Place",
     "Row",
     "Rows",
+    "SeatBooks",
     "Setting",
+    "Unusable",
     "alive",
     "card_key",
     "check_setting",

@@ -1,14 +1,17 @@
 """Which card a node meters, in words every process of the host agrees on.
 
-Two workers share a table only if they meter the same card. A reader that knows its GPUs'
-UUIDs (NVML's probes, dcgm's ``uuids``) names them: two nodes on the same GPUs share
-whatever they are called. Otherwise the node's name and what its reader reads (kind,
-URL, GPU indices) name it, which every worker started from one configuration shares. A
-card simulated inside the process is nobody else's.
+Two processes share a table only if they meter the same card. A reader that knows its GPUs'
+UUIDs (NVML's probes, dcgm's ``uuids``) names them, and a reader made in code may name its card
+(``card_id``): two nodes on the same GPUs share whatever they are called. Otherwise a reader
+built from the node's configuration is named by the node's name and what it reads (kind, URL,
+GPU indices), which every worker started from one configuration shares. A card simulated
+inside the process, or read by code that does not say which card, is nobody else's.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,18 +33,33 @@ def reader_uuids(reader: Any) -> tuple[str, ...] | None:
         return None
 
 
-def card_key(node: Any, reader: Any = None) -> str | None:
-    """The key of the card ``node`` meters through ``reader``; None for a card that lives
-    in this process (``reader="simulated"`` with no URL): no other process loads it."""
+def card_key(node: Any, reader: Any = None, *, custom: bool = False) -> str | None:
+    """The key of the card ``node`` meters through ``reader``; None for a card nobody else
+    meters: one that lives in this process (``reader="simulated"`` with no URL), or a
+    ``custom`` reader (a node's ``reader_factory``, or a reader handed to the ledger) that
+    does not say which card it reads (its ``card_id``, or its GPUs' UUIDs): a reader made in
+    code may read anything, and two such readers sharing a node's name are not one card."""
     if getattr(node, "reader", None) == "simulated" and not getattr(node, "url", None) \
             and getattr(node, "reader_factory", None) is None:
         return None
+    named = getattr(reader, "card_id", None)
+    if isinstance(named, str) and named:
+        return "card:" + named
     uuids = reader_uuids(reader)
     if uuids:
         return "uuid:" + "+".join(uuids)
+    if custom:
+        return None
     gpus = ",".join(str(g) for g in getattr(node, "gpus", ()) or ())
     target = getattr(node, "url", None) or f"gpus={gpus or 'all'}"
     return f"node:{node.name}|{getattr(node, 'reader', '?')}|{target}"
 
 
-__all__ = ["card_key", "reader_uuids"]
+def folder_name(key: str) -> str:
+    """A file-system-safe folder name for a card key, readable and unique."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    slug = re.sub(r"[^A-Za-z0-9._]+", "_", key).strip("_.")[:48]
+    return f"{slug}-{digest}" if slug else digest
+
+
+__all__ = ["card_key", "folder_name", "reader_uuids"]

@@ -36,18 +36,27 @@ TMP = ".tmp-"
 STALE_TMP_S = 60.0
 
 
-def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot, or None (no such process, no /proc)."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """The process's state letter and start time (clock ticks since boot), from
+    ``/proc/<pid>/stat``; None where there is no such process (or no /proc)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else None
+    return (fields[0], fields[19]) if len(fields) > 19 else None
+
+
+def process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot, or None (no such process, no /proc)."""
+    found = _stat(pid)
+    return found[1] if found is not None else None
 
 
 def alive(pid: int, start: str | None) -> bool:
-    """Whether the process ``pid`` that started at ``start`` still runs."""
+    """Whether the process ``pid`` that started at ``start`` still runs. A zombie (killed,
+    not yet reaped by its parent) does not: ``kill(pid, 0)`` still finds it, and a worker
+    killed with -9 under a parent slow to reap it would go on holding its windows open."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -56,7 +65,11 @@ def alive(pid: int, start: str | None) -> bool:
         pass  # it exists, and is another user's
     except OSError:
         return False
-    return start is None or process_start(pid) in (None, start)
+    found = _stat(pid)
+    if found is None:
+        return True  # no /proc to look in: the signal said it exists
+    state, started = found
+    return state not in ("Z", "X") and (start is None or started == start)
 
 
 def me(tag: str = "") -> str:

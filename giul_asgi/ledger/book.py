@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..energy import Provenance, Share
+from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
 from .foreign import ForeignWatch
 from .prior import FLOOR, Prior
-from .tape import Gap, Piece, Span
 from .unseen import Unseen
 from .window import First, Split, TimeSplit, TokenSplit, Waiting, Window, spread
 
@@ -55,6 +55,9 @@ class BookTotals:
     contended: bool | None
     mean_concurrency: float | None
     estimated_j: float = 0.0
+    #: This book's part of the spans it took, and what of it no window could be charged.
+    received_j: float = 0.0
+    forfeit_j: float = 0.0
 
 
 class Book:
@@ -85,6 +88,7 @@ class Book:
         self.foreign = ForeignWatch()
         self.unseen = Unseen()
         self._open: dict[int, Window] = {}
+        self._seq = 0
         self._closing: list[Window] = []  # closed, not yet seen past their tail
         self._waiting: deque[Waiting] = deque()
         self._n = 0
@@ -94,13 +98,26 @@ class Book:
         self._last_close = -math.inf
         self._closes: deque[float] = deque(maxlen=64)  # recent closes, for neighbours' tails
         self._tails = False  # the last members found were ramp-down tails only
+        #: Members of other processes in the last span this book took (on a card shared by
+        #: several): a window closing with none of this book's open is not alone on the card.
+        self._others = 0
         self._processes_foreign: bool | None = None
+        #: What a foreign or unseen load took of the spans this book decided.
         self.external_j = 0.0
+        #: The card's books where this book decides alone (:meth:`count`); a book that
+        #: takes its part of a shared card keeps only what it received and what became of it.
         self.measured_j = 0.0
         self.charged_j = 0.0
         self.unattributed_j = 0.0
         self.foreign_j = 0.0
         self.estimated_j = 0.0
+        #: This book's part of the spans it took, and what of it no window could be charged
+        #: (a window that could not be measured, a member gone): the process's own books.
+        self.received_j = 0.0
+        self.forfeit_j = 0.0
+        #: What the last span said of the card's contention: (foreign level, seen recently,
+        #: a foreign process in the card's list, an unseen load lately).
+        self._contention: tuple[float | None, bool, bool | None, bool] = (None, False, None, False)
         self.lost_s = 0.0
         self._busy_booked = 0.0
         self._time_booked = 0.0
@@ -113,12 +130,17 @@ class Book:
         return self._busy
 
     def open(self, t: float) -> Window:
-        window = Window(t, self._advance(t))
+        self._seq += 1
+        window = Window(t, self._advance(t), self._seq)
         self._n += 1
         if self.split.known_at_open:
             window.weight = 1.0
         self._open[id(window)] = window
         return window
+
+    def open_windows(self) -> list[Window]:
+        """The windows open now."""
+        return list(self._open.values())
 
     def mark(self, window: Window, name: str, t: float) -> None:
         if window.t_close is not None:
@@ -145,7 +167,10 @@ class Book:
             window.seen_end = True
             window.first = First(window.share, 0.0, 0.0)
         else:
-            window.first = self.prior.first_guess(window, self._n == 0, _measured_unc(window))
+            # Alone: its ramp-down tail will be its own (no window here, nor of another process
+            # on the card lately, to take a part of it), until settled windows tell better.
+            alone = self._n == 0 and not self._others
+            window.first = self.prior.first_guess(window, alone, _measured_unc(window))
         self._closing.append(window)
         settled: list[Window] = []
         if window.waits_on:
@@ -169,7 +194,26 @@ class Book:
         return bool(self._closing)
 
     def book(self, piece: Piece, now: float) -> list[Window]:
-        """Share one span (or fill one gap) among its windows; returns the windows settled."""
+        """A card this book is alone on: decide each span for itself (nobody else's windows)
+        and take it whole. Returns the windows settled."""
+        if isinstance(piece, Span):
+            span = self.decide(piece)
+            self.count(span)
+            return self.take(span, now, span.covered)
+        return self.take(piece, now, 0.0)
+
+    def count(self, span: CardSpan) -> None:
+        """Book what the host's windows did not take of ``span`` as this book's own (the
+        card is this book's alone: its books are the card's)."""
+        self.measured_j += span.measured_j
+        self.unattributed_j += span.unattributed_j
+        self.foreign_j += span.external_j
+        self.external_j += span.external_j
+
+    def take(self, piece: CardSpan | Gap, now: float, mine: float) -> list[Window]:
+        """Take this book's part of one piece of the card (``mine``: the window-seconds the
+        decider counted for this book's windows); a gap is filled by each window in it.
+        Returns the windows settled."""
         settled: list[Window] = []
         end = self._t_end
         if end is None:
@@ -180,7 +224,7 @@ class Book:
             self._gap(piece, settled)
         else:
             self.trouble = None
-            self._span(piece, settled)
+            self._span(piece, mine, settled)
         self._t_end = piece.t1
         self._see_ends(piece.t1, settled)
         self._expire_waiting(now, settled)
@@ -193,12 +237,17 @@ class Book:
     def _members(self, t0: float, t1: float) -> list[tuple[Window, float]]:
         """Windows overlapping (t0, t1], with their overlap; a closed window's ramp-down
         tail counts where no window is open (``self._tails`` says when it did)."""
+        members = self._overlapping(t0, t1)
+        tails = [] if members else self._tail_members(t0, t1)
+        self._tails = not members and bool(tails)
+        return members or tails
+
+    def _overlapping(self, t0: float, t1: float) -> list[tuple[Window, float]]:
         members: list[tuple[Window, float]] = []
         for window in self._open.values():
             overlap = t1 - max(window.t_open, t0)
             if overlap > 0:
                 members.append((window, overlap))
-        tails: list[tuple[Window, float]] = []
         for window in self._closing:
             t_close = window.t_close
             assert t_close is not None
@@ -207,16 +256,28 @@ class Book:
             overlap = min(t_close, t1) - max(window.t_open, t0)
             if overlap > 0:
                 members.append((window, overlap))
-            elif not members:
-                tail = min(t_close + self.ramp_s, t1) - max(t_close, t0)
-                if tail > 0:
-                    tails.append((window, tail))
-        self._tails = not members and bool(tails)
-        return members or tails
+        return members
 
-    def _closed_near(self, t: float) -> bool:
-        """Whether a window closed within a ramp-down before ``t`` (its tail may follow)."""
-        return any(t - self.ramp_s < c <= t for c in self._closes)
+    def _tail_members(self, t0: float, t1: float) -> list[tuple[Window, float]]:
+        """Closed windows whose ramp-down tail (``ramp_s`` after close) reaches into (t0, t1]."""
+        tails: list[tuple[Window, float]] = []
+        for window in self._closing:
+            t_close = window.t_close
+            assert t_close is not None
+            if window.settled or t_close >= t1:
+                continue
+            tail = min(t_close + self.ramp_s, t1) - max(t_close, t0)
+            if tail > 0:
+                tails.append((window, tail))
+        return tails
+
+    def coverage(self, t0: float, t1: float) -> Coverage:
+        """This book's windows' time in (t0, t1] (what a decider adds up for the host)."""
+        members = self._overlapping(t0, t1)
+        tails = [] if members else self._tail_members(t0, t1)
+        last = max((c for c in self._closes if c <= t0), default=-math.inf)
+        return Coverage(sum(o for _, o in members), len(members), sum(o for _, o in tails),
+                        len(tails), last, self._n)
 
     def _before_start(self, t: float) -> None:
         """Windows opened before the tape's first piece: no reading will cover that time,
@@ -241,45 +302,78 @@ class Book:
         if gap.fault:
             self.trouble = gap.why
 
-    def _span(self, span: Span, settled: list[Window]) -> None:
-        above = span.above_j
-        self.measured_j += above
-        seconds = span.seconds
-        members = self._members(span.t0, span.t1)
+    def decide(self, span: Span, others: Coverage = NOBODY) -> CardSpan:
+        """What the host's windows share of ``span``: this book's windows and ``others``
+        (every other process's on the card), a witnessed foreign load, load nobody here
+        sees. Made once per span, by the process that reads the card."""
+        host = self.coverage(span.t0, span.t1) + others
+        tails = host.open_s <= 0 < host.tail_s
+        covered = host.by(tails)
         idle = self.provenance.idle_watts
-        if not members:
-            if span.t0 >= self._last_close + self.ramp_s:
+        period = self.period()
+        above = span.above_j
+        seconds = span.seconds
+        unseen = 0.0
+        foreign_j = 0.0
+        if covered <= 0:
+            if span.t0 >= host.last_close + self.ramp_s:
                 self.foreign.witness(span, idle)
+        else:
+            # Load nobody on the host sees (the upstream's requests beyond every window here)
+            # draws its part of the span like a window would.
+            unseen = self.unseen.window_seconds(span.t0, span.t1)
+        level = self.foreign.level(period, idle)
+        if covered > 0 and level is not None and self.subtract_foreign and not unseen:
+            foreign_j = min(max(above, 0.0), level * seconds)
+            above -= foreign_j
+        doubt_w = self.foreign.doubt_w() if level is not None else 0.0
+        return CardSpan(
+            span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, span.above_j,
+            tails=tails, covered=covered, members=host.tail_n if tails else host.open_n,
+            unseen=unseen, foreign_j=foreign_j,
+            # Energy in the part no window covered may be a neighbour's ramp-down, unless the
+            # card was seen quiet and no window closed within a ramp-down before the span.
+            quiet=level is not None and host.last_close <= span.t0 - self.ramp_s,
+            doubt_w=doubt_w, foreign_unc_w=doubt_w if self.subtract_foreign else 0.0,
+            unwatched=self.subtract_foreign and level is None,
+            level=level, level_recent=self.foreign.recent(span.t1),
+            processes_foreign=self._processes_foreign, unseen_recent=self.unseen.recent(span.t1),
+            period=period,
+        )
+
+    def _span(self, span: CardSpan, mine: float, settled: list[Window]) -> None:
+        self._contention = (span.level, span.level_recent, span.processes_foreign, span.unseen_recent)
+        seconds = span.seconds
+        if span.covered <= 0:
             if seconds > 0:
-                self.prior.learn_card(above / seconds)
-            self.unattributed_j += above
+                self.prior.learn_card(span.measured_j / seconds)
             return
+        members = self._overlapping(span.t0, span.t1) if not span.tails else \
+            self._tail_members(span.t0, span.t1)
+        self._tails = span.tails
+        self._others = max(0, span.members - len(members))
+        if not members:
+            if mine > 0:  # the decider saw windows of ours that have gone (abandoned)
+                part = span.part(mine)
+                self.received_j += part
+                self.forfeit_j += part
+            return
+        if mine <= 0:
+            # The decider had not seen these windows yet (opened just before it read the
+            # card): their time in this span is not measured for them, but filled.
+            if not span.tails:
+                for window, overlap in members:
+                    window.filled_s += overlap
+            return
+        above = span.part(mine)
+        self.received_j += above
         covered = sum(overlap for _, overlap in members)
-        unseen = self.unseen.window_seconds(span.t0, span.t1)
-        if unseen:
-            # Load this process does not see (other workers, other replicas, direct
-            # clients) draws its part of the span: ours is covered / (covered + unseen).
-            # A closed window's ramp-down tail is ours only where no window is open on the
-            # card: where another process's is, that process takes the span whole (it does
-            # not see our tail), so claiming the tail too counted it twice (4 workers:
-            # charged/caused 1.05-1.08, 1.11 with ramp_s 0.3; with this rule 1.01, 1.03).
-            mine = 0.0 if self._tails else covered
-            taken = above * unseen / (mine + unseen)
-            self.external_j += taken
-            self.foreign_j += taken
-            self.unattributed_j += taken
-            above -= taken
-        level = self.foreign.level(self.period(), idle)
-        if level is not None and self.subtract_foreign and not unseen:
-            taken = min(max(above, 0.0), level * seconds)
-            self.foreign_j += taken
-            self.unattributed_j += taken
-            above -= taken
         self._busy_booked += covered
         self._time_booked += seconds
-        unwatched = self.subtract_foreign and level is None
-        if not self._tails and not unwatched:
-            self.prior.learn_span(above / covered, covered, seconds, members)
+        if not span.tails and not span.unwatched:
+            # The rate of the span, per window-second of members on the host (what this book
+            # was given for its own window-seconds, as the decider counted them).
+            self.prior.learn_span(above / mine, covered, seconds, members, span.t1)
         open_members = 0
         if not self.split.known_at_open:
             open_members = sum(1 for w, _ in members if w.weight is None and w.t_close is None)
@@ -304,13 +398,10 @@ class Book:
         since = t - self._t_evt if self._t_evt is not None and t > self._t_evt else 0.0
         return self._busy + self._n * since, self._n
 
-    def note_others(self, t: float, window_seconds: float) -> None:
-        """The other workers' cumulative window-seconds on this node, as of ``t``."""
-        self.unseen.note_others(t, window_seconds)
-
-    def note_upstream(self, t: float, running: float) -> None:
-        """The upstream's running requests at ``t`` (its whole load, ours included)."""
-        self.unseen.note_upstream(t, running, self._ours_at(t))
+    def note_upstream(self, t: float, running: float, others: int = 0) -> None:
+        """The upstream's running requests at ``t`` (its whole load: ours, ``others`` of
+        other processes on the card, and what nobody here sees)."""
+        self.unseen.note_upstream(t, running, self._ours_at(t) + others)
 
     def _ours_at(self, t: float) -> int:
         """Our windows that the upstream may count as running at ``t``: open then, or
@@ -323,7 +414,7 @@ class Book:
         )
 
     def _share(
-        self, span: Span, above: float, members: list[tuple[Window, float]],
+        self, span: CardSpan, above: float, members: list[tuple[Window, float]],
         settled: list[Window], *, by_time: bool,
     ) -> None:
         weights: list[float] | None = None
@@ -340,28 +431,29 @@ class Book:
         for i, (_, overlap) in enumerate(members):
             total += overlap if weights is None else weights[i] * overlap
         seconds = span.seconds
-        covered = sum(o for _, o in members)
         idle = self.provenance.idle_watts
-        # Energy in the part of the span no window covered may or may not be theirs: half
-        # of it is each window's edge ambiguity, where a neighbour's ramp-down could be in
-        # it or nobody has looked at the card between windows. Where the card has been
-        # seen quiet and no window closed within a ramp-down before, only the witnessed
-        # level's own doubt remains there.
-        uncovered = max(0.0, 1.0 - covered / seconds) if seconds > 0 else 0.0
-        level = self.foreign.level(self.period(), idle)
-        quiet = level is not None and not self._closed_near(span.t0)
-        doubt_w = self.foreign.doubt_w() if level is not None else 0.0
+        # Energy in the part of the span no window (of any process) covered may or may not
+        # be theirs: half of it is each window's edge ambiguity, where a neighbour's
+        # ramp-down could be in it or nobody has looked at the card between windows. Where
+        # the card has been seen quiet (the decider says), only the witnessed level's own
+        # doubt remains there.
+        uncovered = max(0.0, 1.0 - span.covered / seconds) if seconds > 0 else 0.0
         uncovered_j = 0.0
-        if quiet:
-            uncovered_j = doubt_w * uncovered * seconds
+        if span.quiet:
+            uncovered_j = span.doubt_w * uncovered * seconds
             uncovered = 0.0
-        per_stamp = 2 * span.stamp_s * (abs(above) / seconds + (idle or 0.0)) if seconds > 0 else 0.0
-        foreign_unc = doubt_w * seconds if self.subtract_foreign else 0.0
+        # The card's own doubts (its step stamps, its reading, a subtracted foreign level)
+        # fall on every member on the host: this book's windows carry their part of them.
+        mine = span.fraction_of(above)
+        per_stamp = 2 * span.stamp_s * (abs(span.above_j) / seconds + (idle or 0.0)) * mine \
+            if seconds > 0 else 0.0
+        foreign_unc = span.foreign_unc_w * seconds * mine
+        uncovered_j *= mine
         # Asked to take a foreign load off but none could be looked for yet (no quiet time
         # seen): all of the span may be one.
-        unwatched = self.subtract_foreign and level is None
-        shared = len(members) > 1
-        tails = self._tails
+        unwatched = span.unwatched
+        shared = span.members > 1
+        tails = span.tails
         for i, (window, overlap) in enumerate(members):
             part = (overlap if weights is None else weights[i] * overlap) / total
             share = above * part
@@ -371,7 +463,7 @@ class Book:
                 window.measured_s += overlap
             edge = overlap < seconds * (1 - 1e-9)
             if edge:
-                if quiet:
+                if span.quiet:
                     window.linear_unc += uncovered_j * part
                 window.edge_sq += (0.5 * abs(share) * uncovered) ** 2
                 window.linear_unc += per_stamp * part
@@ -379,7 +471,7 @@ class Book:
                     # Where windows come and go in a shared span, a closing window's tail
                     # goes to the others, and theirs to it: about ramp_s / 5 at its rate.
                     window.edge_sq += (abs(share) / overlap * self.ramp_s / 5) ** 2
-            window.linear_unc += span.unc_j * part
+            window.linear_unc += span.unc_j * mine * part
             if unwatched:
                 window.linear_unc += abs(share)
                 window.unwatched = True
@@ -441,7 +533,7 @@ class Book:
             return
         measures = self.measures and not window.abandoned and window.lost_s <= 0
         if measures and window.filled_s > 0:
-            fill = self.prior.fill(window, window.alone)
+            fill = self.prior.fill(window, window.alone, settling=True)
             if fill is None:
                 end = self._t_end if self._t_end is not None else window.t_close
                 if window.trouble is None and not self.stopped and end - window.t_close < MAX_WAIT_S:
@@ -453,7 +545,7 @@ class Book:
                 window.fill_j, window.fill_unc, window.basis = fill.joules, fill.uncertainty, fill.basis
         window.settled = True
         if not measures or window.share + window.fill_j <= 0:
-            self.unattributed_j += window.share
+            self.forfeit_j += window.share
         else:
             self.charged_j += window.share
             self.estimated_j += window.fill_j
@@ -463,14 +555,14 @@ class Book:
 
     # -- contention -----------------------------------------------------------------------
     def contended(self) -> tuple[bool | None, float | None]:
-        """(contended, foreign watts): ``None`` when nobody could look."""
-        level = self.foreign.level(self.period(), self.provenance.idle_watts)
+        """(contended, foreign watts) as the last span said: ``None`` when nobody could look."""
+        level, level_recent, processes_foreign, unseen_recent = self._contention
         by_power: bool | None = None
-        if level is not None and self.foreign.recent(self._t_end):
+        if level is not None and level_recent:
             by_power = level > 0
-        by_process = self._processes_foreign
-        if self.unseen.recent(self._t_end):
-            by_process = True  # the upstream serves load this process never saw
+        by_process = processes_foreign
+        if unseen_recent:
+            by_process = True  # the upstream serves load nobody on the host saw
         if by_power is None and by_process is None:
             return None, None
         contended = bool(by_power) or bool(by_process)
@@ -479,6 +571,8 @@ class Book:
     def note_processes(self, foreign: bool | None) -> None:
         """What the card's process list says: a process other than the node's server."""
         self._processes_foreign = foreign
+        level, level_recent, _, unseen_recent = self._contention
+        self._contention = (level, level_recent, foreign, unseen_recent)
 
     # -- answers --------------------------------------------------------------------------
     def share(self, window: Window) -> Share:
@@ -584,11 +678,11 @@ class Book:
         contended, foreign_w = self.contended()
         return BookTotals(
             measured_j=self.measured_j, charged_j=self.charged_j,
-            unattributed_j=self.unattributed_j, foreign_j=self.foreign_j,
+            unattributed_j=self.unattributed_j + self.forfeit_j, foreign_j=self.foreign_j,
             in_flight_j=in_flight, lost_s=self.lost_s, windows_open=len(self._open),
             foreign_watts=foreign_w, contended=contended,
             mean_concurrency=self._busy_booked / self._time_booked if self._time_booked else None,
-            estimated_j=self.estimated_j,
+            estimated_j=self.estimated_j, received_j=self.received_j, forfeit_j=self.forfeit_j,
         )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from .tape import Span
+from ..spans import Span
 
 #: Witnessed foreign power below this (W, or this share of idle) is noise, not a load.
 FOREIGN_MIN_W = 5.0

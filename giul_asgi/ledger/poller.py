@@ -62,6 +62,15 @@ class Sink(Protocol):
 
     def attach(self, reader: Reader) -> None: ...
 
+    def reads_card(self) -> bool:
+        """Whether to read the card at this lap (False: another process reads it for this
+        one, which has taken what it published)."""
+        ...
+
+    def card_state(self) -> tuple[str, str | None]:
+        """Where another process reads the card: how that is going (state, why)."""
+        ...
+
     def failed(self, error: BaseException) -> None: ...
 
     def ingest(self, reading: Reading) -> None: ...
@@ -113,6 +122,7 @@ class Poller:
         reader_name: str = "custom",
         target: str = "",
         load: Callable[[], tuple[float, int]] | None = None,
+        shared: Callable[[], bool] | None = None,
     ) -> None:
         self.name = name
         self._build = build
@@ -126,6 +136,9 @@ class Poller:
         self._busy = busy
         #: The node's own windows (window-seconds, open now), for a reader they load.
         self._load = load
+        #: True while the card is read for other processes too: an idle node then reads at
+        #: the counter's period, since their new windows are learnt only by looking.
+        self._shared = shared
         self.idle_s = idle_s
         self._stop = threading.Event()
         # Set by stop() and by wake() while dozing: the one thing the reader thread waits on.
@@ -201,10 +214,15 @@ class Poller:
         next_look = 0.0
         due = [0.0] * len(self.chores)
         self._active_until = self._clock() + linger
+        shared_idle = max(poll_s, reader.period)
         while not self._stop.is_set():
-            self._read(reader)
+            reads = self._turn()
+            if reads:
+                self._read(reader)
+            else:
+                self._follow_health()
             now = self._clock()
-            if lists and now >= next_look:
+            if reads and lists and now >= next_look:
                 next_look = now + PROCESS_EVERY_S
                 self._look(reader)
             for i, (every, chore) in enumerate(self.chores):
@@ -213,8 +231,11 @@ class Poller:
                     self._chore(chore)
             # Jittered reads bracket the counter's steps at varied phases, so the tape
             # learns where they fall to well under a poll.
-            self._pause(poll_s * jitter.uniform(0.5, 1.5), idle_s, linger)
-        self._read(reader)  # the last reading settles what closed since the one before
+            shared = self._shared is not None and self._shared()
+            self._pause(poll_s * jitter.uniform(0.5, 1.5), min(idle_s, shared_idle) if shared else idle_s,
+                        linger)
+        if self._turn():
+            self._read(reader)  # the last reading settles what closed since the one before
         self.health.state = "stopped"
         try:
             self._call("closing the reader", reader.close)
@@ -242,6 +263,29 @@ class Poller:
             self._dozing = False
             if not self._stop.is_set():
                 self._alarm.clear()
+
+    def _turn(self) -> bool:
+        try:
+            return self._sink.reads_card()
+        except Exception:  # a bug in the sharing must not stop the reading: say it, read
+            log.exception("node %r: the card's table failed", self.name)
+            return True
+
+    def _follow_health(self) -> None:
+        """Another process reads the card for this one: its health is that reading's."""
+        try:
+            state, why = self._sink.card_state()
+        except Exception:
+            return
+        health = self.health
+        if state == "failing" and health.state != "failing":
+            log.warning("node %r: %s", self.name, why)
+        health.state, health.last_error = state, why or health.last_error
+        if not self._announced:
+            self._announced = True
+            log.info("node %r: reader %s (%s): ready; another process on this host reads the card "
+                     "for every process at its table, and this one takes its part", self.name,
+                     health.reader, health.target)
 
     def _read(self, reader: Reader) -> None:
         try:

@@ -4,11 +4,17 @@ A counter reports energy a period late, and not at all before its first step or 
 reader fails. Both figures a window gets come from one model: what the card reported, plus
 the rest at the node's *prior*, the joules per window-second it recently charged:
 
-- the **run rate**, where windows ran whole spans (their draw, a ramp-down tail added apart),
-  else the rate settled windows were charged (tails inside it), else recent spans' rate,
-  else (nothing learnt yet: a ledger that just started) the window's own measured rate,
-  else the card's above-idle power in its first readings (windows that closed before the
-  counter's first step);
+- the **run rate**: joules per window-second of running, in spans windows covered whole,
+  else in spans no window closed in (no ramp-down tail inside), else from settled windows
+  (each charged its run and, if it closed alone, its tail: ``share / (seconds + tail)``).
+  Each is a ratio of decayed sums, joules over window-seconds, so a window of a millisecond
+  teaches a thousandth of what a second does (a rate from one short window's share over its
+  own few ms, tail inside, was the 1000x first figures of issue 21). A guess is the rate
+  times the part not reported, plus a ramp-down tail (``ramp_s / 5`` at that rate, no longer
+  than the window itself: a request too short to ramp the card up leaves little to ramp
+  down) for a window that closes alone. Before any of these, the node knows nothing: the first figure
+  says so (unknown), rather than a near-zero from an idle card's power or a ramp-up's
+  first sliver;
 - a **bias** and a **spread** learnt from how far earlier first figures' guesses fell from
   what their windows settled at, in units of the guess (split conformal: the spread is the
   rank that covers ``COVER`` of them; before there are enough, the whole guess);
@@ -27,18 +33,26 @@ from dataclasses import dataclass
 
 from .window import First, Window
 
-#: Windows settled so far teach the prior with this weight each (an EWMA).
-PRIOR_WEIGHT = 0.1
 #: Residuals of first figures kept for the bias and spread of the interpolated part.
 RESIDUALS = 256
 #: The share of first figures whose interpolated part the uncertainty covers: the
 #: conformal rank ceil((n + 1) x COVER) of n past residuals, once there are enough of them;
 #: before that, the part is uncertain by its whole scale.
 COVER = 0.92
-COLD_SPREAD = 1.0
+COLD_SPREAD = 0.9
 #: And never less than this share of the interpolated part itself.
 FLOOR = 0.05
-#: Span rates teach the prior with a weight of 1 - exp(-window-seconds / this).
+#: A window shorter than this (s), with nothing reported yet, is not guessed: its first
+#: figure would be a near-zero with a doubt a thousand times its size (a request answered
+#: without a card's work, or whose work only the card's next steps can show).
+MIN_GUESS_S = 0.001
+#: Settled windows fit the line of share against seconds (see _Line) once there are this
+#: many, each counting this much less at every later one; the lengths must spread by this
+#: share of their mean for a slope and an offset (else one rate through the origin).
+LINE_MIN = 6
+LINE_KEEP = 0.97
+LINE_SPREAD = 0.25
+#: Rates forget with this time constant, in window-seconds taught.
 RATE_TAU_S = 5.0
 
 
@@ -52,16 +66,77 @@ class Fill:
     basis: str
 
 
+class _Rate:
+    """Joules per window-second as a ratio of sums that decay with the window-seconds added
+    (time constant ``RATE_TAU_S``): recent time counts most, and each part by its time."""
+
+    __slots__ = ("joules", "seconds")
+
+    def __init__(self) -> None:
+        self.joules = 0.0
+        self.seconds = 0.0
+
+    def add(self, joules: float, seconds: float) -> None:
+        if not (seconds > 0 and math.isfinite(joules)):
+            return
+        keep = math.exp(-seconds / RATE_TAU_S)
+        self.joules = self.joules * keep + joules
+        self.seconds = self.seconds * keep + seconds
+
+    @property
+    def value(self) -> float | None:
+        return self.joules / self.seconds if self.seconds > 0 else None
+
+
+class _Line:
+    """What settled windows were charged against how long they ran: ``share ~ rate x seconds
+    + offset``, by least squares over decaying weights (each window counts ``LINE_KEEP`` times
+    less at every later one). The offset is what a window gets beyond its running time: its
+    ramp-down tail (or, on a busy card, the part of the others' tails that falls in its time,
+    which is as much on average), less its ramp-up: what makes short windows cost more a
+    second than long ones."""
+
+    __slots__ = ("n", "sw", "sx", "sxx", "sxy", "sy")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, seconds: float, joules: float) -> None:
+        if not (seconds > 0 and math.isfinite(joules)):
+            return
+        k = LINE_KEEP
+        self.n += 1
+        self.sw = self.sw * k + 1.0
+        self.sx = self.sx * k + seconds
+        self.sy = self.sy * k + joules
+        self.sxx = self.sxx * k + seconds * seconds
+        self.sxy = self.sxy * k + seconds * joules
+
+    def fit(self) -> tuple[float, float] | None:
+        """(joules per second of running, joules beyond it), once enough windows settled."""
+        if self.n < LINE_MIN or self.sx <= 0:
+            return None
+        mx, my = self.sx / self.sw, self.sy / self.sw
+        vxx = self.sxx / self.sw - mx * mx
+        if vxx > (LINE_SPREAD * mx) ** 2:  # lengths spread enough to tell rate from offset
+            rate = (self.sxy / self.sw - mx * my) / vxx
+            if rate > 0:
+                return rate, my - rate * mx
+        return (self.sy / self.sx, 0.0) if self.sy > 0 else None  # one length: a rate says it
+
+
 class Prior:
     """The node's joules per window-second, and how far guesses made from it fall."""
 
     def __init__(self, ramp_s: float, period: Callable[[], float]) -> None:
         self.ramp_s = ramp_s
         self.period = period
-        self._prior: float | None = None  # J per window-second of settled windows
-        self._span_rate: float | None = None  # J per window-second of recent shared spans
-        self._run_rate: float | None = None  # the same, in spans windows covered whole
+        self._prior = _Rate()  # settled windows, less their tails
+        self._span_rate = _Rate()  # the spans windows shared with no close inside
+        self._run_rate = _Rate()  # the same, in spans windows covered whole
         self._card_w: float | None = None  # above-idle watts of spans no window was in
+        self._line = _Line()  # settled windows' share against their seconds
         self._settled = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
         self._growth: deque[float] = deque(maxlen=RESIDUALS)  # settled doubt added after close
@@ -72,21 +147,23 @@ class Prior:
 
     # -- learning -------------------------------------------------------------------------
     def learn_span(
-        self, rate: float, covered: float, seconds: float, members: list[tuple[Window, float]]
+        self, rate: float, covered: float, seconds: float, members: list[tuple[Window, float]],
+        t1: float,
     ) -> None:
-        """A shared span's joules per window-second; where windows ran it whole (no edge,
-        no tail in it), also the run rate."""
-        weight = 1.0 - math.exp(-covered / RATE_TAU_S)
-        span_rate = self._span_rate
-        self._span_rate = rate if span_rate is None else span_rate + weight * (rate - span_rate)
+        """A shared span's joules per window-second, where no window closed in it (a
+        ramp-down tail in a span its window barely covered made rates of thousands of W a
+        window); where windows ran it whole (no edge either), also the run rate."""
+        if any(w.t_close is not None and w.t_close < t1 for w, _ in members):
+            return
+        self._span_rate.add(rate * covered, covered)
         if all(overlap >= seconds * (1 - 1e-9) for _, overlap in members):
-            run = self._run_rate
-            self._run_rate = rate if run is None else run + weight * (rate - run)
+            self._run_rate.add(rate * covered, covered)
 
     def learn_card(self, watts: float) -> None:
-        """A span no window was in: the card's above-idle power then. The last resort of
-        a ledger that has learnt nothing else (its first windows closed before its first
-        counter step), so that they settle at once rather than wait for a rate."""
+        """A span no window was in: the card's above-idle power then. Never a first figure's
+        basis (an idle card's near-zero was one); the last resort of a fill at settling, for
+        a window that closed before the card's first step with nothing else learnt, so that
+        it settles (labelled estimated, and why) rather than wait ten seconds for a rate."""
         card = self._card_w
         watts = max(0.0, watts)
         self._card_w = watts if card is None else card + 0.5 * (watts - card)
@@ -95,10 +172,9 @@ class Prior:
         """A window settled wholly measured: its rate, and how far its first guess fell."""
         seconds = window.seconds
         if seconds > 0:
-            rate = window.share / seconds
             self._settled += 1
-            weight = max(PRIOR_WEIGHT, 1.0 / self._settled)
-            self._prior = rate if self._prior is None else self._prior + weight * (rate - self._prior)
+            self._prior.add(window.share, seconds + self._tail(window, window.alone))
+            self._line.add(seconds, window.share)
         first = window.first
         if first is not None and first.scale > 0:
             actual = window.share - first.reported
@@ -107,26 +183,58 @@ class Prior:
             self._ranks = None
 
     # -- guessing -------------------------------------------------------------------------
-    def rate(self, window: Window, alone: bool) -> tuple[float | None, float, str]:
-        """(joules per second, tail seconds to add, what the rate is) for this window."""
-        if self._run_rate is not None:
-            return self._run_rate, (self.ramp_s / 5 if alone else 0.0), "the node's prior"
-        if self._prior is not None:
-            return self._prior, 0.0, "the node's prior"
-        if self._span_rate is not None:
-            return self._span_rate, 0.0, "the node's first spans"
-        if window.measured_s > 0 and window.share > 0:
-            return window.share / window.measured_s, 0.0, "the window's own measured rate"
-        if self._card_w:
+    def rate(self, window: Window, alone: bool | float, *, settling: bool = False,
+             ) -> tuple[float | None, float, str]:
+        """(joules per second, tail seconds to add, what the rate is) for this window
+        (``alone``: the share of its ramp-down tail it keeps, 1 where no other window is on
+        the card to take a part; ``settling``: a fill at settling, which may fall back on the
+        card's power)."""
+        tail = self._tail(window, alone)
+        line = self._line.fit()
+        if line is not None:
+            return line[0], tail, "the node's prior"
+        run = self._run_rate.value
+        if run is not None:
+            return run, tail, "the node's prior"
+        spans = self._span_rate.value
+        if spans is not None:
+            return spans, tail, "the node's first spans"
+        settled = self._prior.value
+        if settled is not None:
+            return settled, tail, "the node's settled windows"
+        if window.measured_s >= self.period() / 2 and window.share > 0:
+            # A window measured for half a period or more has ramped up: its own rate stands
+            # (a sliver of one, a ramp-up's first ms, would not).
+            return window.share / window.measured_s, tail, "the window's own measured rate"
+        if settling and self._card_w:
             return self._card_w, 0.0, "the card's power in its first readings"
         return None, 0.0, "nothing yet"
 
-    def first_guess(self, window: Window, alone: bool, measured_unc: float) -> First | None:
+    def _tail(self, window: Window, alone: bool | float) -> float:
+        """The seconds of running a window's ramp-down tail is worth to it: the share it keeps
+        (``alone``) of a tail no longer than the window."""
+        return min(self.ramp_s / 5, window.seconds) * float(alone)
+
+    def first_guess(self, window: Window, alone: bool | float, measured_unc: float) -> First | None:
         """What the first figure assumes about the part of the window not shared yet: its
         time not yet shared (not reported, or waiting for weights) at the prior, plus, if
         it closes alone, its ramp-down tail (about ``ramp_s / 5`` seconds at that rate:
         ``ramp_s`` is when the tail has all but gone)."""
+        if window.seconds < MIN_GUESS_S and window.measured_s <= 0:
+            return None  # shorter than any work a card shows: only the card can say (at settling)
         unshared = max(0.0, window.seconds - window.measured_s - window.lost_s - window.filled_s)
+        line = self._line.fit()
+        if line is not None:
+            # What settled windows like it were charged: the rest of its run at the running
+            # rate, and what a window gets beyond its run (its ramp-up, if none of it has
+            # been reported yet, is in that offset; once some has, only the tail is to come).
+            run, offset = line
+            if window.share > 0:
+                offset = max(0.0, offset)
+            guess = max(0.0, run * unshared + offset)
+            # The residual's unit is the guess (a millisecond's worth at least).
+            return First(window.share, guess, max(guess, run * MIN_GUESS_S), measured_unc,
+                         window.filled_s, "the node's prior")
         rate, tail, basis = self.rate(window, alone)
         if rate is None or rate <= 0:
             return None
@@ -137,10 +245,10 @@ class Prior:
             measured_unc, window.filled_s, basis,
         )
 
-    def fill(self, window: Window, alone: bool) -> Fill | None:
+    def fill(self, window: Window, alone: bool, *, settling: bool = False) -> Fill | None:
         """The window's time no reading will cover (``filled_s``), at the prior, with the
         same learnt bias and spread as a first figure's guess; None when nothing is known."""
-        rate, _, basis = self.rate(window, alone)
+        rate, _, basis = self.rate(window, alone, settling=settling)
         if rate is None or rate <= 0:
             return None
         guess = rate * window.filled_s

@@ -29,9 +29,9 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ..readers.base import Kind, Reading
+from ..spans import Gap, Piece, Span
 
 #: Readings may fail this long (in learnt periods, at least MIN_GAP_S) before a gap is booked.
 GAP_PERIODS = 10
@@ -47,43 +47,6 @@ DEFAULT_MAX_W = 2000.0
 BRACKETS = 24
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """Energy between ``t0`` and ``t1``: ``above_j`` over the idle floor, ``total_j`` in all.
-
-    ``stamp_s`` is how far either end may be from the true step time (0 for reads stamped
-    at read time); the book turns it into uncertainty at a window's edges. ``unc_j`` is
-    what the span's energy itself may be off by (a gauge's samples miss what happened
-    between them; a counter is exact to its millijoule).
-    """
-
-    t0: float
-    t1: float
-    above_j: float
-    total_j: float
-    stamp_s: float = 0.0
-    unc_j: float = 0.0
-
-    @property
-    def seconds(self) -> float:
-        return self.t1 - self.t0
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """Between ``t0`` and ``t1`` the card's energy is unknown, for the reason given.
-
-    ``fault`` is true when the reader failed (errors, a stale counter, a reset); false
-    where a healthy reader simply had no baseline yet (the time before its first step).
-    """
-
-    t0: float
-    t1: float
-    why: str
-    fault: bool = True
-
-
-Piece = Span | Gap
 
 
 class StepClock:
@@ -182,6 +145,7 @@ class Tape:
         self.resets = 0
         self.last_error: str | None = None
         self.end: float | None = None  # where the last span or gap ended
+        self._resumed = False  # the baseline is another process's (see resume)
 
     @property
     def period(self) -> float:
@@ -251,6 +215,13 @@ class Tape:
             return []
         delta = joules - base_j
         since = t - (base_t if base_t is not None else self._quiet_t)
+        if self._resumed:
+            self._resumed = False
+            if delta < 0 or delta > max(self.max_w, DEFAULT_MAX_W) * max(since, self.period):
+                # Not the same counter (another origin) or a reset meanwhile: from scratch.
+                self._base_j, self._base_t, self._quiet_t, self._first_t = joules, None, t, t
+                return [self._gap(base_t, t, "the card's reader changed hands; its counter did not "
+                                  "follow on")] if base_t is not None and t > base_t else []
         if delta < 0:
             drop = -delta
             if joules < 0.01 * base_j or drop > max(self.max_w, DEFAULT_MAX_W) * max(since, self.period):
@@ -324,6 +295,34 @@ class Tape:
         return [Span(t0, t, total - (self.idle_w or 0.0) * dt, total, 0.0, abs(watts - w0) * sensor)]
 
     # -- health ---------------------------------------------------------------------------
+    def baseline(self) -> tuple[float, float] | None:
+        """Where the next span starts: the counter's value at its last step and that step's
+        time (a gauge: its last sample's time and watts); None before one is known. Another
+        process that takes the card over resumes from it (:meth:`resume`)."""
+        if self.kind != "power" and self._base_j is not None and self._base_t is not None:
+            return self._base_j, self._base_t
+        if self.kind == "power" and self._last_w is not None:
+            return self._last_w[1], self._last_w[0]
+        return None
+
+    def resume(self, value: float, t: float) -> None:
+        """Start from another tape's :meth:`baseline` of the same card (its last holder's),
+        so the time between the two holders is a span, not a gap. A first reading that does
+        not follow from it (a counter that went down, or rose faster than a card can draw:
+        another counter) starts afresh instead."""
+        if not (math.isfinite(value) and math.isfinite(t)):
+            return
+        if self.kind == "power":
+            self._last_w = (t, value)
+        else:
+            self._base_j, self._base_t, self._quiet_t = value, t, t
+            self._resumed = True
+
+    @property
+    def last_good(self) -> float | None:
+        """When the last good reading was taken (None: never)."""
+        return self._last_good
+
     def age(self, now: float) -> float | None:
         """Seconds since the last good reading; None before the first."""
         return None if self._last_good is None else max(0.0, now - self._last_good)

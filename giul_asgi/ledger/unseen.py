@@ -1,13 +1,11 @@
-"""The load on the card that this process cannot see, and how much of a span it drew.
+"""The load on the card that no process on the host can see, and how much of a span it drew.
 
-Two sources tell the book about windows that are not its own:
-
-- **other workers** on this host that meter the same card publish their cumulative
-  window-seconds (:meth:`Unseen.note_others`);
-- **the upstream** (here, always: the inference server behind the gateway, read through its
-  own ``/metrics``) says how many requests it is running (:meth:`Unseen.note_upstream`). That
-  count includes ours; the book says how many of ours were on the card at the same instant,
-  and only the excess is load we cannot see. Our requests reach the upstream after our
+Other processes on the card are not unseen: their windows are in the card's table
+(:mod:`giul_asgi.hostshare.cards`), and the span is decided with them. What nobody here
+sees is the upstream's own load: the inference server behind the gateway, read through its
+own ``/metrics``, says how many requests it is running (:meth:`Unseen.note_upstream`). That
+count includes the host's; the decider says how many windows of the host were on the card
+at the same instant, and only the excess is load we cannot see. Our requests reach the upstream after our
   windows open and leave it before they close, so the upstream's count never exceeds ours
   when the load is all ours: comparing counts at each sample, rather than integrating the
   upstream's count against our windows, keeps a sample held past our window's close from
@@ -30,16 +28,10 @@ class Unseen:
     """Cumulative window-seconds of load this process cannot see, as samples in time."""
 
     def __init__(self) -> None:
-        # The other workers' windows on this node, as they publish them.
-        self._others: deque[tuple[float, float]] = deque(maxlen=4096)
         # The upstream's running requests beyond ours, integrated between its samples.
         self._upstream: deque[tuple[float, float]] = deque(maxlen=4096)
         self._excess = 0.0  # the upstream's requests beyond ours at its last sample
         self.seen_t: float | None = None  # when the upstream last ran more than ours
-
-    def note_others(self, t: float, window_seconds: float) -> None:
-        """The other workers' cumulative window-seconds on this node, as of ``t``."""
-        self._others.append((t, window_seconds))
 
     def note_upstream(self, t: float, running: float, ours: int) -> None:
         """The upstream ran ``running`` requests at ``t`` while ``ours`` of our windows were
@@ -58,15 +50,7 @@ class Unseen:
     def window_seconds(self, t0: float, t1: float) -> float:
         """Window-seconds in (t0, t1] of load this process does not see (0 when unknown)."""
         upstream = _delta(self._upstream, t0, t1, self._excess)
-        if upstream is not None:
-            return max(0.0, upstream)
-        samples = self._others
-        slope = None
-        if len(samples) >= 2:
-            (ta, va), (tb, vb) = samples[-2], samples[-1]
-            slope = (vb - va) / (tb - ta) if tb > ta else 0.0
-        others = _delta(samples, t0, t1, slope)
-        return max(0.0, others) if others is not None else 0.0
+        return max(0.0, upstream) if upstream is not None else 0.0
 
     def recent(self, now: float | None) -> bool:
         """Whether the upstream has run load we cannot see lately."""

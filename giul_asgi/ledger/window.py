@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .tape import Span
+from ..spans import CardSpan
 
 
 class Split(Protocol):
@@ -99,6 +99,7 @@ class Window:
         "power_j",
         "rules",
         "seen_end",
+        "seq",
         "settled",
         "share",
         "stage_shares",
@@ -112,8 +113,10 @@ class Window:
         "weight",
     )
 
-    def __init__(self, t_open: float, busy_open: float) -> None:
+    def __init__(self, t_open: float, busy_open: float, seq: int = 0) -> None:
         self.t_open = t_open
+        #: The window's number in its book: what the card's table knows it by.
+        self.seq = seq
         self.busy_open = busy_open
         self.t_close: float | None = None
         self.busy_close = 0.0
@@ -162,7 +165,7 @@ class Window:
 class Waiting:
     """A span whose split waits for weights that open windows will know at close."""
 
-    span: Span
+    span: CardSpan
     above: float
     members: list[tuple[Window, float]]
     open_members: int

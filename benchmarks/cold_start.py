@@ -1,0 +1,212 @@
+"""A fresh process's first figures: are they honest from the very first request?
+
+Issue 21 saw a demo's first streamed answer say 0.00277 J +- 0.00291 where it settled at
+2.83 J, then figures like 2.58 +- 6,871.9, and a fresh server's first 50 ms answer 0.304 +-
+0.319 J against 7.47 J settled. Rule 5 covers the first client too: the first figure's
+uncertainty must cover the settled figure 9 times in 10, and be no wider than the figure
+itself once the node has seen a counter step; a node that knows nothing says so.
+
+Each trial is a fresh ledger (nothing learnt, no warm-up) serving 12 requests one after the
+other, of random lengths (0 to 1 s, short ones often) at random power, with random pauses. The
+cards:
+
+- ``counter``: benchmarks/truecard.py's card (ramps, ramp-down tails, whole-mJ steps at jittered
+  times, 100 ms period) on a virtual clock, read every ~10 ms: many trials, repeatable;
+- ``simulated``: ``Node(reader="simulated")``, the in-process card a user without a GPU gets,
+  on the real clock with its reader thread.
+
+Per card: windows with a first figure, the first figure's uncertainty covering the settled
+figure and the truth (where the card knows it), the median uncertainty over the figure, the
+share wider than the figure after the first counter step, and near-zeros (a first figure
+under a tenth of its settled one).
+
+    python benchmarks/cold_start.py --out benchmarks/results/cold-start-2026-12-02.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
+
+from truecard import TrueCard, TrueReader  # noqa: E402
+
+from giul_asgi import Meter, Node  # noqa: E402
+from giul_asgi.ledger import Ledger, Ledgers  # noqa: E402
+
+IDLE = 70.0
+LENGTHS = (0.0, 0.02, 0.05, 0.05, 0.1, 0.3, 0.3, 1.0)
+
+
+@dataclass
+class Figure:
+    index: int  # the request's place in its fresh process (0: the very first)
+    seconds: float
+    first: float | None
+    first_unc: float | None
+    first_method: str
+    settled: float | None
+    truth: float | None
+    stepped: bool  # the node had seen a counter step when the first figure was made
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counter_trial(seed: int) -> list[Figure]:
+    rng = random.Random(seed)
+    clock = _Clock()
+    card = TrueCard(idle_w=IDLE, clock=clock, seed=seed)
+    reader = TrueReader(card)
+    ledger = Ledger(Node("cold", idle_w=IDLE), reader, poll=False)
+
+    def advance(seconds: float) -> None:
+        end = clock.now + seconds
+        while clock.now < end:
+            clock.now = min(end, clock.now + 0.01 * rng.uniform(0.5, 1.5))
+            ledger.ingest(reader.read())
+
+    advance(rng.uniform(0.0, 0.05))
+    out: list[tuple[Meter, Figure]] = []
+    for index in range(12):
+        seconds = rng.choice(LENGTHS)
+        meter = Meter(ledger)
+        meter.open()
+        job = card.start_job(rng.uniform(60.0, 250.0))
+        advance(seconds)
+        card.stop_job(job)
+        meter.close()
+        stepped = (ledger.tape is not None and ledger.tape.steps.period is not None) or \
+            (ledger.totals().measured_j != 0.0)
+        first = meter.figure()
+        out.append((meter, Figure(index, seconds, first.joules, first.uncertainty_joules, first.method,
+                                  None, job.truth(card.ramp_up, card.tau), stepped)))
+        advance(rng.uniform(0.05, 0.6))
+    advance(2.0)
+    for meter, figure in out:
+        figure.settled = meter.figure().joules
+    return [f for _, f in out]
+
+
+async def simulated_trial(seed: int) -> list[Figure]:
+    rng = random.Random(seed)
+    ledgers = Ledgers()
+    node = Node(f"cold-sim-{seed}", reader="simulated")
+    out: list[tuple[Meter, Figure]] = []
+    try:
+        for index in range(12):
+            seconds = rng.choice(LENGTHS)
+            async with Meter.for_node(node, ledgers=ledgers) as meter:
+                await asyncio.sleep(seconds)
+            ledger = ledgers.get(node)
+            first = meter.figure()
+            stepped = ledger.totals().measured_j != 0.0
+            out.append((meter, Figure(index, seconds, first.joules, first.uncertainty_joules, first.method,
+                                      None, None, stepped)))
+            await asyncio.sleep(rng.uniform(0.05, 0.4))
+        for meter, figure in out:
+            figure.settled = (await meter.settled(timeout=5.0)).joules
+    finally:
+        await ledgers.aclose(1.0)
+    return [f for _, f in out]
+
+
+def summarise(name: str, figures: list[Figure]) -> list[str]:
+    made = [f for f in figures if f.first is not None]
+    both = [f for f in made if f.settled is not None and f.first_unc is not None]
+    covered = [f for f in both if abs(f.first - f.settled) <= f.first_unc]  # type: ignore[operator]
+    truths = [f for f in both if f.truth is not None]
+    covered_truth = [f for f in truths if abs(f.first - f.truth) <= f.first_unc]  # type: ignore[operator]
+    widths = [f.first_unc / f.first for f in both if f.first and f.first > 0]  # type: ignore[operator]
+    stepped = [f for f in both if f.stepped and f.first and f.first > 0]
+    wide = [f for f in stepped if f.first_unc > f.first]  # type: ignore[operator]
+    near_zero = [f for f in both if f.settled and f.settled > 0 and f.first < 0.1 * f.settled]  # type: ignore[operator]
+    first_ones = [f for f in figures if f.index == 0]
+
+    def pct(part: list[Figure], whole: list[Figure]) -> str:
+        return f"{100 * len(part) / len(whole):.0f}% ({len(part)}/{len(whole)})" if whole else "-"
+
+    return [
+        f"| {name} | {len(figures)} | {pct(made, figures)} | {pct(covered, both)} | "
+        f"{pct(covered_truth, truths)} | {statistics.median(widths):.0%} | {pct(wide, stepped)} | "
+        f"{len(near_zero)} | {sum(1 for f in first_ones if f.first is None)}/{len(first_ones)} |"
+    ]
+
+
+def by_length(figures: list[Figure]) -> list[str]:
+    """The same, per request length: where the doubt lives."""
+    lines = ["| length (s) | first figures | covers settled | median unc / figure | wider than the figure |",
+             "|---|---|---|---|---|"]
+    for seconds in sorted({f.seconds for f in figures}):
+        mine = [f for f in figures if f.seconds == seconds and f.first and f.settled is not None
+                and f.first_unc is not None]
+        if not mine:
+            lines.append(f"| {seconds:g} | 0 (unknown: {sum(1 for f in figures if f.seconds == seconds)}) "
+                         "| - | - | - |")
+            continue
+        covered = sum(1 for f in mine if abs(f.first - f.settled) <= f.first_unc)  # type: ignore[operator]
+        widths = statistics.median(f.first_unc / f.first for f in mine)  # type: ignore[operator]
+        wide = sum(1 for f in mine if f.first_unc > f.first)  # type: ignore[operator]
+        lines.append(f"| {seconds:g} | {len(mine)} | {covered / len(mine):.0%} | {widths:.0%} | {wide} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--counter-trials", type=int, default=60)
+    parser.add_argument("--simulated-trials", type=int, default=12)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    counter = [f for seed in range(args.counter_trials) for f in counter_trial(seed)]
+    simulated = [f for seed in range(args.simulated_trials) for f in asyncio.run(simulated_trial(seed))]
+    load = os.getloadavg()
+    lines = [
+        f"# A fresh process's first figures ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"load average {load[0]:.2f}. Command: `python benchmarks/cold_start.py --counter-trials "
+        f"{args.counter_trials} --simulated-trials {args.simulated_trials}`.",
+        "",
+        "Each trial: a fresh ledger, 12 requests one after the other (0-1 s, random power), no warm-up.",
+        "",
+        "| card | windows | with a first figure | first's +-unc covers settled | covers truth"
+        " | median unc / figure | wider than the figure, after a step | near-zeros (< 0.1 x settled)"
+        " | very first: unknown |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *summarise("counter (virtual clock)", counter),
+        *summarise("simulated (real clock)", simulated),
+        "",
+        "Targets (issue 21): covers settled >= 90%; no wider than the figure once a step was seen; "
+        "no near-zero.",
+        "",
+        "By length, the counter card:",
+        "",
+        *by_length(counter),
+        "",
+        "By length, the simulated card:",
+        "",
+        *by_length(simulated),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

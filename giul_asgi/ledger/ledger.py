@@ -1,0 +1,767 @@
+"""One node's ledger: it owns the node's reader and shares the card among windows.
+
+The seed's ruler gave every window the card's whole energy, so N overlapping requests were
+charged N times. A ledger ties its parts together under one lock and answers the request
+path: opening and closing a window records a time (no I/O, no task, no thread per request);
+asking for a share reads the book. Its parts (see the package's docstring): the tape
+(readings -> spans), the book (spans -> shares), the poller (the one thread that reads the
+card), the chores beside it, and its seat at the card's table
+(:mod:`giul_asgi.hostshare.cards`), through which every process of the host that meters
+the card charges it once: one of them reads the card and decides every span, and each takes
+its own part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from ..carbon import CarbonFeed, carbon_of, static_status
+from ..config import Node
+from ..energy import Carbon, Provenance, Share
+from ..errors import GiulError, ReaderUnavailable
+from ..hostshare import CardTable, SeatBooks, Unusable, card_key, log_unshared, resolve
+from ..readers.base import Process, Reader, Reading
+from ..readers.mig import Mig, mig_of
+from ..spans import NOBODY, CardSpan, Gap, Span
+from .book import Book, Split, TimeSplit, TokenSplit, Window
+from .chores import UPSTREAM_EVERY_S, Upstream
+from .history import LOOK_EVERY_S, History
+from .poller import IDLE_S, Health, Poller
+from .sources import explicit, reader_factory
+from .tape import Tape
+from .tickets import fire
+from .trace import WRITE_EVERY_S, for_node
+
+log = logging.getLogger("giul_asgi.ledger")
+
+_STARTING = "the node's reader is starting"
+#: How often a ledger at a card's table publishes its books for the others (seconds).
+BOOKS_EVERY_S = 0.05
+#: While other processes share the card, a piece is decided this long after its end at the
+#: soonest (s): their windows' opens reach the table a little after they happen (a process
+#: preempted between its clock and its store), and a window missed then is a foreign load.
+DECIDE_AFTER_S = 0.03
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerTotals:
+    """The books of one node since its ledger was built, and its reader's health."""
+
+    node: str
+    measured_j: float
+    charged_j: float
+    unattributed_j: float
+    foreign_j: float
+    in_flight_j: float
+    idle_w: float | None
+    mean_concurrency: float | None
+    foreign_watts: float | None
+    contended: bool | None
+    reads: int
+    read_errors: int
+    last_error: str | None
+    last_reading_age_s: float | None
+    resets: int
+    period_s: float | None
+    lost_s: float
+    windows_open: int
+    read_seconds_max: float
+    backend: str
+    method: str
+    #: Filled into figures from the prior where no reading covered their time (never
+    #: measured: outside ``measured == charged + unattributed + in flight``).
+    estimated_j: float = 0.0
+    #: Worker processes whose books these are (1: this process's alone).
+    workers: int = 1
+
+    @property
+    def conservation_error_j(self) -> float:
+        return self.measured_j - (self.charged_j + self.unattributed_j + self.in_flight_j)
+
+
+class Ledger:
+    """The single owner of a node's reader; windows borrow it and never read the card.
+
+    ``reader`` is a reader already built (tests, benchmarks) or None to build the node's
+    own on the poller thread when the ledger starts.
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        reader: Reader | None = None,
+        *,
+        split: Split | None = None,
+        clock: Callable[[], float] | None = None,
+        read_timeout: float = 1.0,
+        poll: bool = True,
+    ) -> None:
+        self.node = node
+        self.read_timeout = read_timeout
+        #: False: nothing reads the card by itself; the caller feeds :meth:`ingest` (tests).
+        self.poll = poll
+        self._lock = threading.Lock()
+        self._build = reader_factory(node) if reader is None else (lambda: reader)
+        #: The reader was made in code (handed in, or the node's factory): shared with other
+        #: processes only if it says which card it reads.
+        self._custom = reader is not None or node.reader_factory is not None
+        self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
+        split = split or (TokenSplit() if node.split == "tokens" else TimeSplit())
+        measures = node.reader != "none" or reader is not None or node.reader_factory is not None
+        provenance = Provenance("measured", "none", "none", node.idle_w)
+        self.book = Book(
+            provenance, split=split, ramp_s=node.ramp_s,
+            subtract_foreign=node.foreign == "subtract", period=self._period, measures=measures,
+        )
+        self.book.error = _STARTING if measures else "node configured with reader='none'"
+        self.tape: Tape | None = None
+        self.reader: Reader | None = None
+        #: The node reads a MIG board (None: not, or not known yet): said in every record.
+        self.mig: Mig | None = None
+        self.failure: BaseException | None = None
+        self._poller: Poller | None = None
+        #: This ledger's seat at the card's table, host-wide (None: alone on its card, not
+        #: joined yet, or nothing can be shared); joined on the reader thread.
+        self.table: CardTable | None = None
+        self._joined = False
+        self._books_t = -math.inf
+        self._highs: dict[str, float] = {}
+        #: Holder: pieces its tape yielded that wait to be decided (see DECIDE_AFTER_S).
+        self._due: deque[Span | Gap] = deque()
+        #: Why this process's figures cannot see other processes on the card (no place to
+        #: share through), said in every figure; None where they are shared or turned off.
+        self.unshared: str | None = None
+        self._stopped = False
+        #: The node's carbon intensity now (None: none configured): what every figure is
+        #: graded with, one attribute read; a polled one is replaced by the reader thread.
+        self.carbon: Carbon | None
+        self._carbon_feed: CarbonFeed | None
+        self.carbon, self._carbon_feed = carbon_of(node)
+        #: What the ledger saw, for replay (None: the node keeps no trace); ``_note``
+        #: appends one event to its buffer, under the lock (see :mod:`.trace`).
+        self._trace = for_node(node, split.name, measures)
+        self._note = self._trace.note if self._trace is not None else None
+        #: The host's books, one sample a step, taken by the reader thread (/energy's power).
+        self.history = History()
+        if reader is not None:
+            self.attach(reader)
+
+    # -- the request path: O(1), no I/O ---------------------------------------------------
+    @property
+    def provenance(self) -> Provenance:
+        return self.book.provenance
+
+    @property
+    def measures(self) -> bool:
+        return self.book.measures
+
+    def open(self) -> Window:
+        self.ensure_started()
+        with self._lock:
+            t = self.clock()
+            window = self.book.open(t)
+            table = self.table
+            if table is not None:  # in the holder's own file too: whoever takes over reads them
+                table.opened(window.seq, t)
+            if self._note is not None:
+                self._note(("o", t, id(window)))
+            return window
+
+    def mark(self, window: Window, name: str) -> None:
+        with self._lock:
+            t = self.clock()
+            self.book.mark(window, name, t)
+            if self._note is not None:
+                self._note(("m", t, id(window), name))
+
+    def close(
+        self, window: Window, tokens: int | None = None,
+        about: tuple[str | None, str | None, str | None] | None = None,
+    ) -> Share:
+        """Close the window and return its share at close (one lock for both). ``about``
+        is the request's (id, route, tier), for the node's trace only."""
+        with self._lock:
+            t = self.clock()
+            settled = self.book.close(window, t, tokens)
+            table = self.table
+            if table is not None:
+                table.closed(window.seq, t)
+            if self._note is not None:
+                self._note(("c", t, id(window), tokens, about))
+                self._noted(settled)
+            share = self.book.share(window)
+        if settled:
+            _fire(settled)
+        return share
+
+    def abandon(self, window: Window) -> None:
+        with self._lock:
+            t = self.clock()
+            settled = self.book.abandon(window, t)
+            table = self.table
+            if table is not None:
+                table.closed(window.seq, t)
+            if self._note is not None:
+                self._note(("a", t, id(window)))
+                self._noted(settled)
+        _fire(settled)
+
+    def share(self, window: Window) -> Share:
+        with self._lock:
+            return self.book.share(window)
+
+    def share_unlocked(self, window: Window) -> Share:
+        """:meth:`share` for a caller that holds the lock (a batch of tickets)."""
+        return self.book.share(window)
+
+    def stage_values(self, window: Window) -> list[float] | None:
+        with self._lock:
+            return self.book.stage_values(window)
+
+    def when_settled(self, window: Window, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the window settles (now, if it has)."""
+        with self._lock:
+            if not window.settled:
+                if window.callbacks is None:
+                    window.callbacks = [callback]
+                else:
+                    window.callbacks.append(callback)
+                return
+        callback()
+
+    async def wait_settled(self, window: Window, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout``) until a reading settles the window."""
+        if window.settled:
+            return True
+        wait, wake = _waker()
+        self.when_settled(window, wake)
+        with anyio.move_on_after(timeout):
+            await wait()
+        return window.settled
+
+    # -- readings, from the poller's thread (or a test) -----------------------------------
+    def attach(self, reader: Reader) -> None:
+        """The reader is built: what it is says how every figure is labelled."""
+        with self._lock:
+            if self.reader is reader:
+                return
+            self.reader = reader
+            # A simulated card's own floor stands in only where the operator gave none.
+            idle_w = self.node.idle_w
+            if idle_w is None:
+                idle_w = getattr(reader, "simulated_idle_w", None)
+            self.tape = Tape(reader.kind, idle_w, period_hint=self.node.period_s or reader.period)
+            self.mig = mig_of(reader)
+            if self._note is not None:
+                self._note(("at", {"kind": reader.kind, "method": reader.method,
+                                   "backend": reader.backend, "source": reader.source,
+                                   "idle_w": idle_w, "period_hint": self.tape.period_hint,
+                                   "mig": self.mig.as_dict() if self.mig is not None else None}))
+            self.book.provenance = Provenance(reader.method, reader.backend, reader.source, idle_w,
+                                              self.mig.caveat if self.mig is not None else None)
+            if reader.kind == "none":
+                self.book.measures = False
+                self.book.error = getattr(reader, "reason", "no reader for this node")
+                settled = self.book.force_settle()
+            else:
+                self.book.error = None
+                settled = []
+        _fire(settled)
+
+    def failed(self, error: BaseException) -> None:
+        """The reader could not be built: figures on this node are unknown or estimated."""
+        reason = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
+        with self._lock:
+            self.failure = error
+            self.book.measures = False
+            self.book.error = f"reader unavailable: {reason}"
+            settled = self.book.force_settle()
+            if self._note is not None:
+                self._note(("f", reason))
+        _fire(settled)
+
+    def ingest(self, reading: Reading) -> None:
+        """Book one reading: the spans it closes are decided for the host (this process holds
+        the card, or is alone on it) and taken, and what they settle fires."""
+        settled: list[Window] = []
+        table = self.table
+        holding = table is not None and table.holding
+        with self._lock:
+            tape = self.tape
+            if tape is None or not self.book.measures:
+                return
+            if self._note is not None:
+                self._note(("r", reading.t, reading.joules, reading.watts, reading.error))
+            if not reading.ok:  # first figures made from now until the next span say so
+                self.book.note_trouble(f"the reader is failing: {reading.error or 'empty reading'}")
+            pieces = tape.feed(reading)
+            if table is None or not holding:
+                for piece in pieces:
+                    settled += self.book.book(piece, reading.t)
+            else:
+                self._due.extend(pieces)
+                table.count_reads(tape.reads, tape.errors, tape.resets, tape.last_good)
+                table.note_baseline(tape.baseline())
+            if settled and self._note is not None:
+                self._noted(settled)
+        _fire(settled)
+        if table is not None and holding:
+            self._decide(table)
+
+    def _decide(self, table: CardTable, *, all_now: bool = False) -> None:
+        """Holder: decide for the host, and publish, the pieces old enough (all of them
+        where nobody else is at the table, or ``all_now``), with the others' windows as
+        they stand (their files: read outside the lock)."""
+        if not self._due:
+            return
+        table.look()
+        settled: list[Window] = []
+        with self._lock:
+            tape = self.tape
+            now = self.clock()
+            wait = DECIDE_AFTER_S if table.others and not all_now else 0.0
+            while self._due and tape is not None and self._due[0].t1 <= now - wait:
+                settled += self._publish(table, self._due.popleft(), now, tape.period)
+            if settled and self._note is not None:
+                self._noted(settled)
+        _fire(settled)
+
+    def _publish(self, table: CardTable, piece: Span | Gap, now: float, period: float) -> list[Window]:
+        """Holder: decide a piece for every process at the card's table, publish it, and
+        take this process's own part (under the lock)."""
+        if isinstance(piece, Gap):
+            table.publish(piece, {}, period)
+            return self.book.take(piece, now, 0.0)
+        coverages = table.coverages(piece.t0, piece.t1)
+        span = self.book.decide(piece, sum(coverages.values(), NOBODY))
+        table.publish(span, coverages, period)
+        return self.book.take(span, now, self.book.coverage(span.t0, span.t1).by(span.tails))
+
+    def reads_card(self) -> bool:
+        """The reader thread's question at each lap: read the card now? Yes where this
+        process is alone on it, or holds it; otherwise take what its holder published,
+        and take the card over if nobody holds it any more (its holder left or died)."""
+        if not self._joined:
+            self._join()
+        table = self.table
+        if table is None:
+            return True
+        now = self.clock()
+        if not table.holding:
+            self._follow(table)
+            if table.try_hold():
+                self._resume(table)
+                log.info("node %r: this process (pid %d) now reads the card for the %d others at its "
+                         "table", self.node.name, os.getpid(), table.others)
+        if table.holding:
+            table.beat()
+            self._decide(table)
+        if now - self._books_t >= BOOKS_EVERY_S:
+            self._books_t = now
+            table.publish_books(self._seat_books())
+        return table.holding
+
+    def _resume(self, table: CardTable) -> None:
+        """This process now holds the card: its tape goes on from the last holder's, so the
+        time between the two is a span, not a gap (where the counter follows on)."""
+        baseline = table.baseline()
+        with self._lock:
+            tape = self.tape
+            if baseline is not None and tape is not None and tape.reads == 0:
+                tape.resume(*baseline)
+
+    def card_state(self) -> tuple[str, str | None]:
+        """How the card is read where another process reads it for this one: ``ok`` while
+        its readings come, else ``failing`` and why (the reader thread's health)."""
+        table = self.table
+        if table is None:
+            return "starting", None
+        age = table.reading_age()
+        bound = max(2.0, 20 * self._period())
+        if age is None:
+            return "starting", "the process that reads the card has not read it yet"
+        if age > bound:
+            return "failing", f"the process that reads the card has not read it well for {age:.1f} s"
+        return "ok", None
+
+    def _follow(self, table: CardTable) -> None:
+        """Take this process's part of what the card's holder published."""
+        pieces = table.pending()
+        if pieces:
+            self.take(pieces)
+
+    def take(self, pieces: list[tuple[CardSpan | Gap, float]]) -> None:
+        """Take this process's part (window-seconds) of pieces another process decided (the
+        card's holder; replay, from a trace)."""
+        settled: list[Window] = []
+        with self._lock:
+            now = self.clock()
+            for piece, mine in pieces:
+                if self._note is not None:
+                    self._note(("k", _piece_event(piece), mine))
+                settled += self.book.take(piece, now, mine)
+            if settled and self._note is not None:
+                self._noted(settled)
+        _fire(settled)
+
+    def _join(self) -> None:
+        """Sit at the card's table (reader thread: it creates files): shared by every process
+        of the host that meters the same card, by default; where nothing can be shared,
+        this process's figures say so."""
+        self._joined = True
+        reader = self.reader
+        key = card_key(self.node, reader, custom=self._custom) if reader is not None else None
+        if key is None or self.clock is not time.monotonic or not self.book.measures:
+            return  # a card that lives in this process, or a test's clock: nobody else's
+        place = resolve(self.node.workers_dir)
+        log_unshared(place)
+        if place.path is None:
+            if not place.off:
+                self.unshared = f"per process: {place.reason}; other processes on this card are not seen"
+            return
+        try:
+            table = CardTable(place.path, key, self.node.name, ramp_s=self.node.ramp_s, clock=self.clock)
+        except Unusable as exc:
+            self.unshared = f"per process: {exc}; other processes on this card are not seen"
+            log.warning("node %r: the card cannot be shared with the host's other processes: %s. "
+                        "Figures are this process's alone; give %s a private directory with room",
+                        self.node.name, exc, "GIUL_ASGI_LOAD_DIR")
+            return
+        with self._lock:  # windows opened before the seat existed
+            for window in self.book.open_windows():
+                table.opened(window.seq, window.t_open)
+            self.table = table
+
+    def _seat_books(self) -> SeatBooks:
+        with self._lock:
+            book = self.book.totals()
+            return SeatBooks(book.received_j, self._high("charged", book.charged_j),
+                             self._high("forfeit", book.forfeit_j), book.in_flight_j,
+                             book.estimated_j, book.windows_open)
+
+    def _high(self, name: str, value: float) -> float:
+        """The highest ``value`` this book's counter ``name`` has shown (under the lock): a
+        span measured below idle (a step stamp's error, carried into the next span) lowers a
+        sum for a moment, and a counter that falls reads as a reset to Prometheus."""
+        high = max(self._highs.get(name, value), value)
+        self._highs[name] = high
+        return high
+
+    def _noted(self, settled: list[Window]) -> None:
+        """Trace what the windows just settled with (under the lock), for replay's check."""
+        note = self._note
+        if note is not None:
+            for window in settled:
+                note(("z", id(window), window.share, window.fill_j))
+
+    def read_now(self) -> Reading:
+        """Read the card here and now (blocking) and book it: for sync meters only."""
+        if self.reader is None:
+            self._attach_now()
+        reader = self.reader
+        if reader is None:
+            return Reading(t=self.clock(), error=self.book.error or "no reader")
+        reading = reader.read()
+        self.ingest(reading)
+        return reading
+
+    def _attach_now(self) -> None:
+        try:
+            self.attach(self._build())
+        except Exception as exc:
+            self.failed(exc)
+
+    def note_processes(self, processes: list[Process] | None) -> None:
+        serving = self.node.serving
+        foreign: bool | None = None
+        if processes is not None and serving is not None:
+            foreign = any(
+                not (p.pid == serving if isinstance(serving, int) else p.name == serving)
+                for p in processes
+            )
+        with self._lock:
+            self.book.note_processes(foreign)
+            if self._note is not None:
+                self._note(("p", foreign))
+
+    def _chores(self) -> list[tuple[float, Callable[[], None]]]:
+        """What the poller does beside reading the card: the load nobody here can see, the
+        carbon intensity, the trace, the history of the books."""
+        chores: list[tuple[float, Callable[[], None]]] = []
+        if self.node.upstream is not None:
+            chores.append((UPSTREAM_EVERY_S, Upstream(self.node.upstream, self.clock, self.note_upstream,
+                                                      self.deciding)))
+        if self._carbon_feed is not None:
+            chores.append((self._carbon_feed.tick_s, self._carbon_tick))
+        if self._trace is not None:
+            chores.append((WRITE_EVERY_S, self._trace.write))
+        chores.append((LOOK_EVERY_S, self.history.chore(self.host_totals)))
+        return chores
+
+    def deciding(self) -> bool:
+        """Whether this process decides the card's spans (alone on it, or holding it)."""
+        table = self.table
+        return table is None or table.holding
+
+    def _carbon_tick(self) -> None:
+        """The carbon intensity, re-aged (and a due poll started, off this thread)."""
+        if self._carbon_feed is not None:
+            self.carbon = self._carbon_feed.tick()
+
+    @property
+    def carbon_health(self) -> dict[str, Any] | None:
+        """Where the node's carbon intensity comes from and how it is going (``/energy``)."""
+        feed = self._carbon_feed
+        if feed is None:
+            return static_status(self.carbon) if self.carbon is not None else None
+        status = feed.status()
+        poller = self._poller
+        if feed.polls == 0 and (poller is None or poller.health.state == "unavailable"):
+            status["reason"] = ("not polled: the node's reader thread polls it, and none runs (it "
+                                "starts with the first request; a node without a reader has none)")
+        return status
+
+    def host_totals(self) -> LedgerTotals:
+        """The card's books (:meth:`totals`: what ``/energy`` and ``/metrics`` show)."""
+        return self.totals()
+
+    def own_load(self) -> tuple[float, int]:
+        """This process's window-seconds integral on the node so far, and windows open."""
+        with self._lock:
+            return self.book.load_at(self.clock())
+
+    def note_upstream(self, t: float, running: float) -> None:
+        """The upstream (the inference server) ran ``running`` requests at ``t``."""
+        table = self.table
+        others = table.others_open_at(t) if table is not None and table.holding else 0
+        with self._lock:
+            self.book.note_upstream(t, running, others)
+            if self._note is not None:
+                self._note(("up", t, running))
+
+    def _period(self) -> float:
+        table = self.table
+        if table is not None and not table.holding and table.period is not None:
+            return table.period  # the card's, as its holder learnt it
+        tape = self.tape
+        return tape.period if tape is not None else (self.node.period_s or 0.1)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def ensure_started(self) -> None:
+        """Start the poller thread once (no driver call happens here: it runs there), and
+        wake it: every window opens through here, and an idle poller dozes."""
+        poller = self._poller
+        if poller is not None:
+            poller.wake()
+            return
+        if self._stopped or not self.book.measures or not self.poll:
+            return
+        with self._lock:
+            if self._poller is not None or self._stopped:
+                return
+            if self.reader is not None and self.reader.kind == "none":
+                return
+            node = self.node
+            self._poller = Poller(
+                node.name, self._build if self.reader is None else (lambda: self.reader),  # type: ignore[arg-type,return-value]
+                self, read_timeout=self.read_timeout, clock=self.clock, chores=self._chores(),
+                busy=self._windows_open, idle_s=None if _watches_idle(node) else IDLE_S,
+                reader_name=_reader_name(node, self.reader),
+                target=_target(node), load=self.own_load, shared=self._shared_pace,
+            )
+            self._poller.start()
+
+    def _windows_open(self) -> bool:
+        """Whether windows are open on the node, or closed and not settled yet (the poller's
+        busy pace: a closed window waits on the next steps to settle): this process's, and
+        where it reads the card for others, theirs."""
+        if self.own_load()[1] > 0 or self.book.unsettled:
+            return True
+        table = self.table
+        return table is not None and table.holding and table.others_busy(self.clock(), self._period())
+
+    def _shared_pace(self) -> bool:
+        """Whether an idle reader should still read at the counter's period: it reads the
+        card for other processes, whose new windows it learns of only by looking."""
+        table = self.table
+        return table is not None and table.holding and table.others > 0
+
+    @property
+    def health(self) -> Health | None:
+        """How the node's reader is doing (None before the poller started)."""
+        poller = self._poller
+        return poller.health if poller is not None else None
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) for the reader to be built. Raises the build's error
+        when the operator asked for this reader by name; a slow driver is logged, not
+        waited for."""
+        if not self.book.measures and self.failure is None:
+            return  # reader="none": nothing to wait for
+        self.ensure_started()
+        with anyio.move_on_after(timeout):
+            while self.reader is None and self.failure is None and self._poller is not None:
+                await anyio.sleep(0.005)
+        if self.failure is not None and explicit(self.node):
+            if isinstance(self.failure, GiulError):
+                raise self.failure
+            raise ReaderUnavailable(
+                f"node {self.node.name!r}: {type(self.failure).__name__}: {self.failure}"
+            )
+        if self.reader is None and self.failure is None:
+            log.warning(
+                "node %r: the reader is still starting after %.2g s (a slow or wedged driver?);"
+                " serving, with figures unknown until it answers", self.node.name, timeout,
+            )
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the poller (one last reading first, bounded) and settle every window."""
+        self._stopped = True
+        poller = self._poller
+        if poller is not None and not poller.stop(timeout):
+            log.warning("node %r: the reader did not stop in time; left behind", self.node.name)
+        if self._carbon_feed is not None:
+            self._carbon_feed.close()
+        table = self.table
+        if table is not None and table.holding:
+            self._decide(table, all_now=True)  # what the last readings yielded, published
+        with self._lock:
+            settled = self.book.force_settle()
+            if self._note is not None:
+                self._note(("s",))
+                self._noted(settled)
+        table = self.table
+        if self._trace is not None:
+            totals = self._own_totals()  # what replay books again from this process's trace
+            self._trace.close({"measured_j": totals.measured_j, "charged_j": totals.charged_j,
+                               "unattributed_j": totals.unattributed_j,
+                               "in_flight_j": totals.in_flight_j})
+        if table is not None:  # the holder folds this process's books into the card's
+            table.publish_books(self._seat_books())
+            with self._lock:
+                self.table = None
+            table.close()
+        _fire(settled)
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        """:meth:`stop` without blocking the event loop."""
+        await anyio.to_thread.run_sync(self.stop, timeout, abandon_on_cancel=True)
+
+    # -- the books ------------------------------------------------------------------------
+    def totals(self) -> LedgerTotals:
+        """The card's books: where this process shares the card with others, the whole
+        host's (every process's charges summed, the same from every process); else its own
+        (``workers`` is then 1)."""
+        mine = self._own_totals()
+        table = self.table
+        if table is None:
+            return mine
+        try:
+            books = table.host(self._seat_books())
+        except ValueError:  # the table closed under this call (the ledger is stopping)
+            return mine
+        return replace(
+            mine, measured_j=books.measured_j, charged_j=books.charged_j,
+            unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j, foreign_j=books.foreign_j,
+            windows_open=books.windows_open, workers=books.workers, estimated_j=books.estimated_j,
+            reads=books.reads, read_errors=books.read_errors, resets=books.resets,
+            last_reading_age_s=books.age_s, period_s=table.period or mine.period_s,
+        )
+
+    def _own_totals(self) -> LedgerTotals:
+        with self._lock:
+            book = self.book.totals()
+            tape = self.tape
+            poller = self._poller
+            high = self._high
+            return LedgerTotals(
+                node=self.node.name, measured_j=high("measured", book.measured_j),
+                charged_j=high("charged", book.charged_j),
+                unattributed_j=high("unattributed", book.unattributed_j),
+                foreign_j=high("foreign", book.foreign_j),
+                in_flight_j=book.in_flight_j, idle_w=self.node.idle_w,
+                mean_concurrency=book.mean_concurrency, foreign_watts=book.foreign_watts,
+                contended=book.contended, reads=tape.reads if tape else 0,
+                read_errors=tape.errors if tape else 0,
+                last_error=(tape.last_error if tape else None) or self.book.error,
+                last_reading_age_s=tape.age(self.clock()) if tape else None,
+                resets=tape.resets if tape else 0,
+                period_s=tape.steps.period if tape else None, lost_s=book.lost_s,
+                windows_open=book.windows_open, estimated_j=book.estimated_j,
+                read_seconds_max=poller.read_seconds_max if poller else 0.0,
+                backend=self.book.provenance.backend, method=self.book.provenance.method,
+            )
+
+
+def _watches_idle(node: Node) -> bool:
+    """Whether an idle node still reads at its counter's period: it watches for a foreign
+    load it subtracts, or for the upstream's load. (Other workers' load is read from the
+    host's table on the chore's own lap; sharing is the default, so it cannot set the pace.)"""
+    return node.foreign == "subtract" or node.upstream is not None
+
+
+def _reader_name(node: Node, built: Reader | None) -> str:
+    """The reader's name for people: the node's, or what a reader handed in says it is."""
+    if built is not None:
+        return built.backend
+    return "custom" if node.reader_factory is not None else node.reader
+
+
+def _target(node: Node) -> str:
+    """What the node's reader reads, for people: the URL, else the GPUs."""
+    if node.url is not None:
+        return node.url
+    if node.reader == "simulated":
+        return "an in-process simulated card loaded by this node's windows"
+    return f"GPUs {list(node.gpus)}" if node.gpus else "every GPU"
+
+
+def _fire(windows: list[Window]) -> None:
+    # Tickets in one batch per ledger and listeners; plain callbacks one by one.
+    fire(windows)
+
+
+def _waker() -> tuple[Callable[[], Awaitable[object]], Callable[[], None]]:
+    """An event to await on this loop, and a setter any thread may call."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        import trio
+
+        trio_event = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def wake_trio() -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(trio_event.set)
+
+        return trio_event.wait, wake_trio
+    event = asyncio.Event()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(event.set)
+
+    return event.wait, wake
+
+
+def _piece_event(piece: CardSpan | Gap) -> list[Any]:
+    """A piece taken from the card's holder, for the trace (replay takes it again)."""
+    if isinstance(piece, Gap):
+        return ["g", piece.t0, piece.t1, piece.why, piece.fault]
+    return ["s", *(getattr(piece, f) for f in CardSpan.__slots__)]
+
+
+__all__ = ["Ledger", "LedgerTotals", "Split", "TimeSplit", "TokenSplit", "Window"]

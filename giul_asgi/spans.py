@@ -1,0 +1,171 @@
+"""The pieces of a card's energy that pass from part to part: spans, gaps, and spans decided for the host.
+
+The tape (:mod:`giul_asgi.ledger.tape`) turns readings into :class:`Span` s of energy above
+idle and :class:`Gap` s where the energy is unknown. Several processes (the workers of one
+server, or of several servers) can draw on one card, and its energy must be charged once: the
+process that reads it (the one holding the card's lock, :mod:`giul_asgi.hostshare.cards`)
+decides, for each span, what the host's windows share of it: which windows are members (those
+that overlap the span, else the ramp-down tails of windows closed just before), how much
+window-time they cover in all, what a foreign load takes first. That decision is a
+:class:`CardSpan`, published at the card's table. Every process then takes its own part,
+``above_j x mine / (covered + unseen)``, and shares it among its own windows by the node's
+split: the parts of all processes add up to the span, whoever holds the card.
+
+A process alone on its card makes the same decision with nobody else's windows, so there is
+one way to book a span. These are plain records, imported by the ledger and the card's table
+alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Energy between ``t0`` and ``t1``: ``above_j`` over the idle floor, ``total_j`` in all.
+
+    ``stamp_s`` is how far either end may be from the true step time (0 for reads stamped
+    at read time); the book turns it into uncertainty at a window's edges. ``unc_j`` is
+    what the span's energy itself may be off by (a gauge's samples miss what happened
+    between them; a counter is exact to its millijoule).
+    """
+
+    t0: float
+    t1: float
+    above_j: float
+    total_j: float
+    stamp_s: float = 0.0
+    unc_j: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.t1 - self.t0
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Between ``t0`` and ``t1`` the card's energy is unknown, for the reason given.
+
+    ``fault`` is true when the reader failed (errors, a stale counter, a reset); false
+    where a healthy reader simply had no baseline yet (the time before its first step).
+    """
+
+    t0: float
+    t1: float
+    why: str
+    fault: bool = True
+
+
+Piece = Span | Gap
+
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """Windows' time in one span ``(t0, t1]``: of the windows that overlap it, and, where
+    none does, of the ramp-down tails of windows closed within a ramp before it; and the
+    latest close at or before ``t0`` (a neighbour's tail may still be in the span)."""
+
+    open_s: float = 0.0
+    open_n: int = 0
+    tail_s: float = 0.0
+    tail_n: int = 0
+    last_close: float = -INF
+    #: Windows open now (not only in the span): whether the card is busy.
+    open_now: int = 0
+
+    def __add__(self, other: Coverage) -> Coverage:
+        return Coverage(
+            self.open_s + other.open_s, self.open_n + other.open_n,
+            self.tail_s + other.tail_s, self.tail_n + other.tail_n,
+            max(self.last_close, other.last_close), self.open_now + other.open_now,
+        )
+
+    def by(self, tails: bool) -> float:
+        """The window-seconds that count under the span's mode."""
+        return self.tail_s if tails else self.open_s
+
+
+NOBODY = Coverage()
+
+
+@dataclass(frozen=True, slots=True)
+class CardSpan:
+    """A span of the card's energy as decided for the whole host (see the module)."""
+
+    t0: float
+    t1: float
+    #: What the windows share: the span's energy above idle, less a subtracted foreign load.
+    above_j: float
+    #: All the card drew in the span (idle included): the windows' mean power.
+    total_j: float
+    stamp_s: float
+    unc_j: float
+    #: The span's energy above idle as measured (before any foreign load was taken off).
+    measured_j: float
+    #: The members are ramp-down tails of windows closed before the span (none overlaps it).
+    tails: bool
+    #: Window-seconds of every member on the host (by the mode), and how many members.
+    covered: float
+    members: int
+    #: Window-seconds of load no process on the host sees (the upstream's requests beyond
+    #: every window here): it draws its part of the span like a window would.
+    unseen: float
+    #: Joules taken off for a foreign load before the windows share (``foreign="subtract"``).
+    foreign_j: float
+    #: Where no window covers the span, whether only the witnessed foreign level's own
+    #: doubt remains there (the card was seen quiet and no window closed a ramp before).
+    quiet: bool
+    doubt_w: float
+    #: The doubt of a subtracted foreign level (0 when nothing is subtracted).
+    foreign_unc_w: float
+    #: Asked to subtract a foreign load that nobody could look for yet: all may be foreign.
+    unwatched: bool
+    #: The witnessed foreign level (W above idle; None: not witnessed long enough), and
+    #: whether it was seen recently; whether the card's process list showed a foreign
+    #: process; whether the upstream ran load nobody here sees, lately.
+    level: float | None = None
+    level_recent: bool = False
+    processes_foreign: bool | None = None
+    unseen_recent: bool = False
+    #: The card's update period when decided (followers have no tape to learn it from).
+    period: float = 0.1
+
+    @property
+    def seconds(self) -> float:
+        return self.t1 - self.t0
+
+    def part(self, mine: float) -> float:
+        """The energy ``mine`` window-seconds of members take. A closed window's tail is a
+        member only where no window is open; where load nobody here sees is, that load takes
+        the span whole (it does not see the tail), or the tail would be counted twice."""
+        if mine <= 0 or self.covered <= 0 or (self.tails and self.unseen > 0):
+            return 0.0
+        return self.above_j * mine / (self.covered + self.unseen)
+
+    def fraction_of(self, part: float) -> float:
+        """The share of the card's span that ``part`` joules of it are (1 where nobody
+        else takes any: a lone process with no load it cannot see)."""
+        if self.above_j:
+            return min(1.0, abs(part / self.above_j))
+        return 1.0 if not self.unseen else self.covered / (self.covered + self.unseen)
+
+    @property
+    def unattributed_j(self) -> float:
+        """What no window on the host takes: the whole span where none is a member, else
+        the foreign load taken off and the unseen load's part."""
+        return self.measured_j - self.part(self.covered)
+
+    @property
+    def external_j(self) -> float:
+        """What load other than the host's windows took: foreign, and unseen."""
+        if self.covered <= 0:
+            return 0.0
+        return self.foreign_j + (self.above_j - self.part(self.covered))
+
+
+__all__ = ["NOBODY", "CardSpan", "Coverage", "Gap", "Piece", "Span"]

@@ -1,0 +1,363 @@
+"""The card's table: one process reads a card for every process of the host that draws on it.
+
+Two seats at one table stand for two processes (they are two ledgers: two files, two locks);
+real processes (spawned, killed with -9) where the kernel's part matters: the lock freed by a
+death, files left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import os
+import signal
+import struct
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from giul_asgi.config import Node
+from giul_asgi.hostshare import card_key
+from giul_asgi.hostshare import place as place_module
+from giul_asgi.hostshare.cards import SEAT_BYTES, CardTable, SeatBooks, Unusable, ledgers_on
+from giul_asgi.meter import Meter
+from giul_asgi.spans import CardSpan, Coverage, Gap
+
+KEY = "card:test"
+
+
+def span(t0: float, t1: float, above: float, covered: float, *, members: int = 2, tails: bool = False,
+         unseen: float = 0.0) -> CardSpan:
+    return CardSpan(t0, t1, above, above + 70.0 * (t1 - t0), 0.001, 0.001, above, tails=tails,
+                    covered=covered, members=members, unseen=unseen, foreign_j=0.0, quiet=False,
+                    doubt_w=0.0, foreign_unc_w=0.0, unwatched=False)
+
+
+def books(received: float = 0.0, charged: float = 0.0, forfeit: float = 0.0, in_flight: float = 0.0,
+          estimated: float = 0.0, windows: int = 0) -> SeatBooks:
+    return SeatBooks(received, charged, forfeit, in_flight, estimated, windows)
+
+
+def test_one_seat_holds_the_card_and_the_other_takes_its_part(tmp_path: Path) -> None:
+    holder, follower = CardTable(tmp_path, KEY, "n"), CardTable(tmp_path, KEY, "n")
+    try:
+        assert holder.try_hold() and not follower.try_hold()
+        follower.opened(1, 10.0)
+        follower.opened(2, 10.5)
+        follower.closed(2, 10.8)
+        holder.look(force=True)
+        coverage = holder.coverages(10.0, 11.0)[follower.name]
+        assert coverage.open_s == pytest.approx(1.0 + 0.3) and coverage.open_n == 2
+        assert coverage.open_now == 1 and coverage.last_close == -math.inf
+        # The holder's own windows covered 0.7 s of the span: the follower's part is 1.3 / 2.0.
+        decided = span(10.0, 11.0, 100.0, covered=2.0, members=3)
+        holder.publish(decided, {follower.name: coverage}, 0.1)
+        taken = follower.pending()
+        assert len(taken) == 1 and taken[0][1] == pytest.approx(1.3)
+        piece = taken[0][0]
+        assert isinstance(piece, CardSpan) and piece == decided
+        assert decided.part(1.3) + decided.part(0.7) == pytest.approx(100.0)  # the card, once
+        assert follower.pending() == []  # taken once
+    finally:
+        holder.close()
+        follower.close()
+
+
+def test_a_piece_nobody_covered_is_unattributed_and_parts_add_up(tmp_path: Path) -> None:
+    holder, follower = CardTable(tmp_path, KEY, "n"), CardTable(tmp_path, KEY, "n")
+    try:
+        holder.try_hold()
+        holder.look(force=True)
+        holder.publish(span(0.0, 1.0, 40.0, covered=0.0, members=0), {}, 0.1)
+        holder.publish(span(1.0, 2.0, 60.0, covered=1.0, unseen=1.0, members=1),
+                       {follower.name: Coverage(open_s=1.0, open_n=1)}, 0.1)
+        assert [mine for _, mine in follower.pending()] == [0.0, 1.0]
+        follower.publish_books(books(received=30.0, charged=30.0))
+        host = holder.host(books())
+        assert host.measured_j == pytest.approx(100.0)
+        # 40 J with nobody on the card, and the upstream's unseen load took half of the 60.
+        assert host.unattributed_j == pytest.approx(70.0) and host.charged_j == pytest.approx(30.0)
+        assert host.workers == 2
+        assert follower.host(books(received=30.0, charged=30.0)) == host  # the same from either
+    finally:
+        holder.close()
+        follower.close()
+
+
+def test_gaps_and_a_change_of_hands_are_published(tmp_path: Path) -> None:
+    first, second = CardTable(tmp_path, KEY, "n"), CardTable(tmp_path, KEY, "n")
+    watcher = CardTable(tmp_path, KEY, "n")
+    try:
+        assert first.try_hold()
+        first.publish(Gap(0.0, 0.5, "no baseline reading yet", fault=False), {}, 0.1)
+        first.publish(span(0.5, 1.0, 10.0, covered=0.0), {}, 0.1)
+        first.close()  # leaves: the lock is free
+        watcher.pending()
+        assert second.try_hold()
+        second.publish(span(1.4, 1.5, 5.0, covered=0.0), {}, 0.1)
+        pieces = [p for p, _ in watcher.pending()]
+        assert [type(p).__name__ for p in pieces] == ["Gap", "CardSpan"]
+        assert isinstance(pieces[0], Gap) and (pieces[0].t0, pieces[0].t1) == (1.0, 1.4)
+        assert "changed hands" in pieces[0].why and pieces[0].fault
+    finally:
+        for table in (first, second, watcher):
+            table.close()
+
+
+def test_a_departed_ledger_s_books_fold_into_the_card_s_and_never_go_down(tmp_path: Path) -> None:
+    holder, gone = CardTable(tmp_path, KEY, "n"), CardTable(tmp_path, KEY, "n")
+    try:
+        holder.try_hold()
+        holder.look(force=True)
+        holder.publish(span(0.0, 1.0, 50.0, covered=1.0, members=1), {gone.name: Coverage(1.0, 1)}, 0.1)
+        gone.pending()
+        gone.publish_books(books(received=50.0, charged=20.0, in_flight=30.0, estimated=2.0, windows=1))
+        before = holder.host(books())
+        assert before.charged_j == pytest.approx(20.0) and before.in_flight_j == pytest.approx(30.0)
+        gone.close()  # its windows never settle: what was in flight is lost with it
+        holder.look(force=True)
+        after = holder.host(books())
+        assert after.charged_j == pytest.approx(20.0) and after.estimated_j == pytest.approx(2.0)
+        assert after.unattributed_j == pytest.approx(30.0) and after.in_flight_j == pytest.approx(0.0)
+        assert after.measured_j == before.measured_j and after.workers == 1
+        assert ledgers_on(tmp_path, KEY) == [holder.name]  # its file is gone
+        holder.look(force=True)
+        assert holder.host(books()) == after  # folded once
+    finally:
+        holder.close()
+
+
+def test_odd_values_in_a_seat_count_as_nothing_and_a_torn_piece_waits(tmp_path: Path) -> None:
+    holder, odd = CardTable(tmp_path, KEY, "n"), CardTable(tmp_path, KEY, "n")
+    try:
+        holder.try_hold()
+        odd.publish_books(books(received=math.nan, charged=math.inf, windows=1))
+        host = holder.host(books(charged=1.0))
+        assert host.charged_j == 1.0 and all(math.isfinite(v) for v in
+                                              (host.measured_j, host.unattributed_j, host.in_flight_j))
+        holder.publish(span(0.0, 1.0, 5.0, covered=0.0), {}, 0.1)
+        # A byte of the published piece changes under the reader (a torn write): not taken.
+        at = 4096 + 20
+        holder.tape.mm[at] = holder.tape.mm[at] ^ 0xFF
+        assert odd.pending() == []
+        holder.tape.mm[at] = holder.tape.mm[at] ^ 0xFF
+        assert len(odd.pending()) == 1
+    finally:
+        holder.close()
+        odd.close()
+
+
+def test_a_damaged_tape_or_a_planted_link_is_refused(tmp_path: Path) -> None:
+    table = CardTable(tmp_path, KEY, "n")
+    folder = table.folder
+    table.close()
+    (folder / "tape").write_bytes(b"x" * 4096)
+    with pytest.raises(Unusable, match=r"not one of ours|bytes"):
+        CardTable(tmp_path, KEY, "n")
+    (folder / "tape").unlink()
+    os.symlink(tmp_path / "elsewhere", folder / "tape")
+    with pytest.raises(Unusable):
+        CardTable(tmp_path, KEY, "n")
+    assert not (tmp_path / "elsewhere").exists()  # nothing was written through the link
+
+
+def _hold_and_wait(directory: str, ready: Any, stop: str) -> None:
+    table = CardTable(Path(directory), KEY, "n")
+    assert table.try_hold()
+    table.opened(7, time.monotonic())
+    table.publish_books(books(received=9.0, charged=4.0, in_flight=5.0, windows=1))
+    ready.set()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_holder_killed_with_minus_9_frees_the_card_and_leaves_its_books(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Event(), tmp_path / "stop"
+    proc = ctx.Process(target=_hold_and_wait, args=(str(tmp_path), ready, str(stop)), daemon=True)
+    proc.start()
+    me = CardTable(tmp_path, KEY, "n")
+    try:
+        assert ready.wait(60)
+        assert not me.try_hold()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        deadline = time.monotonic() + 10
+        while not me.try_hold():  # the kernel frees the lock at once
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        host = me.host(books())
+        assert host.charged_j == pytest.approx(4.0)  # what it charged stays counted
+        assert host.unattributed_j == pytest.approx(5.0)  # what it had in flight is lost with it
+        assert len(ledgers_on(tmp_path, KEY)) == 1  # its seat removed by the new holder
+    finally:
+        stop.touch()
+        proc.join(10)
+        me.close()
+
+
+def test_a_killed_process_not_yet_reaped_is_dead() -> None:
+    """A zombie still answers kill(pid, 0): a worker killed with -9 under a parent slow to
+    reap it held its windows open on the card for ever (every later span shared with them)."""
+    from giul_asgi.hostshare.rows import alive, process_start
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        start = process_start(child.pid)
+        assert alive(child.pid, start)
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while alive(child.pid, start):  # a zombie now: killed, not reaped (no wait() yet)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert Path(f"/proc/{child.pid}").exists()  # still there, as a zombie
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.fixture
+def tiny_place(tmp_path: Path) -> Any:
+    """A 64 KB tmpfs: too small for one card's tape (Docker's /dev/shm is 64 MB; a full one
+    behaves the same). Needs root to mount."""
+    mount = tmp_path / "tiny"
+    mount.mkdir(mode=0o700)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=700", "tmpfs", str(mount)],
+                          capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.decode().strip() or 'not root'})")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_place_is_refused_at_join_never_a_crash(tiny_place: Path) -> None:
+    with pytest.raises(Unusable, match="No space"):
+        CardTable(tiny_place, KEY, "n")
+
+
+def test_a_ledger_on_a_full_place_says_per_process_loudly(
+    tiny_place: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from truecard import TrueCard, TrueReader
+
+    from giul_asgi.ledger import Ledger
+
+    monkeypatch.setattr(place_module, "_logged", set())
+    reader = TrueReader(TrueCard())
+    reader.card_id = "tiny"  # type: ignore[attr-defined]
+    ledger = Ledger(Node("tiny", idle_w=70.0, workers_dir=str(tiny_place)), reader)
+    with caplog.at_level(logging.WARNING, logger="giul_asgi.ledger"):
+        ledger.ensure_started()
+        _until(lambda: ledger._joined and ledger.reader is not None)
+        time.sleep(0.05)
+    try:
+        said = [r for r in caplog.records if "cannot be shared" in r.getMessage()]
+        assert len(said) == 1 and "No space" in said[0].getMessage()
+        meter = Meter(ledger)
+        meter.open()
+        meter.close()
+        assert "per process" in (meter.figure().error or "")
+        assert ledger.host_totals().workers == 1
+    finally:
+        ledger.stop(1.0)
+
+
+def _until(ok: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
+
+
+def test_a_ledger_that_cannot_share_says_so_once_and_keeps_its_own_books(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from truecard import TrueCard, TrueReader
+
+    from giul_asgi.ledger import Ledger
+
+    monkeypatch.setattr(place_module, "_logged", set())  # as in a fresh process
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    ledgers = []
+    for i in range(2):
+        reader = TrueReader(TrueCard())
+        reader.card_id = f"card-{i}"  # type: ignore[attr-defined]
+        ledgers.append(Ledger(Node(f"n{i}", idle_w=70.0, workers_dir=str(blocker / "sub")), reader))
+    with caplog.at_level(logging.INFO, logger="giul_asgi.hostshare"):
+        for ledger in ledgers:
+            ledger.ensure_started()
+        for ledger in ledgers:
+            _until(lambda ledger=ledger: ledger._joined)
+    try:
+        said = [r for r in caplog.records if "per process" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING and "cannot use" in said[0].getMessage()
+        for ledger in ledgers:
+            host = ledger.host_totals()
+            assert host.workers == 1 and host.charged_j == ledger.totals().charged_j
+            # ... and every figure says so (issue 16 item 1): it cannot see other workers.
+            meter = Meter(ledger)
+            meter.open()
+            meter.close()
+            assert "per process" in (meter.figure().error or "")
+    finally:
+        for ledger in ledgers:
+            ledger.stop(1.0)
+
+
+def test_the_table_holds_one_file_per_live_ledger_and_removes_the_departed(tmp_path: Path) -> None:
+    holder = CardTable(tmp_path, KEY, "n")
+    holder.try_hold()
+    seats = [CardTable(tmp_path, KEY, "n") for _ in range(5)]
+    try:
+        assert len(ledgers_on(tmp_path, KEY)) == 6
+        for seat in seats[:4]:
+            seat.close()
+        holder.look(force=True)
+        assert sorted(ledgers_on(tmp_path, KEY)) == sorted([holder.name, seats[4].name])
+        files = sorted(p.name for p in holder.folder.iterdir())
+        assert files == sorted(["lock", "tape", holder.name, seats[4].name])
+        assert (holder.folder / seats[4].name).stat().st_size == SEAT_BYTES
+    finally:
+        holder.close()
+        seats[4].close()
+
+
+def test_a_seat_of_a_dead_process_is_folded_even_if_it_never_said_goodbye(tmp_path: Path) -> None:
+    holder = CardTable(tmp_path, KEY, "n")
+    holder.try_hold()
+    ghost = CardTable(tmp_path, KEY, "n")
+    ghost.publish_books(books(received=3.0, charged=3.0))
+    name = ghost.name
+    pid_at = 8
+    struct.pack_into("<Q", ghost.seat.mm, pid_at, 2**22 + 12345)  # a pid that does not run
+    try:
+        holder.look(force=True)
+        assert name not in ledgers_on(tmp_path, KEY)
+        assert holder.host(books()).charged_j == pytest.approx(3.0)
+    finally:
+        holder.close()
+
+
+# -- the card's key ----------------------------------------------------------------------------
+
+def test_a_card_is_keyed_by_its_uuids_or_its_name_where_the_reader_says_it() -> None:
+    nvml_like = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-b"), SimpleNamespace(uuid="GPU-a")])
+    both = "uuid:GPU-a+GPU-b"
+    assert card_key(Node("one"), nvml_like) == card_key(Node("two", gpus=(3,)), nvml_like) == both
+    assert card_key(Node("x"), SimpleNamespace(uuids=("GPU-c",))) == "uuid:GPU-c"
+    half = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-a"), SimpleNamespace(uuid=None)])
+    assert card_key(Node("x"), half) == card_key(Node("x"), None) == "node:x|auto|gpus=0"
+    assert card_key(Node("y", reader="agent", url="http://h:1")) == "node:y|agent|http://h:1"
+    assert card_key(Node("z", reader="simulated")) is None  # a card inside this process
+    # A reader made in code is shared only where it says which card it reads.
+    assert card_key(Node("c"), SimpleNamespace(), custom=True) is None
+    assert card_key(Node("c"), SimpleNamespace(card_id="bay-3"), custom=True) == "card:bay-3"
