@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import logs
 from ..config import Node, Route, Tier
 from ..context import meter_var
 from ..errors import ConfigError, GiulError
@@ -108,6 +109,7 @@ class EnergyMiddleware:
         **settings: Any,
     ) -> None:
         self.app = app
+        logs.show()  # our startup lines and reader failures, visible under a plain server
         if isinstance(tenant, str):  # a header name is a plain setting; a function is held
             settings["tenant_header"], tenant = tenant, None
         if stats is not None and "max_tenants" in settings:
