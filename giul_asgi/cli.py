@@ -2,6 +2,7 @@
 
     giul-asgi demo                 a metered OpenAI-compatible gateway over a simulated GPU server
     giul-asgi demo --load 200      ... sends 200 mixed requests, prints what they cost, exits
+    giul-asgi demo --load 200 --target URL   ... to a gateway already running (a demo, yours)
     giul-asgi demo --upstream URL  ... meters a real upstream (vLLM, TGI, llama.cpp) instead
     giul-asgi probe [--json]       what each GPU (or agent, dcgm-exporter, dcgmi) answers, measured
     giul-asgi probe --idle 30      ... and the idle floor through every reader it reaches
@@ -84,13 +85,27 @@ def _env_port(name: str, default: int) -> int:
 
 
 # -- demo ----------------------------------------------------------------------------------------
+def _check_demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--target`` loads a running gateway: it needs ``--load`` and starts no server."""
+    if args.target is None:
+        return
+    if args.load <= 0:
+        parser.error("--target needs --load N (the requests to send it)")
+    starting = [name for name, given in (("--serve", args.serve), ("--upstream", args.upstream),
+                                         ("--config", args.config), ("--idle-w", args.idle_w))
+                if given not in (None, False)]
+    if starting:
+        parser.error(f"--target loads a gateway already running; {', '.join(starting)} "
+                     "would start one: drop them, or drop --target")
+
+
 def demo(args: argparse.Namespace) -> int:
     from .demo.server import DemoOptions, run_demo
 
     options = DemoOptions(
         host=args.host, port=args.port, upstream_port=args.upstream_port, upstream=args.upstream,
         config=Path(args.config) if args.config else None, idle_w=args.idle_w, load=args.load,
-        concurrency=args.concurrency, serve=args.serve, seed=args.seed,
+        concurrency=args.concurrency, serve=args.serve, seed=args.seed, target=args.target,
     )
     return asyncio.run(run_demo(options, say=lambda line: print(line, flush=True)))
 
@@ -139,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send N mixed requests, print the joules table, exit (unless --serve)")
     d.add_argument("--concurrency", type=count(1), default=16, help="requests in flight (default 16)")
     d.add_argument("--serve", action="store_true", help="keep serving after --load")
+    d.add_argument("--target", type=url, default=None, metavar="URL",
+                   help="with --load: send it to this running gateway (http://host:port, a demo "
+                        "or your own) instead of starting one")
     d.add_argument("--seed", type=int, default=0, help="seed of the load's mix and the cards")
     d.add_argument("--upstream", type=url, default=None, metavar="URL",
                    help="meter this OpenAI-compatible upstream (http://host:port/v1) instead of "
@@ -187,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command == "probe":
             _check_probe(parser, args)
+        if args.command == "demo":
+            _check_demo(parser, args)
     except SystemExit as exc:  # --help, --version (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else 2
     started = time.perf_counter()
