@@ -44,7 +44,8 @@ class ServerHandler(logging.Handler):
             if _printed_elsewhere(record.name, self):
                 return
             ours = logging.makeLogRecord(record.__dict__)
-            ours.msg, ours.args = PREFIX + record.getMessage(), None
+            text = record.getMessage()
+            ours.msg, ours.args = text if text.startswith(PREFIX) else PREFIX + text, None
             ours.exc_info, ours.exc_text = record.exc_info, record.exc_text
             server = _server_logger()
             if server is not None:
