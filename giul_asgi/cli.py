@@ -4,15 +4,17 @@
     giul-asgi demo --load 200      ... sends 200 mixed requests, prints what they cost, exits
     giul-asgi demo --load 200 --target URL   ... to a gateway already running (a demo, yours)
     giul-asgi demo --upstream URL  ... meters a real upstream (vLLM, TGI, llama.cpp) instead
-    giul-asgi probe [--json]       what each GPU (or agent, dcgm-exporter, dcgmi) answers, measured
+    giul-asgi probe                what each GPU (or agent, dcgm-exporter, dcgmi) answers, measured
+    giul-asgi probe --no-local --agent URL   ... what a remote agent answers (--json: as JSON)
     giul-asgi probe --idle 30      ... and the idle floor through every reader it reaches
     giul-asgi agent                serve this host's GPU counters to remote gateways
     giul-asgi replay TRACE         a node's trace (Node(trace=DIR)) run again: each figure, the books
     giul-asgi replay TRACE --split tokens   ... as another split would have charged it, per route and tier
     giul-asgi --version
 
-Exit status: 0 done, 2 bad usage or configuration, 1 a runtime failure (a port taken, an
-upstream that never came up, requests that failed).
+Every option: docs/cli.md (generated from this parser). Exit status: 0 done, 2 bad usage or
+configuration, 1 a runtime failure (a port taken, an upstream that never came up, requests
+that failed).
 """
 
 from __future__ import annotations
@@ -137,7 +139,8 @@ def replay(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="giul-asgi", description="What each answer of an LLM gateway cost in joules.",
-        epilog="Exit status: 0 done, 2 bad usage or configuration, 1 a runtime failure.")
+        epilog="Every option: docs/cli.md. Exit status: 0 done, 2 bad usage or configuration, "
+               "1 a runtime failure.")
     parser.add_argument("--version", action="version", version=f"giul-asgi {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,probe,agent,replay}")
 
