@@ -9,8 +9,10 @@ and once only where the app configured logging itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -67,7 +69,8 @@ def output_of(tmp_path: Path, server: str, configure: str = "",
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     process = subprocess.Popen([sys.executable, *SERVERS[server]], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")),  # type: ignore[union-attr]
                               daemon=True)
@@ -87,6 +90,8 @@ def output_of(tmp_path: Path, server: str, configure: str = "",
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        with contextlib.suppress(ProcessLookupError):  # a worker its master left behind
+            os.killpg(process.pid, signal.SIGKILL)
         reader.join(10)
         if process.stdout is not None:
             process.stdout.close()

@@ -3,7 +3,9 @@ and its remedy, the server stopped, and no traceback to dig through (issue 16 it
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -97,14 +99,19 @@ def serve(tmp_path: Path, server: str) -> tuple[int, str]:
     }[server]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
-    try:
-        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=90)
-    except subprocess.TimeoutExpired as exc:  # it kept serving: the startup did not stop
-        out = "".join(part.decode() if isinstance(part, bytes) else part or ""
-                      for part in (exc.stdout, exc.stderr))
-        raise AssertionError(f"{server} kept serving a bad setting:\n{out}") from None
-    return done.returncode, done.stdout + done.stderr
+    # A session of its own: a server that keeps serving is stopped with all its workers.
+    with subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as process:
+        try:
+            out, _ = process.communicate(timeout=90)
+        except subprocess.TimeoutExpired:  # it kept serving: the startup did not stop
+            os.killpg(process.pid, signal.SIGKILL)
+            out, _ = process.communicate()
+            raise AssertionError(f"{server} kept serving a bad setting:\n{out}") from None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # a worker its master left behind
+    return process.returncode, out
 
 
 def assert_one_line(out: str, words: list[str]) -> None:
