@@ -238,7 +238,6 @@ def create_app(config: GatewayConfig, *, meter: bool = True, timeout: httpx.Time
 def _add_energy(app: FastAPI, config: GatewayConfig) -> None:
     """giul-asgi on the whole app: every /v1 request metered on the node of its model."""
     from giul_asgi import EnergyMiddleware, Route
-    from giul_asgi.asgi.options import DEFAULT_EXCLUDE
 
     first = config.models[0]
     app.add_middleware(
@@ -248,7 +247,7 @@ def _add_energy(app: FastAPI, config: GatewayConfig) -> None:
         # A request lands on its model's node once the handler has read the body (bind);
         # until then, and for a request that names no known model, on the first model's.
         routes=[Route("/v1/*", node=first.node, tier=first.tier)],
-        exclude=(*DEFAULT_EXCLUDE, "/v1/models"),  # listing models costs no card any energy
+        exclude=["/v1/models"],  # listing models costs no card any energy
     )
 
 

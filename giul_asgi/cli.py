@@ -2,16 +2,19 @@
 
     giul-asgi demo                 a metered OpenAI-compatible gateway over a simulated GPU server
     giul-asgi demo --load 200      ... sends 200 mixed requests, prints what they cost, exits
+    giul-asgi demo --load 200 --target URL   ... to a gateway already running (a demo, yours)
     giul-asgi demo --upstream URL  ... meters a real upstream (vLLM, TGI, llama.cpp) instead
-    giul-asgi probe [--json]       what each GPU (or agent, dcgm-exporter, dcgmi) answers, measured
+    giul-asgi probe                what each GPU (or agent, dcgm-exporter, dcgmi) answers, measured
+    giul-asgi probe --no-local --agent URL   ... what a remote agent answers (--json: as JSON)
     giul-asgi probe --idle 30      ... and the idle floor through every reader it reaches
     giul-asgi agent                serve this host's GPU counters to remote gateways
     giul-asgi replay TRACE         a node's trace (Node(trace=DIR)) run again: each figure, the books
     giul-asgi replay TRACE --split tokens   ... as another split would have charged it, per route and tier
     giul-asgi --version
 
-Exit status: 0 done, 2 bad usage or configuration, 1 a runtime failure (a port taken, an
-upstream that never came up, requests that failed).
+Every option: docs/cli.md (generated from this parser). Exit status: 0 done, 2 bad usage or
+configuration, 1 a runtime failure (a port taken, an upstream that never came up, requests
+that failed).
 """
 
 from __future__ import annotations
@@ -84,13 +87,27 @@ def _env_port(name: str, default: int) -> int:
 
 
 # -- demo ----------------------------------------------------------------------------------------
+def _check_demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--target`` loads a running gateway: it needs ``--load`` and starts no server."""
+    if args.target is None:
+        return
+    if args.load <= 0:
+        parser.error("--target needs --load N (the requests to send it)")
+    starting = [name for name, given in (("--serve", args.serve), ("--upstream", args.upstream),
+                                         ("--config", args.config), ("--idle-w", args.idle_w))
+                if given not in (None, False)]
+    if starting:
+        parser.error(f"--target loads a gateway already running; {', '.join(starting)} "
+                     "would start one: drop them, or drop --target")
+
+
 def demo(args: argparse.Namespace) -> int:
     from .demo.server import DemoOptions, run_demo
 
     options = DemoOptions(
         host=args.host, port=args.port, upstream_port=args.upstream_port, upstream=args.upstream,
         config=Path(args.config) if args.config else None, idle_w=args.idle_w, load=args.load,
-        concurrency=args.concurrency, serve=args.serve, seed=args.seed,
+        concurrency=args.concurrency, serve=args.serve, seed=args.seed, target=args.target,
     )
     return asyncio.run(run_demo(options, say=lambda line: print(line, flush=True)))
 
@@ -115,7 +132,8 @@ def replay(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="giul-asgi", description="What each answer of an LLM gateway cost in joules.",
-        epilog="Exit status: 0 done, 2 bad usage or configuration, 1 a runtime failure.")
+        epilog="Every option: docs/cli.md. Exit status: 0 done, 2 bad usage or configuration, "
+               "1 a runtime failure.")
     parser.add_argument("--version", action="version", version=f"giul-asgi {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,probe,agent,replay}")
 
@@ -132,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send N mixed requests, print the joules table, exit (unless --serve)")
     d.add_argument("--concurrency", type=count(1), default=16, help="requests in flight (default 16)")
     d.add_argument("--serve", action="store_true", help="keep serving after --load")
+    d.add_argument("--target", type=url, default=None, metavar="URL",
+                   help="with --load: send it to this running gateway (http://host:port, a demo "
+                        "or your own) instead of starting one")
     d.add_argument("--seed", type=int, default=0, help="seed of the load's mix and the cards")
     d.add_argument("--upstream", type=url, default=None, metavar="URL",
                    help="meter this OpenAI-compatible upstream (http://host:port/v1) instead of "
@@ -180,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.command == "probe":
             _check_probe(parser, args)
+        if args.command == "demo":
+            _check_demo(parser, args)
     except SystemExit as exc:  # --help, --version (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else 2
     started = time.perf_counter()

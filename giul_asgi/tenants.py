@@ -22,6 +22,7 @@ Nothing here imports the rest of the package: the statistics and the middleware 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import inspect
 import logging
@@ -99,20 +100,53 @@ def header_name(value: Any) -> str:
     return value.strip().lower()
 
 
-class FromHeader:
-    """The tenant of a request from one header: the hash of its first value (never the value)."""
+#: A tenant header that none of a process's first this many requests carries is logged, once.
+UNSEEN_AFTER = 50
+_MAX_NAMES_SEEN = 64
 
-    __slots__ = ("name",)
+
+class FromHeader:
+    """The tenant of a request from one header: the hash of its first value (never the value).
+
+    A header name that none of the first :data:`UNSEEN_AFTER` requests carries (a typo such
+    as ``tenant="autorization"``) would leave every tenant null, silently: it is logged once,
+    with the header name seen that comes closest (names only, never a value)."""
+
+    __slots__ = ("_left", "_names", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name.encode("latin-1")
+        self._left = UNSEEN_AFTER  # requests left before the warning; -1: decided
+        self._names: set[bytes] = set()
 
     def __call__(self, scope: Scope) -> str | None:
         name = self.name
-        for key, value in scope.get("headers", ()):
+        headers = scope.get("headers", ())
+        for key, value in headers:
             if key.lower() == name:
+                self._left = -1
                 return hashed(value)
+        if self._left >= 0:
+            self._missed(headers)
         return None
+
+    def _missed(self, headers: Any) -> None:
+        names = self._names
+        for key, _ in headers:
+            if len(names) < _MAX_NAMES_SEEN:
+                names.add(bytes(key).lower())
+        self._left -= 1
+        if self._left > 0:
+            return
+        self._left = -1
+        header = self.name.decode("latin-1")
+        seen = sorted(n.decode("latin-1") for n in names)
+        close = difflib.get_close_matches(header, seen, n=1, cutoff=0.6)
+        hint = f"did you mean tenant={close[0]!r}? " if close else ""
+        self._names = set()
+        log.warning("giul-asgi: none of the first %d requests carried the tenant header %r, so "
+                    "their tenant is null; %sheaders seen: %s (logged once)", UNSEEN_AFTER, header,
+                    hint, ", ".join(seen) or "none")
 
 
 class FromCallable:
@@ -280,7 +314,7 @@ class TenantPlaces:
 
 
 __all__ = [
-    "DEFAULT_MAX_TENANTS", "HASH_HEX", "KEY_PREFIX", "MAX_NAME", "OTHER", "FromCallable",
+    "DEFAULT_MAX_TENANTS", "HASH_HEX", "KEY_PREFIX", "MAX_NAME", "OTHER", "UNSEEN_AFTER", "FromCallable",
     "FromHeader", "TenantPlaces", "TenantSetting", "hashed", "header_name", "tenant_name",
     "tenant_source",
 ]

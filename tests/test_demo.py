@@ -12,6 +12,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -252,3 +253,44 @@ def test_load_prints_the_table_and_exits() -> None:
     assert rows and all("simulated" in row for row in rows), out
     assert "12 requests in" in out and "(0 failed)" in out
     assert {row.split()[0] for row in rows} <= {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+
+
+def test_load_can_target_a_gateway_already_running(api: str) -> None:
+    """``--load N --target URL`` loads the demo serving beside it (no port clash: it starts
+    nothing). Last in the module: the totals test above counts only its own requests."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "giul_asgi", "demo", "--load", "6", "--concurrency", "3",
+         "--target", api + "/v1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"loading the gateway at {api}" in done.stdout and "6 requests in" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("/v1/")]
+    assert rows and all("simulated" in row for row in rows), done.stdout
+    assert "the gateway is up" not in done.stdout  # nothing of its own started
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--target", "http://127.0.0.1:9"], "--target needs --load"),
+    (["--load", "2", "--target", "http://127.0.0.1:9", "--serve"], "--serve would start one"),
+])
+def test_target_without_load_or_with_a_server_of_its_own_is_a_usage_error(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from giul_asgi.cli import main
+
+    assert main(["demo", *args]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_target_that_does_not_answer_is_one_line_and_its_remedy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from giul_asgi.cli import main
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert main(["demo", "--load", "2", "--target", f"http://127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot load the gateway at http://127.0.0.1:{port}" in err and "check --target" in err

@@ -135,6 +135,26 @@ async def test_only_loopback_clients_by_default() -> None:
 
 
 @pytest.mark.anyio
+async def test_the_loopback_refusal_names_the_middlewares_own_settings() -> None:
+    """The 403's remedy said "give it a token= or a guard="; the middleware's settings are
+    endpoint_token= and endpoint_guard=, and token= is itself a bad setting (issue 21)."""
+    from starlette.applications import Starlette
+
+    from giul_asgi import EnergyMiddleware, Ledgers, Node
+
+    app = EnergyMiddleware(Starlette(), nodes=[Node("n", reader="none")], ledgers=Ledgers())
+    async with client(app, host="10.1.2.3") as c:
+        r = await c.get("/energy")
+    remedy = r.json()["remedy"]
+    assert r.status_code == 403 and "endpoint_token=" in remedy and "endpoint_guard=" in remedy
+    assert " token=" not in remedy and " guard=" not in remedy
+    standalone = EnergyEndpoint(stats=fed_stats(), ledgers=[])  # its own settings: token=, guard=
+    async with client(standalone, host="10.1.2.3") as c:
+        remedy = (await c.get("/energy")).json()["remedy"]
+    assert "set token=" in remedy and "guard=" in remedy and "endpoint_" not in remedy
+
+
+@pytest.mark.anyio
 async def test_a_token_is_required_when_given_from_anywhere() -> None:
     app = EnergyEndpoint(stats=fed_stats(), ledgers=[], token="s3cret-token-0123", metrics_path="/metrics")
     async with client(app, host="10.1.2.3") as c:

@@ -11,7 +11,16 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount
 from starlette.routing import Route as StarletteRoute
 
-from giul_asgi.asgi.routing import UNMATCHED, PathSet, Router, mount_template, route_template
+from giul_asgi.asgi.routing import (
+    NEVER_METERED,
+    UNMATCHED,
+    PathSet,
+    Router,
+    Target,
+    app_documents,
+    mount_template,
+    route_template,
+)
 from giul_asgi.config import Node, Route, Tier
 from giul_asgi.errors import ConfigError
 
@@ -67,17 +76,63 @@ def test_labels_stay_bounded_over_many_tenants() -> None:
     assert labels == {"/tenants/{tid}/items/{item}"}
 
 
-def test_routes_match_templates_globs_and_fall_back() -> None:
+def target(router: Router, path: str) -> Target:
+    found = router.match({"path": path})
+    assert found is not None, path
+    return found
+
+
+def test_routes_match_templates_globs_and_nothing_else() -> None:
     a, b = Node("a"), Node("b")
     router = Router(
         [a, b], [Tier("8b")],
         [Route("/v1/models/{id}", node="b", tier="8b"), Route("/v1/*", node="a")],
         default_node=a, default_tier=None,
     )
-    assert router.match({"path": "/v1/models/llama"}).node == b
-    assert router.match({"path": "/v1/models/llama"}).label == "/v1/models/{id}"
-    assert router.match({"path": "/v1/chat"}).label == "/v1/*"
-    assert router.match({"path": "/x"}).label == UNMATCHED
+    assert target(router, "/v1/models/llama").node == b
+    assert target(router, "/v1/models/llama").label == "/v1/models/{id}"
+    assert target(router, "/v1/chat").label == "/v1/*"
+    assert router.match({"path": "/x"}) is None  # declared routes only: /x is not metered
+    assert router.match({"path": "/x"}) is None  # (cached as such)
+
+
+def test_without_routes_every_path_falls_to_the_default_and_a_catch_all_asks_for_more() -> None:
+    a, b = Node("a"), Node("b")
+    everything = Router([a], [], [], default_node=a, default_tier=None)
+    assert target(everything, "/x").label == UNMATCHED and target(everything, "/x").node == a
+    more = Router([a, b], [], [Route("/v1/*", node="b"), Route("/*", node="a")],
+                  default_node=a, default_tier=None)
+    assert target(more, "/v1/chat").node == b and target(more, "/x").node == a
+
+
+def test_decide_meters_what_it_routes_beside_the_declared_routes() -> None:
+    a, b = Node("a"), Node("b")
+    router = Router([a, b], [], [Route("/v1/*", node="a")], default_node=a, default_tier=None,
+                    decide=lambda scope: ("b", None) if scope["path"] == "/special" else None)
+    assert target(router, "/special").node == b and target(router, "/special").label == UNMATCHED
+    assert router.match({"path": "/other"}) is None
+    assert target(router, "/v1/x").node == a
+
+
+def test_the_app_documents_are_found_where_the_app_says() -> None:
+    from fastapi import FastAPI
+    from starlette.staticfiles import StaticFiles
+
+    app = FastAPI(openapi_url="/api/schema.json", docs_url="/api/docs", redoc_url=None)
+    app.mount("/assets", StaticFiles(directory=".", check_dir=False))
+    sub = Starlette(routes=[Mount("/img", app=StaticFiles(directory=".", check_dir=False))])
+    app.mount("/ui", sub)
+    found = set(app_documents(app))
+    assert {"/api/schema.json", "/api/docs", "/docs/oauth2-redirect"} <= found
+    assert {"/assets", "/assets/*", "/ui/img", "/ui/img/*"} <= found
+    assert app_documents(object()) == []
+    paths = PathSet(NEVER_METERED)
+    paths.add(found)
+    for path in ("/healthz", "/health/live", "/openapi.json", "/assets/app.js", "/ui/img/a/b.png",
+                 "/api/docs"):
+        assert path in paths, path
+    for path in ("/v1/chat/completions", "/assetsx", "/docsx", "/ui/other"):
+        assert path not in paths, path
 
 
 @pytest.mark.parametrize(

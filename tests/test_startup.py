@@ -3,10 +3,15 @@ and its remedy, the server stopped, and no traceback to dig through (issue 16 it
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 APP = textwrap.dedent("""
     from starlette.applications import Starlette
@@ -31,3 +36,145 @@ def test_a_reader_that_cannot_work_stops_uvicorn_with_its_remedy_and_no_tracebac
     assert "giul-asgi: NVML" in out and "reader='none'" in out  # the reason and the remedy
     assert "Application startup failed" in out
     assert "Traceback" not in out and "CancelledError" not in out, out
+
+
+# -- a bad setting stops the startup, however the middleware is added (issue 21 item 1) ---------
+#
+# Starlette and FastAPI build the middleware stack at the first ASGI call, the lifespan's: a
+# ConfigError raised there made uvicorn (lifespan "auto") log "ASGI 'lifespan' protocol
+# appears unsupported.", start, and answer every request 500 with a traceback. Each case is a
+# real server over an app module as a user writes it; the server must stop, non-zero, with
+# one line that names the setting and its remedy, and no traceback.
+
+BLOCK_PROMETHEUS = textwrap.dedent("""
+    # Makes prometheus-client unimportable in this process, as on a host without the extra.
+    import sys
+
+    class _Blocked:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "prometheus_client":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, _Blocked())
+""")
+
+HEAD = {
+    "starlette": "from starlette.applications import Starlette\napp = Starlette()\n",
+    "fastapi": "from fastapi import FastAPI\napp = FastAPI()\n\n@app.get('/x')\ndef x():\n    return {}\n",
+}
+NODE = "nodes=[Node('sim', reader='simulated')]"
+#: setting -> what the one line must say (the setting, then its remedy)
+CASES = {
+    "typo": ("energy_in_usgae=True", ["energy_in_usgae=", "energy_in_usage="]),
+    "negative": ("settle_timeout=-1", ["settle_timeout=-1", "settle_timeout=0.5"]),
+    "undeclared": ("routes=[Route('/v1/*', node='gpu2')]", ["node 'gpu2'", "nodes=[...]"]),
+    "prometheus": ("metrics_path='/metrics'", ["prometheus-client", "giul-asgi[prometheus]"]),
+    "token": ("token='x' * 32", ["token=", "endpoint_token="]),
+}
+
+
+def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
+    """``app.py`` in ``tmp_path``: the framework's app with the middleware added ``way``."""
+    text = HEAD[framework] + "from giul_asgi import EnergyMiddleware, Node, Route\n"
+    if way == "add_middleware":
+        text += f"app.add_middleware(EnergyMiddleware, {NODE}, {setting})\n"
+    else:
+        text += f"app = EnergyMiddleware(app, {NODE}, {setting})\n"
+    (tmp_path / "app.py").write_text(text)
+    if "metrics_path" in setting:
+        (tmp_path / "sitecustomize.py").write_text(BLOCK_PROMETHEUS)
+    return tmp_path
+
+
+def serve(tmp_path: Path, server: str) -> tuple[int, str]:
+    """Run ``server`` over ``app:app`` until it exits; its status and everything it said."""
+    command = {
+        "uvicorn": [sys.executable, "-m", "uvicorn", "app:app", "--port", "0"],
+        "uvicorn-lifespan-on": [sys.executable, "-m", "uvicorn", "app:app", "--port", "0",
+                                "--lifespan", "on"],
+        "gunicorn": [sys.executable, "-m", "gunicorn", "app:app", "-b", "127.0.0.1:0",
+                     "-k", "uvicorn_worker.UvicornWorker", "-w", "1"],
+        "hypercorn": [sys.executable, "-m", "hypercorn", "app:app", "-b", "127.0.0.1:0"],
+    }[server]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    # A session of its own: a server that keeps serving is stopped with all its workers.
+    with subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as process:
+        try:
+            out, _ = process.communicate(timeout=90)
+        except subprocess.TimeoutExpired:  # it kept serving: the startup did not stop
+            os.killpg(process.pid, signal.SIGKILL)
+            out, _ = process.communicate()
+            raise AssertionError(f"{server} kept serving a bad setting:\n{out}") from None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # a worker its master left behind
+    return process.returncode, out
+
+
+def assert_one_line(out: str, words: list[str]) -> None:
+    lines = [line for line in out.splitlines() if "giul-asgi: " in line]
+    assert len(lines) == 1, out
+    position = [lines[0].find(word) for word in words]
+    assert all(p >= 0 for p in position) and position == sorted(position), out  # setting, remedy
+
+
+@pytest.mark.parametrize(("case", "framework", "way"), [
+    ("typo", "starlette", "add_middleware"),
+    ("negative", "fastapi", "add_middleware"),
+    ("undeclared", "fastapi", "wrapped"),
+    ("prometheus", "fastapi", "add_middleware"),
+    ("token", "starlette", "wrapped"),
+])
+def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
+    tmp_path: Path, case: str, framework: str, way: str,
+) -> None:
+    setting, words = CASES[case]
+    status, out = serve(app_module(tmp_path, framework, way, setting), "uvicorn")
+    assert status != 0, out
+    assert "Application startup failed" in out and "lifespan' protocol appears unsupported" not in out
+    assert "Traceback" not in out, out
+    assert_one_line(out, words)
+
+
+@pytest.mark.parametrize("way", ["add_middleware", "wrapped"])
+@pytest.mark.parametrize("server", ["uvicorn-lifespan-on", "gunicorn"])
+def test_a_bad_setting_stops_uvicorn_lifespan_on_and_gunicorn(tmp_path: Path, server: str, way: str) -> None:
+    setting, words = CASES["typo"]
+    status, out = serve(app_module(tmp_path, "fastapi", way, setting), server)
+    assert status != 0, out
+    assert "Traceback" not in out, out
+    assert_one_line(out, words)
+    if server == "gunicorn":
+        assert "Worker failed to boot" in out, out
+
+
+@pytest.mark.parametrize("way", ["add_middleware", "wrapped"])
+def test_a_bad_setting_stops_hypercorn(tmp_path: Path, way: str) -> None:
+    """Hypercorn stops too, with our line last. It prints a traceback for any app whose
+    startup fails, and with its default single worker exits 0 (hypercorn 0.18's ``run``
+    drops the worker's status): neither is ours to change, so neither is asserted."""
+    pytest.importorskip("hypercorn")
+    setting = CASES["token"][0]
+    _, out = serve(app_module(tmp_path, "starlette", way, setting), "hypercorn")
+    assert "giul-asgi: token= is not a middleware setting" in out.strip().splitlines()[-1], out
+    assert "Running on" not in out, out  # it never served
+
+
+def test_a_bad_setting_built_by_a_person_still_raises() -> None:
+    """A test, a script or a REPL that builds the middleware gets the ConfigError itself."""
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from giul_asgi import ConfigError, EnergyMiddleware
+
+    with pytest.raises(ConfigError, match="did you mean endpoint_token="):
+        EnergyMiddleware(Starlette(), token="x" * 32)
+    app = Starlette()
+    app.add_middleware(EnergyMiddleware, energy_in_usgae=True)
+    with pytest.raises(ConfigError, match="energy_in_usage="), TestClient(app):
+        pass  # the lifespan startup fails, and the test client raises the error
+    with pytest.raises(ConfigError, match="energy_in_usage="):
+        TestClient(app).get("/")  # no lifespan: the request raises it, as the build would have

@@ -25,7 +25,7 @@ from giul_asgi.exporters.prometheus import EnergyCollector, prometheus_text
 from giul_asgi.exporters.sink import JsonLinesSink
 from giul_asgi.serve.endpoint import EnergyEndpoint
 from giul_asgi.stats import OTHER, EnergyStats
-from giul_asgi.tenants import MAX_NAME, TenantPlaces, hashed, tenant_name
+from giul_asgi.tenants import MAX_NAME, UNSEEN_AFTER, TenantPlaces, hashed, tenant_name, tenant_source
 
 SECRET = "sk-live-4f9c2a7be01d44c39a1f"
 J_PER_TOKEN = 0.3  # Tier("8b", 300.0): 300 J per 1k tokens, estimated (no reader)
@@ -125,6 +125,44 @@ async def test_a_secret_is_hashed_and_never_stored_exported_or_logged(
     for text in (energy_json, metrics, (tmp_path / "energy.jsonl").read_text(), caplog.text,
                  body.decode(), repr(head), repr(energy.as_dict())):
         assert SECRET not in text and SECRET[3:15] not in text
+
+
+def test_a_tenant_header_no_request_carries_is_logged_once_with_the_one_meant(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``tenant="autorization "`` left every tenant null forever, silently (issue 21)."""
+    caplog.set_level(logging.WARNING, logger="giul_asgi.tenants")
+    source = tenant_source("autorization ")
+    assert source is not None
+    scope = {"headers": [(b"authorization", f"Bearer {SECRET}".encode()), (b"host", b"gw")]}
+    for _ in range(UNSEEN_AFTER - 1):
+        assert source(scope) is None
+    assert not caplog.records  # not before the first UNSEEN_AFTER requests have been seen
+    for _ in range(3 * UNSEEN_AFTER):
+        assert source(scope) is None
+    [warning] = caplog.records
+    text = warning.getMessage()
+    assert "'autorization'" in text and "did you mean tenant='authorization'?" in text
+    assert SECRET not in text and SECRET[3:15] not in text  # names only, never a value
+
+
+def test_a_tenant_header_seen_once_early_is_never_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="giul_asgi.tenants")
+    source = tenant_source("x-api-key")
+    assert source is not None
+    assert source({"headers": [(b"x-api-key", b"k1")]}) is not None
+    for _ in range(2 * UNSEEN_AFTER):  # most requests carry no key (health checks, anonymous)
+        assert source({"headers": []}) is None
+    assert not caplog.records
+
+
+@pytest.mark.anyio
+async def test_the_middleware_says_so_for_a_misspelt_tenant_header(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="giul_asgi.tenants")
+    mw = middleware(tenant="autorization ")
+    for _ in range(UNSEEN_AFTER):
+        await call(mw, [(b"authorization", f"Bearer {SECRET}".encode())])
+    assert [r.getMessage().count("autorization") for r in caplog.records] == [1]
 
 
 @pytest.mark.anyio

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import logs
 from ..config import Node, Route, Tier
 from ..context import meter_var
 from ..errors import ConfigError, GiulError
@@ -31,9 +33,10 @@ from ..records import RecordStore
 from ..serve.access import check_token
 from ..tenants import TenantSetting, tenant_source
 from .exchange import Exchange
-from .options import Options, check_callable
+from .options import Options, check_callable, check_names
 from .responders import choose
-from .routing import Decider, PathSet, Router
+from .routing import NEVER_METERED, Decider, PathSet, Router, app_documents
+from .startup import fails_the_startup, failure_line
 
 if TYPE_CHECKING:
     from ..serve.access import Guard
@@ -60,7 +63,10 @@ class EnergyMiddleware:
     """Meters every HTTP request of ``app`` on the node its route runs on.
 
     With no ``nodes`` it meters one local node over every visible GPU (``unknown`` where
-    there are none). With nodes and no ``routes``, the first node takes every request.
+    there are none). With no ``routes``, every request is metered, on the first node; with
+    routes, only the requests they match (``Route("/*", node=...)`` last asks for the rest).
+    Health checks, the framework's documents and static mounts are never touched
+    (:data:`~giul_asgi.asgi.routing.NEVER_METERED`; ``exclude=[...]`` adds paths).
     ``decide(scope) -> (node, tier) | None`` routes anything patterns cannot; a handler can
     re-bind with ``current_meter().bind(node=..., tier=...)``.
 
@@ -75,9 +81,14 @@ class EnergyMiddleware:
     ``trailers``, ``token_kind``, ``settle_timeout``, ``startup_timeout``, ``energy_path``,
     ``metrics_path``, ``exclude``, ``max_tenants``, ``trace``). Everything is checked here,
     once: a bad value raises :class:`ConfigError` with its remedy before the app serves
-    anything.
+    anything; where a framework or a server builds the app, the lifespan startup fails with
+    it instead (:mod:`giul_asgi.asgi.startup`).
     """
 
+    #: A bad setting kept for the lifespan startup to fail with (see ``fails_the_startup``).
+    config_error: ConfigError | None = None
+
+    @fails_the_startup
     def __init__(
         self,
         app: ASGIApp,
@@ -98,11 +109,13 @@ class EnergyMiddleware:
         **settings: Any,
     ) -> None:
         self.app = app
+        logs.show()  # our startup lines and reader failures, visible under a plain server
         if isinstance(tenant, str):  # a header name is a plain setting; a function is held
             settings["tenant_header"], tenant = tenant, None
         if stats is not None and "max_tenants" in settings:
             raise ConfigError("max_tenants applies to the statistics the middleware builds",
                               remedy="pass EnergyStats(max_tenants=...) as stats=, or leave stats unset")
+        check_names(settings, also=_OWN_SETTINGS)
         self.options = options = Options.build(**settings)
         #: Resolves a request's tenant (None: no tenants, and nothing is done per request).
         self._tenant = tenant_source(tenant if tenant is not None else options.tenant_header)
@@ -128,7 +141,9 @@ class EnergyMiddleware:
             default_tier=default_tier, decide=decide,
         )
         self.ledgers = ledgers if ledgers is not None else default_ledgers()
-        self.exclude = PathSet(options.exclude)
+        #: Never metered: health checks, documents, the operator's ``exclude``; the app's own
+        #: documents are added at its first call (:meth:`_learn_app`).
+        self.exclude = PathSet((*NEVER_METERED, *options.exclude))
         if stats is None:
             from ..stats import EnergyStats, HostStats
 
@@ -157,6 +172,14 @@ class EnergyMiddleware:
         self._started = False  # the readers were started (lifespan, or the first request)
         self.startup_error: GiulError | None = None
 
+    def keep_config_error(self, error: ConfigError) -> None:
+        """Built by a framework or a server with a bad setting: serve nothing of ours, and
+        fail the lifespan startup (or, without one, each request) with ``error``."""
+        self.config_error = error
+        self.endpoint = None
+        self.exclude = PathSet(())
+        self._started = False
+
     def _endpoint(self, token: str | None, guard: Guard | None) -> EnergyEndpoint | None:
         """The app that serves ``energy_path`` and ``metrics_path``, built (and its access
         settings checked) now."""
@@ -170,6 +193,7 @@ class EnergyMiddleware:
         return EnergyEndpoint(
             stats=self.stats, ledgers=self.ledgers, path=options.energy_path or "/energy",
             metrics_path=options.metrics_path, token=token, guard=guard, records=self.records,
+            token_name="endpoint_token", guard_name="endpoint_guard",
         )
 
     def _serves(self, path: str) -> bool:
@@ -187,16 +211,20 @@ class EnergyMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
+        if not self._started:  # no lifespan: the first request learns the app, starts the readers
+            self._start_without_lifespan(scope)
         path = scope["path"]
         if self.endpoint is not None and self._serves(path):
             await self.endpoint(scope, receive, send)
             return
-        if path in self.exclude:  # metrics, health checks
+        root = scope.get("root_path")
+        if path in self.exclude or (root and path.startswith(root) and path[len(root):] in self.exclude):
+            await self.app(scope, receive, send)  # health checks, documents: never touched
+            return
+        target = self.router.match(scope)
+        if target is None:  # routes are declared and none is this one's: not ours to touch
             await self.app(scope, receive, send)
             return
-        if not self._started:
-            self._start_without_lifespan()
-        target = self.router.match(scope)
         meter = Meter(
             self.ledgers.get(target.node), target.tier, route=target.label,
             token_kind=self.options.token_kind, ledgers=self.ledgers, catalog=self._catalog,
@@ -232,6 +260,10 @@ class EnergyMiddleware:
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Start the readers at startup (a reader that cannot work fails the startup, with
         its remedy, so ``uvicorn app:app`` stops with it); stop them at shutdown."""
+        if self.config_error is not None:
+            await self._refuse_startup(self.config_error, receive, send)
+            return
+        self._learn_app(scope)
         answered = failed = False
 
         async def receive_lifespan() -> Message:
@@ -271,8 +303,17 @@ class EnergyMiddleware:
     def _failure(self) -> str:
         error = self.startup_error
         assert error is not None
-        text = f"giul-asgi: {error.message}"
-        return f"{text}. {error.remedy}" if error.remedy else text
+        return failure_line(error)
+
+    @staticmethod
+    async def _refuse_startup(error: ConfigError, receive: Receive, send: Send) -> None:
+        """A bad setting: the startup fails with its one line before the app starts anything."""
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.failed", "message": failure_line(error)})
+        # Servers stop at the message and ignore what follows; a test client that does
+        # not (Starlette's TestClient) gets the error itself.
+        raise error
 
     async def start(self, timeout: float | None = None) -> None:
         """Start each node's reader and wait (``startup_timeout`` at most) until built.
@@ -287,10 +328,19 @@ class EnergyMiddleware:
             # Kept for lifespan (it fails the startup with it); the ledger has logged it.
             self.startup_error = exc
 
-    def _start_without_lifespan(self) -> None:
+    def _learn_app(self, scope: Scope) -> None:
+        """Never meter the app's own documents: read once, at its first call, where every
+        route and mount has been declared (the app is the scope's under Starlette's
+        add_middleware, the wrapped one otherwise)."""
+        self.exclude.add(app_documents(scope.get("app") or self.app))
+
+    def _start_without_lifespan(self, scope: Scope) -> None:
         # No lifespan (or a server that does not send it): the first request starts the
         # readers and does not wait for them (a wedged driver must not hold it); a failure
         # is logged once by the ledger and figures say unknown, never a 500 from us.
+        if self.config_error is not None:  # no startup to fail: each request says it
+            raise self.config_error
+        self._learn_app(scope)
         self._started = True
         for node in self.router.nodes.values():
             self.ledgers.get(node).ensure_started()
@@ -305,5 +355,8 @@ class EnergyMiddleware:
             if aclose is not None:
                 await aclose()
 
+
+#: The settings the middleware takes itself, beside Options' fields (suggested for a typo).
+_OWN_SETTINGS = tuple(inspect.signature(EnergyMiddleware.__init__).parameters)[2:-1]
 
 __all__ = ["EnergyMiddleware"]

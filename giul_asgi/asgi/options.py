@@ -9,6 +9,7 @@ A setting changes a default; none is needed to make the defaults right.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,9 +20,6 @@ from ..energy import TOKEN_KINDS
 from ..errors import ConfigError
 from ..tenants import DEFAULT_MAX_TENANTS, header_name
 
-DEFAULT_EXCLUDE: tuple[str, ...] = (
-    "/energy", "/energy/*", "/metrics", "/health", "/healthz", "/livez", "/readyz", "/ping",
-)
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 
 
@@ -55,8 +53,10 @@ class Options:
     energy_path: str | None = "/energy"
     #: Where Prometheus text is served (None: not served).
     metrics_path: str | None = None
-    #: Paths never metered.
-    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    #: More paths never metered (paths, globs such as ``/internal/*``, templates, regexes),
+    #: beside those never metered anyway (``routing.NEVER_METERED``: health checks, the
+    #: framework's documents, static mounts).
+    exclude: tuple[str, ...] = ()
     #: The request header whose value (hashed, never kept) names the tenant; None: none
     #: (the middleware's ``tenant=`` takes a header name or a function).
     tenant_header: str | None = None
@@ -70,12 +70,7 @@ class Options:
     @classmethod
     def build(cls, **values: Any) -> Options:
         """The options, every value checked; a bad one raises :class:`ConfigError`."""
-        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ConfigError(
-                f"unknown middleware setting(s): {', '.join(unknown)}",
-                remedy=f"the settings are: {', '.join(sorted(cls.__dataclass_fields__))}",
-            )
+        check_names(values)
         defaults = {name: f.default for name, f in cls.__dataclass_fields__.items()}
         key = values.get("energy_key", defaults["energy_key"])
         if not isinstance(key, str) or not key.strip():
@@ -117,6 +112,31 @@ class Options:
         return cls(**values)
 
 
+#: Names people reach for that are settings under another name.
+ALIASES = {"token": "endpoint_token", "guard": "endpoint_guard", "bearer_token": "endpoint_token",
+           "auth_token": "endpoint_token", "path": "energy_path", "metrics": "metrics_path",
+           "exclude_paths": "exclude", "skip_paths": "exclude"}
+
+
+def check_names(given: Iterable[str], also: Iterable[str] = ()) -> None:
+    """A ConfigError naming the first unknown setting in ``given`` and the one meant, if any.
+
+    ``also``: the names the middleware takes besides :class:`Options`' fields (``nodes``,
+    ``endpoint_token``...), which are suggested too."""
+    fields = set(Options.__dataclass_fields__)
+    unknown = sorted(set(given) - fields)
+    if not unknown:
+        return
+    known = sorted(fields | set(also))
+    name = unknown[0]
+    meant = ALIASES.get(name) if ALIASES.get(name) in known else None
+    close = [meant] if meant else difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+    more = f" (and {', '.join(n + '=' for n in unknown[1:])})" if unknown[1:] else ""
+    remedy = (f"did you mean {close[0]}=?" if close
+              else f"the settings are {', '.join(n + '=' for n in known)}")
+    raise ConfigError(f"{name}= is not a middleware setting{more}", remedy=remedy)
+
+
 def _count(name: str, value: Any, *, remedy: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{name}={value!r} must be a whole number >= 0", remedy=remedy)
@@ -127,7 +147,7 @@ def _seconds(name: str, value: Any) -> float:
         math.isfinite(value) and value >= 0
     ):
         raise ConfigError(f"{name}={value!r} must be a number of seconds >= 0",
-                          remedy=f"pass a number, e.g. {name}=0.5 (not a string)")
+                          remedy=f"pass a number of seconds, e.g. {name}=0.5 (0: do not wait)")
     return float(value)
 
 
@@ -157,4 +177,4 @@ def check_callable(name: str, value: Any, *, remedy: str) -> None:
         raise ConfigError(f"{name}={value!r} must be callable", remedy=remedy)
 
 
-__all__ = ["DEFAULT_EXCLUDE", "DEFAULT_MAX_BODY", "Options", "check_callable"]
+__all__ = ["ALIASES", "DEFAULT_MAX_BODY", "Options", "check_callable", "check_names"]

@@ -11,6 +11,15 @@ Mounts: Starlette writes a mount's *matched* prefix into ``root_path``
 into the mounts' templates by walking the app's mounts; where that fails, the label stays
 what the patterns gave, never the raw prefix.
 
+Which requests are metered (nothing else is touched: not a header, not a byte):
+
+- with ``routes`` declared, the requests they match (and those ``decide`` routes); to meter
+  every other path too, declare a catch-all last: ``Route("/*", node=...)``;
+- with none declared, every request;
+- never :data:`NEVER_METERED` (health checks, scrapes, the framework's own documents), the
+  app's own documents found where it says (FastAPI's ``openapi_url``, ``docs_url``,
+  ``redoc_url``; every ``Mount`` of ``StaticFiles``), nor the operator's ``exclude=``.
+
 Configuration is checked when the router is built (duplicate names, a route to a node or
 tier that is not declared): it fails once, at startup, with :class:`ConfigError`.
 """
@@ -32,6 +41,20 @@ UNMATCHED = "<unmatched>"
 _MOUNT_DEPTH = 8
 _PARAM = re.compile(r"\{[^}/]+\}")
 _CACHE_SIZE = 1024
+_MISSING: Any = object()
+
+#: Health checks and scrapes: Kubernetes' probes, load balancers', Prometheus'.
+HEALTH_PATHS: tuple[str, ...] = (
+    "/health", "/health/*", "/healthz", "/livez", "/readyz", "/ready", "/live", "/ping", "/metrics",
+)
+#: The framework's own documents at their usual paths (FastAPI's defaults, a browser's icon).
+DOCUMENT_PATHS: tuple[str, ...] = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
+                                   "/favicon.ico")
+#: What is never metered, whatever is declared (``/energy``: ours, or the app's own when
+#: ``energy_path=None``).
+NEVER_METERED: tuple[str, ...] = (*HEALTH_PATHS, *DOCUMENT_PATHS, "/energy", "/energy/*")
+#: The attributes where FastAPI keeps the paths of its documents (None when switched off).
+_DOCUMENT_URLS = ("openapi_url", "docs_url", "redoc_url", "swagger_ui_oauth2_redirect_url")
 
 Decider = Callable[[Mapping[str, Any]], "tuple[Node | str | None, Tier | str | None] | None"]
 
@@ -134,8 +157,41 @@ def _routes_of(obj: Any) -> Any:
     return routes if isinstance(routes, list | tuple) else None
 
 
+def app_documents(app: Any) -> list[str]:
+    """The paths where ``app`` serves its own documents: FastAPI's OpenAPI and docs URLs
+    where it moved them, and every ``Mount`` of ``StaticFiles`` (as ``/prefix/*``), mounts
+    within mounts included."""
+    found: list[str] = []
+    for name in _DOCUMENT_URLS:
+        try:
+            value = getattr(app, name, None)
+        except Exception:  # a property on someone else's app: not ours to break
+            continue
+        if isinstance(value, str) and value.startswith("/"):
+            found.append(value)
+    try:
+        from starlette.staticfiles import StaticFiles
+    except ImportError:  # pragma: no cover - starlette is a dependency
+        return found
+    todo: list[tuple[str, Any]] = [("", app)]
+    for _ in range(_MOUNT_DEPTH):
+        deeper: list[tuple[str, Any]] = []
+        for prefix, parent in todo:
+            for route in _routes_of(parent) or ():
+                path = getattr(route, "path", None)
+                if not isinstance(path, str) or _is_pattern(path):
+                    continue
+                if isinstance(getattr(route, "app", None), StaticFiles):
+                    found.extend((prefix + path, prefix + path + "/*"))
+                elif _routes_of(route) is not None:
+                    deeper.append((prefix + path, route))
+        todo = deeper
+    return found
+
+
 class Router:
-    """Maps requests to a :class:`Target`. Built once; matching is cached per path."""
+    """Maps requests to a :class:`Target`, or to None: not metered (routes are declared and
+    none matches). Built once; matching is cached per path."""
 
     def __init__(
         self,
@@ -158,8 +214,10 @@ class Router:
             tier = self._tier(route.tier) if route.tier is not None else default_tier
             label = route.pattern if isinstance(route.pattern, str) else route.pattern.pattern
             self._routes.append((compile_pattern(route.pattern), Target(node, tier, label)))
-        self._default = Target(default_node, default_tier, UNMATCHED)
-        self._cache: dict[str, Target] = {}
+        #: Where a request no route matches goes: the default node when none is declared;
+        #: nowhere (not metered) when some are.
+        self._default = Target(default_node, default_tier, UNMATCHED) if not self._routes else None
+        self._cache: dict[str, Target | None] = {}
         self._decide_failed = False
 
     def _node(self, value: Node | str) -> Node:
@@ -168,12 +226,13 @@ class Router:
     def _tier(self, value: Tier | str) -> Tier:
         return _lookup(self.tiers, Tier, value, "tier")
 
-    def match(self, scope: Mapping[str, Any]) -> Target:
+    def match(self, scope: Mapping[str, Any]) -> Target | None:
+        """The request's target; None when it is not to be metered."""
         if self.decide is not None:
             return self._decided(scope)
         return self._match_path(scope.get("path", ""))
 
-    def _decided(self, scope: Mapping[str, Any]) -> Target:
+    def _decided(self, scope: Mapping[str, Any]) -> Target | None:
         base = self._match_path(scope.get("path", ""))
         try:
             decided = self.decide(scope) if self.decide is not None else None
@@ -181,9 +240,11 @@ class Router:
                 return base
             node, tier = decided
             return Target(
-                self._node(node) if node is not None else base.node,
-                self._tier(tier) if tier is not None else base.tier,
-                base.label,
+                self._node(node) if node is not None else
+                base.node if base is not None else self.default_node,
+                self._tier(tier) if tier is not None else
+                base.tier if base is not None else self.default_tier,
+                base.label if base is not None else UNMATCHED,
             )
         except Exception as exc:  # the user's callable: a bad answer costs the routing only
             if not self._decide_failed:
@@ -191,11 +252,11 @@ class Router:
                 log.error("decide(scope) failed (%s); requests keep their route's node", exc)
             return base
 
-    def _match_path(self, path: str) -> Target:
+    def _match_path(self, path: str) -> Target | None:
         """The target for ``path`` by the route patterns alone (cached, bounded)."""
-        target = self._cache.get(path)
-        if target is not None:
-            return target
+        target = self._cache.get(path, _MISSING)
+        if target is not _MISSING:
+            return target  # type: ignore[return-value]
         target = self._default
         for regex, candidate in self._routes:
             if regex.match(path):
@@ -241,7 +302,12 @@ class PathSet:
     """Paths that are never metered (the energy endpoint, metrics, health checks)."""
 
     def __init__(self, patterns: Iterable[str | re.Pattern[str]]) -> None:
-        patterns = list(patterns)
+        self._patterns: list[str | re.Pattern[str]] = []
+        self.add(patterns)
+
+    def add(self, more: Iterable[str | re.Pattern[str]]) -> None:
+        """Never meter ``more`` either (the app's documents, learnt at its first call)."""
+        self._patterns = patterns = [*self._patterns, *(p for p in more if p not in self._patterns)]
         self._exact = {p for p in patterns if isinstance(p, str) and not _is_pattern(p)}
         wild = [p for p in patterns if not isinstance(p, str) or _is_pattern(p)]
         self._regex = (

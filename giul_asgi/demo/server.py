@@ -55,6 +55,7 @@ class DemoOptions:
     concurrency: int = 16
     serve: bool = False
     seed: int = 0
+    target: str | None = None  # a gateway already running: --load goes there, nothing starts
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -165,7 +166,10 @@ async def _start(server: QuietServer, sock: socket.socket, what: str,
 
 
 async def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print) -> int:
-    """Serve until Ctrl-C/SIGTERM, or until ``--load`` is done (unless ``serve``). Exit status."""
+    """Serve until Ctrl-C/SIGTERM, or until ``--load`` is done (unless ``serve``). Exit status.
+    With ``target``, only the load, sent to that gateway."""
+    if options.target is not None:
+        return await load_target(options, say=say)
     from .upstream import Upstream
 
     gateway = gateway_module()
@@ -214,6 +218,32 @@ async def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print) 
                 await asyncio.wait_for(task, 10.0)
         for sock in sockets:
             sock.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+async def load_target(options: DemoOptions, *, say: Callable[[str], None] = print) -> int:
+    """``--load N --target URL``: the demo's load and table against a gateway already running
+    (no port of ours is taken, so it can be pointed at a demo serving beside it)."""
+    import httpx
+
+    assert options.target is not None
+    api = options.target.removesuffix("/v1")
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        say(f"giul-asgi demo: loading the gateway at {api}")
+        return await _load(api, options, stop, say)
+    except (httpx.HTTPError, RuntimeError) as exc:
+        raise GiulError(f"cannot load the gateway at {api}: {type(exc).__name__}: {exc}",
+                        remedy="start one (giul-asgi demo --serve) or check --target; it must "
+                               "serve the OpenAI API under /v1 (GET /v1/models lists its models)",
+                        ) from None
+    finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)

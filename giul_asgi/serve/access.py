@@ -131,7 +131,8 @@ class Access:
         self.token = check_token(token, name=token_name)
         self.guard = check_guard(guard, name=guard_name)
         self.loopback_when_open = loopback_when_open
-        self._open_remedy = f"give it a {token_name}= or a {guard_name}="
+        self._open_remedy = (f"to serve other clients, set {token_name}= (a bearer token they send as "
+                             f"Authorization: Bearer <token>) or {guard_name}= (a function scope -> bool)")
         self._www_authenticate = ((b"www-authenticate", f'Bearer realm="{realm}"'.encode()),)
 
     async def refusal(self, scope: Scope, query_token: str | None = None) -> Refusal | None:

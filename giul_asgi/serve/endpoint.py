@@ -63,13 +63,15 @@ class EnergyEndpoint:
         self, *, stats: Any, ledgers: Iterable[Any] | None, path: str = "/energy",
         metrics_path: str | None = None, token: str | None = None, guard: Guard | None = None,
         records: RecordStore | None = None, refresh_s: float = 5.0,
+        token_name: str = "token", guard_name: str = "guard",
     ) -> None:
         for name, value in (("path", path), ("metrics_path", metrics_path)):
             if value is not None and (not isinstance(value, str) or not value.startswith("/")
                                       or (value != "/" and value.endswith("/"))):
                 raise ConfigError(f"{name}={value!r} must start with / and not end with one",
                                   remedy='use "/energy" or "/metrics"')
-        self.access = Access(token=token, guard=guard, realm="giul-energy")
+        self.access = Access(token=token, guard=guard, realm="giul-energy",
+                             token_name=token_name, guard_name=guard_name)
         self.stats = stats
         self.ledgers = ledgers
         self.path = path
@@ -77,6 +79,8 @@ class EnergyEndpoint:
         self.records = records
         self.refresh_s = refresh_s
         self._collector: Any = None
+        if metrics_path is not None:
+            _check_prometheus_client(metrics_path)
 
     def handles(self, path: str) -> bool:
         """Whether a request path is this endpoint's."""
@@ -194,6 +198,19 @@ class EnergyEndpoint:
             return
         await _send(send, scope, 200, _dumps({"schema": RECORD_SCHEMA, "record": energy.as_dict()}),
                     "application/json")
+
+
+def _check_prometheus_client(metrics_path: str) -> None:
+    """Serving ``metrics_path`` needs prometheus-client: a missing one is a bad setting, said
+    at startup, never a 500 at each scrape."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"metrics_path={metrics_path!r} needs prometheus-client, which cannot be imported "
+            f"({type(exc).__name__}: {exc})",
+            remedy="pip install 'giul-asgi[prometheus]', or leave metrics_path unset",
+        ) from None
 
 
 def _histories(ledgers: Any) -> dict[str, list[Any]]:
