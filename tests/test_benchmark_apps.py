@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,16 @@ ENERGY_HEADERS = {
     "x-energy-node", "x-energy-tier", "x-energy-seconds", "x-energy-tokens",
     "x-energy-joules-per-token", "x-energy-uncertainty", "x-energy-settled",
 }
+
+
+@pytest.fixture(autouse=True)
+def _no_fake_pynvml_left() -> Iterator[None]:
+    """The giul-asgi-nvml stack installs benchmarks/fake_pynvml as ``pynvml``: take it out
+    after each test, or every later test that asks NVML would find a fake card."""
+    yield
+    import fake_pynvml
+
+    fake_pynvml.uninstall()
 
 
 def _installed(module: str) -> bool:
@@ -53,9 +64,9 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
     assert int(answer.headers["content-length"]) == len(answer.content)
     assert stream.text.count("data: ") >= 9 and "data: [DONE]" in stream.text
 
-    writes_energy = variant in ("floor", "giul-asgi", "giul-asgi-headers")
+    writes_energy = variant in ("floor", "giul-asgi", "giul-asgi-nvml", "giul-asgi-headers")
     assert (set(answer.headers) >= ENERGY_HEADERS) is writes_energy
-    assert (energy is not None) is (variant in ("floor", "giul-asgi"))
+    assert (energy is not None) is (variant in ("floor", "giul-asgi", "giul-asgi-nvml"))
     if energy is not None:
         assert energy["tokens"] == PAYLOAD["usage"]["completion_tokens"]  # type: ignore[index]
         assert answer.headers["x-energy-tokens"] == "48"
@@ -87,3 +98,61 @@ async def test_server_path_drives_uvicorns_own_protocol() -> None:
     plain = await Server(headers_app(11)).answer("/")
     assert plain.count(b"\r\nx-energy-") == 11
     assert await Server(headers_app(0)).per_request_us("/", 3) > 0
+
+
+def test_fake_pynvml_is_what_the_nvml_reader_imports() -> None:
+    """benchmarks/fake_pynvml stands in for nvidia-ml-py: Node(reader="nvml") builds its
+    reader over it, every read is a call into its driver, and the counter is whole mJ that
+    move only when the truth card's register steps."""
+    import fake_pynvml
+    from truecard import TrueCard
+
+    from giul_asgi.readers.base import ReaderSpec
+    from giul_asgi.readers.registry import READERS
+
+    card = TrueCard(idle_w=70.0, period=0.1)
+    driver = fake_pynvml.install([fake_pynvml.Gpu(card, processes=[4242])])
+    try:
+        import pynvml
+
+        assert pynvml is fake_pynvml
+        reader = READERS["nvml"](ReaderSpec(gpus=(0,)))
+        assert reader.kind == "counter" and reader.backend == "nvml_counter"
+        assert reader.probes[0].uuid is not None and reader.probes[0].uuid.startswith("GPU-fake-")
+        counted = driver.calls().get("counter", 0)
+        readings = [reader.read() for _ in range(5)]
+        assert driver.calls()["counter"] == counted + 5
+        assert len(driver.stats.lags_ns) >= 5 and driver.stats.threads
+        for r in readings:
+            assert r.ok and r.joules is not None
+            assert r.joules * 1000 == pytest.approx(round(r.joules * 1000))  # whole mJ
+        # The register holds its value between steps: what it says is the card's energy at
+        # its last step, floored to the mJ.
+        step = card.last_step(card.clock())
+        assert reader.read().joules == pytest.approx(int(card.energy(step) * 1000) / 1000, abs=0.2)
+        assert [p.pid for p in (reader.processes() or [])] == [4242]
+        reader._handles[0].fail = fake_pynvml.NVML_ERROR_GPU_IS_LOST  # a driver that fails
+        failed = reader.read()
+        assert not failed.ok and "GPU is lost" in (failed.error or "")
+        reader.close()
+    finally:
+        fake_pynvml.uninstall()
+    assert "pynvml" not in sys.modules or sys.modules["pynvml"] is not fake_pynvml
+
+
+def test_fake_pynvml_power_gauges() -> None:
+    """Without the counter the reader falls back to the instant field, as on a real card."""
+    import fake_pynvml
+
+    from giul_asgi.readers.base import ReaderSpec
+    from giul_asgi.readers.nvml import NvmlReader
+
+    fake_pynvml.install([fake_pynvml.Gpu(fake_pynvml.busy_card(watts=100.0), counter=False)])
+    try:
+        reader = NvmlReader(ReaderSpec(gpus=(0,)))
+        assert reader.kind == "power"
+        reading = reader.read()
+        assert reading.ok and reading.watts is not None and 60.0 < reading.watts < 200.0
+        reader.close()
+    finally:
+        fake_pynvml.uninstall()
