@@ -201,6 +201,12 @@ class Driver:
             stats.starts_ns.append(start)
             stats.threads.add(tid)
 
+    def block(self, seconds: float) -> None:
+        """A wedged driver: block in C for ``seconds``, GIL released."""
+        deadline = time.monotonic_ns() + int(seconds * 1e9)
+        self._sleep(_CLOCK_MONOTONIC, _TIMER_ABSTIME,
+                    byref(_Timespec(deadline // 1_000_000_000, deadline % 1_000_000_000)), None)
+
     def calls(self) -> dict[str, int]:
         """Calls made, by kind."""
         return {name: k.count for name, k in self._kinds.items() if k.count}
@@ -208,24 +214,41 @@ class Driver:
 
 class Gpu:
     """One card: a :class:`TrueCard`'s counter in whole mJ (cached per step, as the register
-    holds it), its part-time instant gauge and its trailing-second average."""
+    holds it; ``every_read``: a counter that moves at every read), its part-time instant gauge
+    and its trailing-second average.
+
+    Faults, as a real driver fails, from ``fault_at`` (on the card's clock) on: ``raises``
+    (every reading call returns GPU_IS_LOST), ``hangs`` (every reading call blocks in C for
+    ``hang_s``, GIL released), ``stops`` (the counter answers its last value for ever).
+    """
 
     def __init__(self, card: TrueCard | None = None, *, name: str = "NVIDIA H100 80GB HBM3",
                  uuid: str | None = None, counter: bool = True, instant: bool = True,
-                 average: bool = True, processes: list[int] | None = None) -> None:
+                 average: bool = True, processes: list[int] | None = None, every_read: bool = False,
+                 fault: str | None = None, fault_at: float = math.inf, hang_s: float = 5.0) -> None:
         self.card = card if card is not None else TrueCard()
         self.name, self.uuid = name, uuid
         self.counter, self.instant, self.average = counter, instant, average
         self.processes = [] if processes is None else processes
+        self.every_read = every_read
         self.fail: int | None = None  # every reading call returns this code while set
+        self.fault, self.fault_at, self.hang_s = fault, fault_at, hang_s
         self._until = -math.inf  # the register cannot step before this
         self._mj = 0
         self._gauges = {g: TrueReader(self.card, g) for g in ("instant", "average")}
 
+    def failing(self) -> str | None:
+        """The fault in force now, if any."""
+        if self.fault is None or self.card.clock() < self.fault_at:
+            return None
+        return self.fault
+
     def counter_mj(self) -> int:
         card = self.card
         now = card.clock()
-        if now >= self._until:  # the register may have stepped: read the card at its last step
+        if self.every_read:
+            self._mj = math.floor(card.energy(now) * 1000.0)
+        elif now >= self._until:  # the register may have stepped: read the card at its last step
             step = card.last_step(now)
             self._mj = math.floor(card.energy(step) * 1000.0)
             self._until = step + card.period - 2 * card.step_jitter
@@ -281,12 +304,28 @@ def _handle(state: _State, index: int, out: list[Gpu]) -> int:
     return NVML_SUCCESS
 
 
+def _faulty(state: _State, gpu: Gpu) -> int | None:
+    """The return code a failing GPU gives now (None: it answers); a hang blocks in C first."""
+    if gpu.fail is not None:
+        return gpu.fail
+    fault = gpu.failing()
+    if fault == "raises":
+        return NVML_ERROR_GPU_IS_LOST
+    if fault == "hangs":
+        state.driver.block(gpu.hang_s)
+    return None
+
+
 def _reading(flag: str, value: Callable[[Gpu], int]) -> Callable[[_State, Gpu, Any], int]:
     def body(state: _State, gpu: Gpu, out: Any) -> int:
-        if gpu.fail is not None:
-            return gpu.fail
+        failed = _faulty(state, gpu)
+        if failed is not None:
+            return failed
         if not getattr(gpu, flag):
             return NVML_ERROR_NOT_SUPPORTED
+        if gpu.failing() == "stops":
+            out._obj.value = gpu._mj if flag == "counter" else 0
+            return NVML_SUCCESS
         out._obj.value = value(gpu)
         return NVML_SUCCESS
 
@@ -294,8 +333,9 @@ def _reading(flag: str, value: Callable[[Gpu], int]) -> Callable[[_State, Gpu, A
 
 
 def _fields(state: _State, gpu: Gpu, values: list[SimpleNamespace]) -> int:
-    if gpu.fail is not None:
-        return gpu.fail
+    failed = _faulty(state, gpu)
+    if failed is not None:
+        return failed
     for v in values:
         gauge = {NVML_FI_DEV_POWER_INSTANT: "instant", NVML_FI_DEV_POWER_AVERAGE: "average"}.get(v.fieldId)
         ok = gauge is not None and getattr(gpu, gauge)

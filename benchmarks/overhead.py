@@ -42,6 +42,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -467,7 +468,7 @@ def main() -> None:
     print(f"# overhead: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (nproc), "
           f"Python {platform.python_version()}, body parser {parser_name}")
-    print(f"\n    python benchmarks/overhead.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"\n    python benchmarks/overhead.py {shlex.join(sys.argv[1:])}".rstrip())
     print(f"\nLoad average at start: {_load()}")
     print(f"\n## (a) in process, median of {repeats} interleaved repeats\n")
     results, cpu_results = asyncio.run(in_process(repeats, scale, args.tail))

@@ -156,3 +156,31 @@ def test_fake_pynvml_power_gauges() -> None:
         reader.close()
     finally:
         fake_pynvml.uninstall()
+
+
+async def test_attribution_runs_a_saturated_loop_on_the_nvml_path() -> None:
+    """The accuracy matrix's saturated scenario runs on the production path: the ledger's own
+    reader thread over fake_pynvml, the loop busy beside the windows, truth from the card."""
+    from attribution import Request, Scenario, run
+
+    scenario = Scenario("saturated, tiny", [Request(0.0, 0.03, 180.0), Request(0.1, 0.03, 180.0)],
+                        saturate=True)
+    row = await run(scenario, seed=1, path="nvml")
+    assert len(row.outcomes) == 2 and all(o.truth > 0 for o in row.outcomes)
+    assert row.reads > 0 and row.read_gaps_ms is not None and row.gil_lags_us is not None
+    cells = row.cells()
+    assert cells["settled with figure"] == 1.0
+    assert cells["reads/period"] is not None
+
+
+async def test_overhead_handoffs_measure_the_nvml_reader() -> None:
+    """overhead.py's breakdown rows exist on the NVML path: reads, driver calls, GIL lags."""
+    from overhead import PATHS as OVERHEAD_PATHS
+    from overhead import handoffs, run_requests
+
+    app = build("giul-asgi-nvml")
+    await run_requests(app, OVERHEAD_PATHS["json"], 20)
+    rows = dict((what, value) for what, value, _how in
+                await handoffs(app, OVERHEAD_PATHS["json"], 200, nvml=True))
+    assert {"readings the ledger took", "counter reads during the requests", "driver calls, a request",
+            "GIL back after a driver call, us", "reader thread CPU, us a request"} <= set(rows)
