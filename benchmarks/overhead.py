@@ -255,7 +255,9 @@ def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
 
 
 def _wait_port(port: int) -> None:
-    deadline = time.monotonic() + 20
+    # 60 s: on the shared 2-core VM at a load of 20-40, six servers importing FastAPI, uvicorn
+    # and ours at once took longer than 20 s to listen (gateway.py, 2026-12-02).
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
