@@ -293,7 +293,15 @@ async def _parts(app: Any, path: str, n: int) -> list[tuple[str, float, str]]:
     """Each part of our JSON request timed alone, on the objects ``app`` uses, after the
     reader has settled what came before (so its work does not land in the part's time; the
     window's open and close, which makes work for it, last). Reaches into the middleware's
-    parts (router, ledger, meter): where they have moved, the row says so."""
+    parts (router, ledger, meter): where they have moved, a row says so and the rest of the
+    breakdown (the reader's share, the hand-overs) still runs."""
+    try:
+        return await _timed_parts(app, path, n)
+    except Exception as exc:
+        return [("parts", float("nan"), f"not timed: {type(exc).__name__}: {exc}")]
+
+
+async def _timed_parts(app: Any, path: str, n: int) -> list[tuple[str, float, str]]:
     from giul_asgi import EnergyMiddleware
     from giul_asgi.listeners import Settled
     from giul_asgi.meter import Meter
