@@ -189,10 +189,24 @@ def sim_node(package: str = "giul_asgi") -> Node:
     return node
 
 
-def our_middleware(package: str = "giul_asgi", **options: Any) -> Middleware:
-    """Our middleware as every benchmark runs it: its ledger live on the busy card."""
+def nvml_node(package: str = "giul_asgi") -> Node:
+    """The production path: ``Node(reader="nvml")``, whose reader imports ``pynvml`` on its
+    own thread and finds benchmarks/fake_pynvml there (every call a ctypes call into C with
+    the GIL released, over a truth card drawing 150 W above its 70 W idle)."""
+    import fake_pynvml
+
     pkg = importlib.import_module(package)
-    return Middleware(pkg.EnergyMiddleware, nodes=[sim_node(package)],
+    fake_pynvml.install([fake_pynvml.Gpu(fake_pynvml.busy_card())])
+    node: Node = pkg.Node("gpu", gpus=(0,), idle_w=70.0, reader="nvml")
+    return node
+
+
+def our_middleware(package: str = "giul_asgi", *, nvml: bool = False, **options: Any) -> Middleware:
+    """Our middleware as every benchmark runs it: its ledger live on the busy card, the
+    simulated one or (``nvml``) the NVML reader over fake_pynvml."""
+    pkg = importlib.import_module(package)
+    node = nvml_node(package) if nvml else sim_node(package)
+    return Middleware(pkg.EnergyMiddleware, nodes=[node],
                       tiers=[pkg.Tier("8b", 300.0)], ledgers=pkg.Ledgers(), **options)
 
 
@@ -241,6 +255,8 @@ def build(variant: str) -> Starlette:
         middleware = [Middleware(OpenTelemetryMiddleware, tracer_provider=TracerProvider())]
     elif variant == "giul-asgi":
         middleware = [our_middleware()]
+    elif variant == "giul-asgi-nvml":  # the production path: the NVML reader over fake_pynvml
+        middleware = [our_middleware(nvml=True)]
     elif variant == "giul-asgi-headers":  # the same, without the JSON energy block
         middleware = [our_middleware(inject_json=False)]
     elif variant != "bare":
@@ -250,6 +266,7 @@ def build(variant: str) -> Starlette:
 
 VARIANTS: tuple[str, ...] = (
     "bare", "passthrough", "static-headers", "floor", "starlette-exporter",
-    "prometheus-fastapi-instrumentator", "opentelemetry", "giul-asgi", "giul-asgi-headers",
+    "prometheus-fastapi-instrumentator", "opentelemetry", "giul-asgi", "giul-asgi-nvml",
+    "giul-asgi-headers",
 )
 BUILDERS: dict[str, Callable[[], Starlette]] = {v: (lambda v=v: build(v)) for v in VARIANTS}

@@ -5,8 +5,10 @@ The gateway proxies ``/v1/chat/completions`` to a local upstream with one shared
 it (so the SSE scanner sees the upstream's bytes, not whole events). It runs under uvicorn with
 httptools and uvloop, one process per variant, load from ``wrk``, the upstream in a process of
 its own. Variants: two bare gateways (the second is the noise control: how far two identical
-processes differ), ours, starlette-exporter and prometheus-fastapi-instrumentator (bench
-extra). Every repeat starts fresh gateway processes, in turn, interleaved.
+processes differ), ours on the simulated reader (``giul-asgi``) and on the production path
+(``giul-asgi-nvml``: ``Node(reader="nvml")`` over benchmarks/fake_pynvml, every NVML call a
+ctypes call with the GIL released), starlette-exporter and prometheus-fastapi-instrumentator
+(bench extra). Every repeat starts fresh gateway processes, in turn, interleaved.
 
 Per variant: requests/s and the gateway process's CPU (user + system) per request, for a JSON
 answer and for a 200-chunk stream; medians of repeats, and each as a ratio to the first bare
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -110,6 +113,11 @@ MIDDLEWARE = {
         "m = our_middleware()\n"
         "app.add_middleware(m.cls, *m.args, **m.kwargs)"
     ),
+    "giul-asgi-nvml": (
+        "from _apps import our_middleware\n"
+        "m = our_middleware(nvml=True)\n"
+        "app.add_middleware(m.cls, *m.args, **m.kwargs)"
+    ),
     "starlette-exporter": (
         "from starlette_exporter import PrometheusMiddleware\n"
         "app.add_middleware(PrometheusMiddleware, app_name='gw', group_paths=True)"
@@ -140,6 +148,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     repeats, seconds = (3, 2) if args.quick else (7, 3)
+    load_start = os.getloadavg()
     bench = str(Path(__file__).resolve().parent)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     up_port = free_port()
@@ -174,8 +183,11 @@ def main() -> None:
     finally:
         stop([upstream])
     print(f"# gateway.py: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}"
+          f"{os.cpu_count()} cores (nproc), Python {platform.python_version()}"
           f"{' --quick' if args.quick else ''}\n")
+    print(f"    python benchmarks/gateway.py {shlex.join(sys.argv[1:])}".rstrip() + "\n")
+    print("Load average at start {:.2f} {:.2f} {:.2f}, at end {:.2f} {:.2f} {:.2f} (1, 5, 15 min)\n".format(
+        *load_start, *os.getloadavg()))
     print(f"FastAPI proxy, one shared httpx.AsyncClient, to a local upstream (separate process); "
           f"uvicorn httptools + uvloop; wrk -t1 -c16 {seconds}s; medians of {repeats} repeats, "
           f"fresh processes each.\n")

@@ -11,12 +11,15 @@ lets the reader thread settle into its pace (``--warm`` seconds), then measures
 - ``idle``: no window, nothing to watch: the thread dozes, one read per second;
 - ``idle, foreign watch``: no window, ``foreign="subtract"``: one read per counter period.
 
-Cards: ``nvml-fake`` is NvmlReader over tests/fake_nvml.LiveGpu (a 100 ms counter; the read
-is a Python call where a real NVML read is a few us of C), ``simulated`` the in-process
-simulated card of ``Node(reader="simulated")``, ``gateway`` a whole gateway process over it
-(uvicorn, EnergyMiddleware, its statistics and the host's sharing; one request served, then
-idle; "before" there sets the idle pace to the busy one). Configurations are interleaved, each
-repeated ``--repeats`` times; the table gives medians and ranges.
+Cards: ``nvml`` is the production path, ``Node(reader="nvml")`` over benchmarks/fake_pynvml
+(every NVML call one ctypes call into C with the GIL released, tens of us; an idle truth card
+whose counter steps every 100 ms); ``nvml-fake`` is NvmlReader over tests/fake_nvml.LiveGpu
+(the read a plain Python call), ``simulated`` the in-process simulated card of
+``Node(reader="simulated")``, ``gateway`` a whole gateway process over it (uvicorn,
+EnergyMiddleware, its statistics and the host's sharing; one request served, then idle;
+"before" there sets the idle pace to the busy one), ``gateway-nvml`` the same gateway on the
+production path. Configurations are interleaved, each repeated ``--repeats`` times; the
+table gives medians and ranges.
 
     python benchmarks/idle.py [--seconds 10] [--repeats 3] [--out FILE]
 """
@@ -38,7 +41,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.3  # % of a core
 CONFIGS = ("before: always fast", "window open", "idle", "idle, foreign watch")
-CARDS = ("nvml-fake", "simulated", "gateway")
+CARDS = ("nvml", "nvml-fake", "simulated", "gateway", "gateway-nvml")
+
+
+def _install_fake_pynvml() -> None:
+    """``import pynvml`` gives benchmarks/fake_pynvml, over a card at its idle floor."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fake_pynvml
+    from truecard import TrueCard
+
+    fake_pynvml.install([fake_pynvml.Gpu(TrueCard(idle_w=60.0, period=0.1))])
 
 
 def _reader_factory(card: str) -> Any:
@@ -54,9 +66,10 @@ def _reader_factory(card: str) -> Any:
     return None
 
 
-def one_gateway(config: str, seconds: float, warm: float) -> dict[str, Any]:
+def one_gateway(config: str, seconds: float, warm: float, nvml: bool = False) -> dict[str, Any]:
     """In the child: a whole gateway process (uvicorn, the middleware, the statistics, the
-    host's sharing) over the in-process simulated card, one request served, then idle."""
+    host's sharing) over the in-process simulated card (``nvml``: the NVML reader over
+    fake_pynvml), one request served, then idle."""
     import threading
 
     import httpx
@@ -76,7 +89,9 @@ def one_gateway(config: str, seconds: float, warm: float) -> dict[str, Any]:
     async def chat(request: Request) -> JSONResponse:
         return JSONResponse({"id": "x"})
 
-    node = Node("idle", idle_w=60.0, reader="simulated",
+    if nvml:
+        _install_fake_pynvml()
+    node = Node("idle", idle_w=60.0, reader="nvml" if nvml else "simulated",
                 foreign="subtract" if config == "idle, foreign watch" else "charge")
     app = Starlette(routes=[Route("/", chat)])
     app.add_middleware(EnergyMiddleware, nodes=[node])
@@ -96,21 +111,25 @@ def one_gateway(config: str, seconds: float, warm: float) -> dict[str, Any]:
     reads1 = ledger.totals().reads
     server.should_exit = True
     thread.join(10)
-    return {"config": config, "card": "gateway", "cpu_pct": 100.0 * (cpu1 - cpu0) / (wall1 - wall0),
+    return {"config": config, "card": "gateway-nvml" if nvml else "gateway",
+            "cpu_pct": 100.0 * (cpu1 - cpu0) / (wall1 - wall0),
             "reads_per_s": (reads1 - reads0) / (wall1 - wall0)}
 
 
 def one(config: str, card: str, seconds: float, warm: float) -> dict[str, Any]:
     """In the child: start the ledger, let it settle, measure."""
-    if card == "gateway":
-        return one_gateway(config, seconds, warm)
+    if card.startswith("gateway"):
+        return one_gateway(config, seconds, warm, nvml=card == "gateway-nvml")
     from giul_asgi.config import Node
     from giul_asgi.ledger import Ledger
     from giul_asgi.ledger.poller import Poller
 
     factory = _reader_factory(card)
+    if card == "nvml":
+        _install_fake_pynvml()
+    reader = "nvml" if card == "nvml" else "simulated" if factory is None else "auto"
     node = Node(
-        "idle", idle_w=60.0, reader="simulated" if factory is None else "auto",
+        "idle", idle_w=60.0, reader=reader,
         foreign="subtract" if config == "idle, foreign watch" else "charge", reader_factory=factory,
     )
     ledger = Ledger(node)
@@ -147,11 +166,12 @@ def main() -> int:
         print(json.dumps(one(args.one[0], args.one[1], args.seconds, args.warm)))
         return 0
     cards = [c for c in args.cards.split(",") if c]
+    load_start = os.getloadavg()
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for repeat in range(args.repeats):
         for card in cards:
             for config in CONFIGS:
-                if card == "gateway" and config == "window open":
+                if card.startswith("gateway") and config == "window open":
                     continue
                 out = subprocess.run(
                     [sys.executable, __file__, "--one", config, card, "--seconds", str(args.seconds),
@@ -164,9 +184,13 @@ def main() -> int:
                       f"{result['reads_per_s']:.1f} reads/s", file=sys.stderr)
     lines = [
         f"# idle: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node() or 'host'}, "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        f"{os.cpu_count()} cores (nproc), Python {platform.python_version()}",
         "",
-        f"python benchmarks/idle.py --seconds {args.seconds:g} --warm {args.warm:g} --repeats {args.repeats}",
+        f"    python benchmarks/idle.py --seconds {args.seconds:g} --warm {args.warm:g} "
+        f"--repeats {args.repeats} --cards {','.join(cards)}",
+        "",
+        "Load average at start {:.2f} {:.2f} {:.2f}, at end {:.2f} {:.2f} {:.2f} (1, 5, 15 min)".format(
+            *load_start, *os.getloadavg()),
         "",
         "CPU share of one idle process (every thread), `time.process_time()` over wall time, "
         f"{args.seconds:g} s a run after {args.warm:g} s to settle; configurations interleaved; "

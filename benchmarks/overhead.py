@@ -14,19 +14,35 @@
     python benchmarks/overhead.py            # both parts
     python benchmarks/overhead.py --quick    # fewer repeats, for a smoke run
 
-Our variant runs with its ledger live on a busy simulated card and the energy block
-injected into every JSON body; ``floor`` writes the same output (eleven per-request
-headers and a block) without metering anything: the ``lean`` reference.
+Ours runs twice, with its ledger live on a busy card and the energy block injected into
+every JSON body: ``giul-asgi`` on the simulated reader, ``giul-asgi-nvml`` on the production
+path (``Node(reader="nvml")`` over benchmarks/fake_pynvml: every NVML call a ctypes call
+into C with the GIL released, tens of microseconds). ``floor`` writes the same output
+(eleven per-request headers and a block) without metering anything: the lean reference.
+
+Besides wall time, each measurement takes the whole process's CPU (every thread, so the
+reader thread's share is in it) over its requests; after our variants the loop idles
+``--tail`` seconds, uncounted, so their readers' busy linger never runs into the next
+variant's measurement. (The reader's cost is per second while busy, not per request: a
+batch counts what it did while the batch ran, as a server under steady load would.)
+
+The breakdown says where our JSON request's time goes on each path, the reader thread's CPU
+and the GIL hand-overs it causes (reads, driver calls, how late the reader had the GIL back
+after each, the main thread's off-CPU time and switches), and how many counter reads the
+node got while 5,000 JSON requests ran back to back; each variant's breakdown runs in a
+fresh process of its own, its node the only one there.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -41,6 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _apps import BUILDERS, PATHS, PAYLOAD
+from threads import main_thread_times, named_thread_times
 
 
 def scope_for(path: str) -> dict[str, Any]:
@@ -82,9 +99,13 @@ async def run_requests(app: Any, path: str, n: int) -> float:
 #: Variants timed; the reference rows first, then the peers, then ours.
 TIMED: tuple[str, ...] = (
     "bare", "passthrough", "floor", "starlette-exporter", "prometheus-fastapi-instrumentator",
-    "giul-asgi",
+    "giul-asgi", "giul-asgi-nvml",
 )
 PEERS: tuple[str, ...] = ("starlette-exporter", "prometheus-fastapi-instrumentator")
+OURS: tuple[str, ...] = ("giul-asgi", "giul-asgi-nvml")
+#: Seconds the loop idles after our variants' requests (uncounted): longer than the reader's
+#: busy linger (0.5 s), so it never runs into the next variant's measurement.
+TAIL_S = 0.8
 LENGTHS: tuple[int, ...] = (10, 100, 1000)
 
 
@@ -97,19 +118,29 @@ def kinds() -> dict[str, tuple[str, int]]:
     return out
 
 
-async def in_process(repeats: int, scale: int) -> dict[str, dict[str, list[float]]]:
-    """Seconds per request, per kind and variant, ``repeats`` interleaved measurements."""
+Results = dict[str, dict[str, list[float]]]
+
+
+async def in_process(repeats: int, scale: int, tail: float = TAIL_S) -> tuple[Results, Results]:
+    """Seconds per request (wall), and process CPU seconds per request (every thread), per
+    kind and variant, ``repeats`` interleaved measurements."""
     apps = {v: BUILDERS[v]() for v in TIMED}
-    results: dict[str, dict[str, list[float]]] = {}
+    results: Results = {}
+    cpu: Results = {}
     for kind, (path, chunks) in kinds().items():
         n = max(3, scale // (chunks + 10))
         for v in TIMED:  # warm each stack (route caches, ledgers started)
             await run_requests(apps[v], path, max(3, n // 4))
-        results[kind] = {}
+        await asyncio.sleep(tail)
+        results[kind], cpu[kind] = {}, {}
         for _ in range(repeats):
             for v in TIMED:
+                cpu0 = time.process_time()
                 results[kind].setdefault(v, []).append(await run_requests(apps[v], path, n))
-    return results
+                cpu[kind].setdefault(v, []).append((time.process_time() - cpu0) / n)
+                if v in OURS:
+                    await asyncio.sleep(tail)
+    return results, cpu
 
 
 def fit(lengths: list[int], added: list[float]) -> tuple[float, float]:
@@ -224,7 +255,9 @@ def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
 
 
 def _wait_port(port: int) -> None:
-    deadline = time.monotonic() + 20
+    # 60 s: on the shared 2-core VM at a load of 20-40, six servers importing FastAPI, uvicorn
+    # and ours at once took longer than 20 s to listen (gateway.py, 2026-12-02).
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
@@ -245,23 +278,6 @@ def added_medians(results: dict[str, dict[str, list[float]]]) -> dict[str, dict[
     return out
 
 
-def _thread_cpu(prefix: str) -> float:
-    """CPU seconds the threads whose names start with ``prefix`` have used (Linux
-    /proc/.../schedstat, in ns), or nan."""
-    import threading
-
-    total, found = 0.0, False
-    for thread in threading.enumerate():
-        if thread.name.startswith(prefix) and thread.native_id is not None:
-            try:
-                stat = Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text()
-            except OSError:
-                continue
-            total += int(stat.split()[0]) / 1e9
-            found = True
-    return total if found else float("nan")
-
-
 def timed(fn: Any, n: int) -> float:
     """Microseconds per call of ``fn``: the least of three runs of ``n`` calls."""
     best = float("inf")
@@ -273,18 +289,33 @@ def timed(fn: Any, n: int) -> float:
     return best / n * 1e6
 
 
-async def breakdown(n: int) -> list[tuple[str, float, str]]:
-    """Where our JSON request's microseconds go: each part timed alone on the same objects
-    the benchmark's app uses (its busy simulated card), and the reader thread's CPU per
-    request while the app serves ``n`` JSON requests."""
+async def _parts(app: Any, path: str, n: int) -> list[tuple[str, float, str]]:
+    """Each part of our JSON request timed alone, on the objects ``app`` uses, after the
+    reader has settled what came before (so its work does not land in the part's time; the
+    window's open and close, which makes work for it, last). Reaches into the middleware's
+    parts (router, ledger, meter): where they have moved, a row says so and the rest of the
+    breakdown (the reader's share, the hand-overs) still runs."""
+    try:
+        return await _timed_parts(app, path, n)
+    except Exception as exc:
+        return [("parts", float("nan"), f"not timed: {type(exc).__name__}: {exc}")]
+
+
+async def _timed_parts(app: Any, path: str, n: int) -> list[tuple[str, float, str]]:
     from giul_asgi import EnergyMiddleware
     from giul_asgi.listeners import Settled
     from giul_asgi.meter import Meter
     from giul_asgi.wire import energy_headers, energy_json, parse_object, splice_object
 
-    app = BUILDERS["giul-asgi"]()
-    path = PATHS["json"]
-    await run_requests(app, path, 200)  # builds the stack, starts the reader
+    rows: list[tuple[str, float, str]] = []
+
+    async def row(name: str, what: str, make: Any, per: int = 1) -> None:
+        await asyncio.sleep(TAIL_S)
+        try:
+            rows.append((name, timed(make(), max(1, n // per)) / per, what))
+        except Exception as exc:  # the part moved: say so, time the rest
+            rows.append((name, float("nan"), f"not timed: {type(exc).__name__}: {exc}"))
+
     layer = app.middleware_stack
     while not isinstance(layer, EnergyMiddleware):
         layer = layer.app
@@ -293,16 +324,10 @@ async def breakdown(n: int) -> list[tuple[str, float, str]]:
     target = mw.router.match(scope)
     ledger = mw.ledgers.get(target.node)
     body = json.dumps(PAYLOAD).encode()
-
-    def open_close() -> None:
-        ledger.close(ledger.open())
-
     meter = Meter(ledger, target.tier, route=target.label)
     meter.open()
     meter.close()
     window = meter.window
-    assert window is not None
-    share = ledger.share(window)
     energy = meter.figure()
 
     def output() -> None:
@@ -312,45 +337,153 @@ async def breakdown(n: int) -> list[tuple[str, float, str]]:
         splice_object(body, obj, "energy", energy_json(energy))
 
     batch = [Settled(energy, "ok", 200, time.time())] * 16
-    rows = [
-        ("route match", timed(lambda: mw.router.match(scope), n), "Router.match"),
-        ("window open + close", timed(open_close, n), "Ledger.open/close on the busy card"),
-        ("figure (grade a share)", timed(lambda: meter._grade(share, window), n),
-         "Meter._grade -> energy.grade"),
-        ("output", timed(output, n), "parse, 11 headers, the block, the splice"),
-        ("statistics, a record", timed(lambda: mw.stats.settled(batch), n // 16) / 16,
-         "EnergyStats.settled, batches of 16"),
-        ("records by id, a record", timed(lambda: mw.records.settled(batch), n // 16) / 16,
-         "RecordStore.settled, batches of 16"),
-    ]
-    await asyncio.sleep(0.5)
-    reader = "giul-"  # the node's reader thread, and any sink's writer
-    before, start = _thread_cpu(reader), time.perf_counter()
-    await run_requests(app, path, n)
-    await asyncio.sleep(0.3)  # the last windows settle
-    after = _thread_cpu(reader)
-    rows.append(("reader thread, a request", (after - before) / n * 1e6,
-                 f"its CPU while serving {n} requests in {time.perf_counter() - start:.1f} s "
-                 "(reads, settling, grading, every listener)"))
+    await row("route match", "Router.match", lambda: lambda: mw.router.match(scope))
+    await row("figure (grade a share)", "Meter._grade -> energy.grade",
+              lambda: (lambda share: lambda: meter._grade(share, window))(ledger.share(window)))
+    await row("output", "parse, 11 headers, the block, the splice", lambda: output)
+    await row("statistics, a record", "EnergyStats.settled, batches of 16",
+              lambda: lambda: mw.stats.settled(batch), 16)
+    await row("records by id, a record", "RecordStore.settled, batches of 16",
+              lambda: lambda: mw.records.settled(batch), 16)
+    await row("window open + close", "Ledger.open/close on the busy card",
+              lambda: lambda: ledger.close(ledger.open()))
     return rows
+
+
+def _ledger_reads(app: Any) -> int | None:
+    """Readings the app's one ledger has taken (``Ledger.totals().reads``), or None."""
+    try:
+        layer = app.middleware_stack
+        while not hasattr(layer, "ledgers"):
+            layer = layer.app
+        return sum(ledger.totals().reads for ledger in layer.ledgers)
+    except Exception:
+        return None
+
+
+def _q(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def handoffs(
+    app: Any, path: str, n: int, nvml: bool, period: float = 0.1
+) -> list[tuple[str, str, str]]:
+    """What ``n`` JSON requests back to back cost beyond the loop, per request: the reader
+    thread's CPU and switches, the main thread's time off the CPU that was not run-queue
+    wait (waiting for the GIL or the ledger's lock), and on the NVML path the driver's calls
+    and how late the reader had the GIL back after each. Rows: (what, value, how)."""
+    import fake_pynvml
+
+    driver = fake_pynvml.driver() if nvml else None
+    await asyncio.sleep(TAIL_S)
+    if driver is not None:
+        driver.stats.reset()
+    calls0 = driver.calls() if driver is not None else {}
+    reads0 = _ledger_reads(app)
+    reader0, main0 = named_thread_times("giul-reader-"), main_thread_times()
+    t0 = time.perf_counter()
+    t0_ns = time.monotonic_ns()
+    await run_requests(app, path, n)
+    wall = time.perf_counter() - t0
+    t1_ns = time.monotonic_ns()
+    main1, reader1 = main_thread_times(), named_thread_times("giul-reader-")
+    reads1 = _ledger_reads(app)
+    reader, main = reader1 - reader0, main1 - main0
+    reads = "n/a" if reads0 is None or reads1 is None else \
+        f"{reads1 - reads0} ({(reads1 - reads0) / (wall / period):.1f} a {period * 1000:.0f} ms period)"
+    rows = [
+        ("requests back to back", f"{n} in {wall:.2f} s", "run_requests: one loop, asyncio.sleep(0) between"),
+        ("readings the ledger took", reads, "Ledger.totals().reads; the poller asks for 10 a period"),
+        ("reader thread CPU, us a request", f"{reader.cpu_s / n * 1e6:.2f}",
+         "schedstat of giul-reader-* (every node's) over the requests"),
+        ("reader thread CPU, % of a core", f"{reader.cpu_s / wall * 100:.2f}",
+         "the same over the requests' wall time: what a busy node's reader costs a second"),
+        ("reader thread switches, a request", f"{reader.voluntary / n:.2f} voluntary, "
+         f"{reader.involuntary / n:.3f} involuntary", "/proc/self/task/TID/status"),
+        ("main thread off CPU, not queued, us a request",
+         f"{(main.wall_s - main.cpu_s - main.queued_s) / n * 1e6:.2f}",
+         "wall - CPU - run-queue wait (schedstat) over the requests: waits for the GIL or a lock"),
+        ("main thread run-queue wait, us a request", f"{main.queued_s / n * 1e6:.2f}",
+         "schedstat: runnable, no core free (2 cores, shared)"),
+        ("main thread switches, a request", f"{main.voluntary / n:.3f} voluntary, "
+         f"{main.involuntary / n:.3f} involuntary", "/proc/self/task/TID/status"),
+    ]
+    if driver is not None:
+        calls = {k: v - calls0.get(k, 0) for k, v in driver.calls().items()}
+        starts = [s for s in driver.stats.starts_ns if t0_ns <= s <= t1_ns]
+        lags = [lag / 1000 for s, lag in zip(driver.stats.starts_ns, driver.stats.lags_ns, strict=True)
+                if t0_ns <= s <= t1_ns]
+        gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(starts)]
+        rows += [
+            ("counter reads during the requests", f"{len(starts)} ({len(starts) / (wall / period):.1f} "
+             f"a {period * 1000:.0f} ms period)", "the driver's reading calls begun in the span"),
+            ("driver calls, a request", f"{sum(calls.values()) / n:.3f}",
+             ", ".join(f"{k} {v}" for k, v in sorted(calls.items()))),
+            ("time between reads, ms", f"p50 {_q(gaps, .5):.1f}, p90 {_q(gaps, .9):.1f}, "
+             f"max {max(gaps, default=float('nan')):.1f}", "asked: 10 ms x U(0.5, 1.5)"),
+            ("GIL back after a driver call, us", f"p50 {_q(lags, .5):.0f}, p90 {_q(lags, .9):.0f}, "
+             f"max {max(lags, default=float('nan')):.0f}",
+             "from the call's deadline to Python running again on the reader thread"),
+        ]
+    return rows
+
+
+Parts = list[tuple[str, float, str]]
+Rows = list[tuple[str, str, str]]
+
+
+async def breakdown_here(variant: str, n: int) -> tuple[Parts, Rows]:
+    """In this process: ``variant``'s parts timed alone, the reader thread's share and the
+    GIL hand-overs of ``n`` requests, then of 5,000 back to back."""
+    path = PATHS["json"]
+    app = BUILDERS[variant]()
+    await run_requests(app, path, 200)  # builds the stack, starts the reader
+    await asyncio.sleep(0.3)
+    parts = await _parts(app, path, n)
+    nvml = variant == "giul-asgi-nvml"
+    return parts, await handoffs(app, path, n, nvml) + await handoffs(app, path, 5000, nvml)
+
+
+def breakdown(variant: str, n: int) -> tuple[Parts, Rows]:
+    """:func:`breakdown_here` in a fresh process, so no other node's reader runs beside it."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--breakdown", variant, "--parts-n", str(n)],
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
+    parts, rows = json.loads(out.stdout.strip().splitlines()[-1])
+    return [tuple(p) for p in parts], [tuple(r) for r in rows]  # type: ignore[misc]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-server", action="store_true", help="skip part (b)")
+    parser.add_argument("--tail", type=float, default=TAIL_S,
+                        help="seconds the loop idles (uncounted) after our variants' requests")
+    parser.add_argument("--breakdown", help=argparse.SUPPRESS)
+    parser.add_argument("--parts-n", type=int, default=20000, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.breakdown:
+        print(json.dumps(asyncio.run(breakdown_here(args.breakdown, args.parts_n))))
+        return
     repeats, scale = (3, 3000) if args.quick else (9, 20000)
 
     from giul_asgi.wire import body
 
     parser_name = "orjson" if body._fast_loads is not None else "json (stdlib)"
     print(f"# overhead: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (nproc), "
           f"Python {platform.python_version()}, body parser {parser_name}")
+    print(f"\n    python benchmarks/overhead.py {shlex.join(sys.argv[1:])}".rstrip())
+    print(f"\nLoad average at start: {_load()}")
     print(f"\n## (a) in process, median of {repeats} interleaved repeats\n")
-    results = asyncio.run(in_process(repeats, scale))
+    results, cpu_results = asyncio.run(in_process(repeats, scale, args.tail))
     med = added_medians(results)
+    cpu_med = added_medians(cpu_results)
     print("Added us per request over the bare app (bare: its own us per request).\n")
     kind_names = list(kinds())
     print("| variant | " + " | ".join(kind_names) + " |")
@@ -373,28 +506,54 @@ def main() -> None:
         (pf, pc), (uf, uc) = fits[v]["stream"], fits[v]["usage"]
         print(f"| {v} | {pf:.1f} | {pc:.3f} | {uf:.1f} | {uc:.3f} "
               f"| {med['stream-1000'][v]:.0f} / {med['usage-1000'][v]:.0f} |")
-    ours, cheapest = med["json"]["giul-asgi"], min(med["json"][p] for p in PEERS)
-    print(f"\nJSON: ours adds {ours:.1f} us; the cheapest peer {cheapest:.1f} us: ratio "
-          f"{ours / cheapest:.2f} (target <= 0.6); floor {med['json']['floor']:.1f} us.")
+    print("\nProcess CPU (every thread: the reader's share included) added per request over the "
+          "bare app, us.\n")
+    print("| variant | " + " | ".join(kind_names) + " |")
+    print("|---|" + "---:|" * len(kind_names))
+    for v in TIMED:
+        if v == "bare":
+            cells = [f"({statistics.median(cpu_results[k]['bare']) * 1e6:.1f})" for k in kind_names]
+        else:
+            cells = [f"{cpu_med[k][v]:.1f}" for k in kind_names]
+        print(f"| {v} | " + " | ".join(cells) + " |")
+    cpu_fits = {v: {name: fit(list(LENGTHS), [cpu_med[f"{name}-{n}"][v] for n in LENGTHS])
+                    for name in ("stream", "usage")} for v in TIMED[1:]}
+    cheapest, cheapest_cpu = min(med["json"][p] for p in PEERS), min(cpu_med["json"][p] for p in PEERS)
     cheapest_fixed = min(min(fits[p]["stream"][0], fits[p]["usage"][0]) for p in PEERS)
-    for name in ("stream", "usage"):
-        fixed, per = fits["giul-asgi"][name]
-        whole, exporter = med[f"{name}-1000"]["giul-asgi"], med[f"{name}-1000"]["starlette-exporter"]
-        print(f"{name}: ours {per:.3f} us a chunk (target <= 0.4), fixed {fixed:.1f} us "
-              f"(target <= the cheapest peer's, {cheapest_fixed:.1f}), whole 1000-chunk stream "
-              f"{whole:.0f} us vs starlette-exporter's {exporter:.0f} (target: below).")
+    print()
+    for v in OURS:
+        ours, ours_cpu = med["json"][v], cpu_med["json"][v]
+        print(f"JSON, {v}: adds {ours:.1f} us wall, {ours_cpu:.1f} us CPU; the cheapest peer "
+              f"{cheapest:.1f} / {cheapest_cpu:.1f}: ratio {ours / cheapest:.2f} wall, "
+              f"{ours_cpu / cheapest_cpu:.2f} CPU (target <= 1.0); floor {med['json']['floor']:.1f} us.")
+        for name in ("stream", "usage"):
+            fixed, per = fits[v][name]
+            whole, exporter = med[f"{name}-1000"][v], med[f"{name}-1000"]["starlette-exporter"]
+            print(f"  {name}: {per:.3f} us a chunk wall, {cpu_fits[v][name][1]:.3f} CPU (target <= 0.25), "
+                  f"fixed {fixed:.1f} us (target <= the cheapest peer's, {cheapest_fixed:.1f}), whole "
+                  f"1000-chunk stream {whole:.0f} us vs starlette-exporter's {exporter:.0f}.")
 
-    print("\nWhere our JSON request's time goes: each part timed alone (least of 3), and the "
-          "reader thread's CPU per request.\n")
-    print("| part | us | what |")
-    print("|---|---:|---|")
-    for name, us, what in asyncio.run(breakdown(3000 if args.quick else 20000)):
-        print(f"| {name} | {us:.2f} | {what} |")
+    n_parts = 3000 if args.quick else 20000
+    for variant in OURS:
+        parts, rows = breakdown(variant, n_parts)
+        print(f"\nWhere {variant}'s JSON request's time goes: each part timed alone (least of 3).\n")
+        print("| part | us | what |")
+        print("|---|---:|---|")
+        for name, us, what in parts:
+            print(f"| {name} | {us:.2f} | {what} |")
+        print(f"\n{variant}: the reader thread's share and the hand-overs, {n_parts} requests, then "
+              "5,000 (the second block).\n")
+        print("| what | measured | how |")
+        print("|---|---|---|")
+        for what, value, how in rows:
+            print(f"| {what} | {value} | {how} |")
 
     if args.no_server:
+        print(f"\nLoad average at end: {_load()}")
         return
     if shutil.which("wrk") is None:
         print("\n(b) skipped: wrk is not installed (apt-get install wrk)")
+        print(f"\nLoad average at end: {_load()}")
         return
     seconds = 2 if args.quick else 3
     server_repeats = 2 if args.quick else 7
@@ -410,6 +569,12 @@ def main() -> None:
         print(f"| {v} | {statistics.median(rps['json'][v]):.0f} | "
               f"{statistics.median(ratios):.2f} | {statistics.median(cpu['json'][v]):.0f} |")
     print("\nTarget: ours keeps at least the cheapest peer's share of the bare app's req/s.")
+    print(f"\nLoad average at end: {_load()}")
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min)"
 
 
 if __name__ == "__main__":

@@ -100,6 +100,7 @@ class TrueCard:
         self.t0 = self.clock()
         self._done_j = 0.0  # energy of jobs whose tails are over, summed once
         self._phase = random.Random(self.seed).uniform(0, self.period)
+        self._jitters: dict[int, float] = {}
 
     def start_job(self, watts: float) -> Job:
         with self._lock:
@@ -142,7 +143,15 @@ class TrueCard:
         return self.t0
 
     def _jitter(self, k: int) -> float:
-        return random.Random(k * 7919 + self.seed).uniform(-self.step_jitter, self.step_jitter)
+        # Seeding a generator costs microseconds; a counter read asks for the same steps
+        # ten times a period (fake_pynvml reads it on the reader thread, holding the GIL).
+        jitter = self._jitters.get(k)
+        if jitter is None:
+            if len(self._jitters) > 4096:
+                self._jitters.clear()
+            jitter = random.Random(k * 7919 + self.seed).uniform(-self.step_jitter, self.step_jitter)
+            self._jitters[k] = jitter
+        return jitter
 
     def foreign_watts(self, t: float) -> float:
         return sum((f.energy_until(t + 1e-3) - f.energy_until(t)) / 1e-3 for f in self.foreign)
