@@ -238,6 +238,8 @@ def grade(
     if joules is None or not (joules > 0 and math.isfinite(joules)):
         if joules is not None and error is None:
             error = f"measured {joules:.6g} J above idle: a failed measurement, not a free request"
+            if share.trouble:
+                error = f"{error}; {share.trouble}"
         if valid_tokens is not None and hint_per_1k > 0:
             joules = hint_per_1k * valid_tokens / 1000.0
             method, backend, source, mean_watts = "estimated", "none", "none", None

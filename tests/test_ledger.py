@@ -362,11 +362,22 @@ def test_a_reader_failing_now_is_named_in_the_first_figure() -> None:
         run.advance(0.3)
     meter = Meter(run.ledger)
     meter.open()
+    job = run.card.start_job(180.0)
     run.advance(0.2)
     run.ledger.ingest(Reading(run.clock.now, error="NVMLError_Unknown"))
+    run.card.stop_job(job)
     meter.close()
     e = meter.figure()
     assert e.method == "estimated" and "the reader is failing: NVMLError_Unknown" in (e.error or "")
+    # A window that drew nothing (measured at idle) says it failed to measure, and why.
+    idle = Meter(run.ledger)
+    idle.open()
+    run.advance(0.2)
+    run.ledger.ingest(Reading(run.clock.now, error="NVMLError_Unknown"))
+    idle.close()
+    e = idle.figure()
+    assert e.joules is None or e.method == "estimated"
+    assert e.joules is not None or "NVMLError_Unknown" in (e.error or "")
 
 
 def test_a_window_closed_after_shutdown_settles_at_once() -> None:

@@ -51,8 +51,12 @@ def test_a_short_window_with_its_tail_teaches_a_rate_by_its_time_not_one_rate_pe
         w.alone = False
         prior.learn_settled(w, 0.0)
     rate, _, basis = prior.rate(window(0.0, 0.3), False)
-    assert basis == "the node's settled windows" and rate is not None
-    assert 200.0 < rate < 205.0  # an EWMA of per-window rates said 2500 W a window first
+    assert basis == "the node's prior" and rate is not None
+    assert 190.0 < rate < 205.0  # an EWMA of per-window rates said 2500 W a window first
+    # The line of share against seconds keeps the short window's tail as what a window gets
+    # beyond its run, not as a rate: a 0.3 s window is guessed near 200 W x 0.3 s plus it.
+    guess = prior.first_guess(window(0.0, 0.3), True, 0.0)
+    assert guess is not None and 58.0 < guess.guess < 66.0
 
 
 def test_the_run_rate_wins_and_a_window_closing_alone_gets_a_tail() -> None:

@@ -147,7 +147,11 @@ def run(index: int, node_name: str, setting: str | bool | None, start: Any, work
         time.sleep(0.05)
     figures = [m.figure() for m in meters.values()]
     charged = sum(f.joules or 0.0 for f in figures)
-    first = sum(v or 0.0 for v in firsts.values())
+    # First figures against what their own requests caused, where a first figure was made
+    # (the very first request of a fresh process may say unknown: the node knew nothing).
+    made = [k for k, v in firsts.items() if v is not None]
+    first = (sum(firsts[k] or 0.0 for k in made), caused_by(
+        [p if k in made else (p[0], p[1], p[2], 0.0) for k, p in enumerate(plan)], ran, {index}))
     missing = sum(1 for f in figures if f.joules is None)
     contended = sum(1 for f in figures if f.contended)
     # The end of the schedule is quiet for everybody: wait for every worker's last figures

@@ -98,9 +98,6 @@ class Book:
         self._last_close = -math.inf
         self._closes: deque[float] = deque(maxlen=64)  # recent closes, for neighbours' tails
         self._tails = False  # the last members found were ramp-down tails only
-        #: Members of other processes in the last span this book took (on a card shared by
-        #: several): a window closing with none of this book's open is not alone on the card.
-        self._others = 0
         self._processes_foreign: bool | None = None
         #: What a foreign or unseen load took of the spans this book decided.
         self.external_j = 0.0
@@ -167,10 +164,9 @@ class Book:
             window.seen_end = True
             window.first = First(window.share, 0.0, 0.0)
         else:
-            # Alone: its ramp-down tail will be its own (no window here, nor of another process
-            # on the card lately, to take a part of it), until settled windows tell better.
-            alone = self._n == 0 and not self._others
-            window.first = self.prior.first_guess(window, alone, _measured_unc(window))
+            # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
+            # others' tails fall in its time as much, on average (until settled windows tell).
+            window.first = self.prior.first_guess(window, True, _measured_unc(window))
         self._closing.append(window)
         settled: list[Window] = []
         if window.waits_on:
@@ -351,7 +347,6 @@ class Book:
         members = self._overlapping(span.t0, span.t1) if not span.tails else \
             self._tail_members(span.t0, span.t1)
         self._tails = span.tails
-        self._others = max(0, span.members - len(members))
         if not members:
             if mine > 0:  # the decider saw windows of ours that have gone (abandoned)
                 part = span.part(mine)

@@ -49,7 +49,7 @@ MIN_GUESS_S = 0.001
 #: Settled windows fit the line of share against seconds (see _Line) once there are this
 #: many, each counting this much less at every later one; the lengths must spread by this
 #: share of their mean for a slope and an offset (else one rate through the origin).
-LINE_MIN = 6
+LINE_MIN = 3
 LINE_KEEP = 0.97
 LINE_SPREAD = 0.25
 #: Rates forget with this time constant, in window-seconds taught.
