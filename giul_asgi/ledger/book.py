@@ -1,8 +1,10 @@
 """Spans in, shares out: how one node's energy is divided among the windows that used it.
 
-Each :class:`~giul_asgi.ledger.tape.Span` of energy above idle is divided among the windows
-open in it, in proportion to their time in it (or by a :class:`~.window.Split`'s weight,
-such as tokens per second). A span with no window open is ``unattributed``. Over any
+Each span of energy above idle is decided once for the host (:mod:`.decider`: whose windows
+are its members, what a foreign or unseen load takes; a :class:`~giul_asgi.spans.CardSpan`),
+and each process's book takes its part and divides it among its own windows
+(:mod:`.members`), in proportion to their time in it (or by a :class:`~.window.Split`'s
+weight, such as tokens per second). A span with no window open is ``unattributed``. Over any
 period::
 
     charged + unattributed == measured above idle        (to float rounding)
@@ -14,10 +16,11 @@ the card has reported so far, plus the part not reported yet at the node's prior
 the reader failed) is filled from the same prior, in both figures, and booked apart as
 ``estimated_j``: it was never measured, so it is outside the identity above.
 
-The book also asks two watches: a load witnessed on the card with no window open
-(:mod:`.foreign`), and load this process cannot see at all (:mod:`.unseen`: other workers,
-the upstream's running requests). Either marks figures ``contended``; the first is taken
-off the spans with ``foreign="subtract"``, the second always.
+The decider asks two watches: a load witnessed on the card with no window open
+(:mod:`.foreign`), and load nobody on the host can see (:mod:`.unseen`: the upstream's
+running requests beyond every window here). Either marks figures ``contended`` (the last
+span says so); the first is taken off the spans with ``foreign="subtract"``, the second
+always.
 
 No clock, no lock, no I/O: the ledger serialises calls and gives the times.
 """
@@ -31,9 +34,9 @@ from dataclasses import dataclass
 
 from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
-from .foreign import ForeignWatch
+from .decider import Decider
+from .members import Members, Windows
 from .prior import FLOOR, Prior
-from .unseen import Unseen
 from .window import First, Split, TimeSplit, TokenSplit, Waiting, Window, spread
 
 #: Intervals waiting for an open window's weight: at most this many, for at most this long.
@@ -85,20 +88,11 @@ class Book:
         self.trouble: str | None = None
         self.stopped = False  # after shutdown no reading will come: windows settle at close
         self.prior = Prior(ramp_s, period)
-        self.foreign = ForeignWatch()
-        self.unseen = Unseen()
-        self._open: dict[int, Window] = {}
-        self._seq = 0
-        self._closing: list[Window] = []  # closed, not yet seen past their tail
+        #: The host's view of the card's spans (used where this book decides them).
+        self.decider = Decider(ramp_s=ramp_s, subtract_foreign=subtract_foreign, period=period)
+        self.windows = Windows(ramp_s)
         self._waiting: deque[Waiting] = deque()
-        self._n = 0
-        self._busy = 0.0
-        self._t_evt: float | None = None
         self._t_end: float | None = None  # where the last booked piece ended
-        self._last_close = -math.inf
-        self._closes: deque[float] = deque(maxlen=64)  # recent closes, for neighbours' tails
-        self._tails = False  # the last members found were ramp-down tails only
-        self._processes_foreign: bool | None = None
         #: What a foreign or unseen load took of the spans this book decided.
         self.external_j = 0.0
         #: The card's books where this book decides alone (:meth:`count`); a book that
@@ -120,24 +114,15 @@ class Book:
         self._time_booked = 0.0
 
     # -- windows ------------------------------------------------------------------------
-    def _advance(self, t: float) -> float:
-        if self._t_evt is not None and t > self._t_evt:
-            self._busy += self._n * (t - self._t_evt)
-        self._t_evt = t if self._t_evt is None else max(self._t_evt, t)
-        return self._busy
-
     def open(self, t: float) -> Window:
-        self._seq += 1
-        window = Window(t, self._advance(t), self._seq)
-        self._n += 1
+        window = self.windows.add(t)
         if self.split.known_at_open:
             window.weight = 1.0
-        self._open[id(window)] = window
         return window
 
     def open_windows(self) -> list[Window]:
         """The windows open now."""
-        return list(self._open.values())
+        return list(self.windows.open.values())
 
     def mark(self, window: Window, name: str, t: float) -> None:
         if window.t_close is not None:
@@ -149,14 +134,9 @@ class Book:
 
     def close(self, window: Window, t: float, tokens: int | None = None) -> list[Window]:
         """Close the window; returns the windows this settles (spans that waited on it)."""
-        if window.t_close is not None or self._open.pop(id(window), None) is None:
+        if not self.windows.shut(window, t):
             return []
-        window.busy_close = self._advance(t)
-        self._n -= 1
-        window.t_close = max(t, window.t_open)
         window.tokens = tokens
-        self._last_close = max(self._last_close, window.t_close)
-        self._closes.append(window.t_close)
         if not self.split.known_at_open:
             window.weight = self.split.weight(window)
         if not self.measures:
@@ -167,7 +147,6 @@ class Book:
             # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
             # others' tails fall in its time as much, on average (until settled windows tell).
             window.first = self.prior.first_guess(window, True, _measured_unc(window))
-        self._closing.append(window)
         settled: list[Window] = []
         if window.waits_on:
             self._release(settled, window)
@@ -175,7 +154,7 @@ class Book:
             self._settle_uncovered(window, settled)
         self._try_settle(window, settled)
         if window.settled:
-            self._closing.remove(window)
+            self.windows.closing.remove(window)
         return settled
 
     def abandon(self, window: Window, t: float) -> list[Window]:
@@ -187,7 +166,7 @@ class Book:
     @property
     def unsettled(self) -> bool:
         """Closed windows still waiting on the card (read without the lock: a list's length)."""
-        return bool(self._closing)
+        return bool(self.windows.closing)
 
     def book(self, piece: Piece, now: float) -> list[Window]:
         """A card this book is alone on: decide each span for itself (nobody else's windows)
@@ -230,57 +209,14 @@ class Book:
         """The reader failed: until the next span, first figures are estimates that say why."""
         self.trouble = why
 
-    def _members(self, t0: float, t1: float) -> list[tuple[Window, float]]:
-        """Windows overlapping (t0, t1], with their overlap; a closed window's ramp-down
-        tail counts where no window is open (``self._tails`` says when it did)."""
-        members = self._overlapping(t0, t1)
-        tails = [] if members else self._tail_members(t0, t1)
-        self._tails = not members and bool(tails)
-        return members or tails
-
-    def _overlapping(self, t0: float, t1: float) -> list[tuple[Window, float]]:
-        members: list[tuple[Window, float]] = []
-        for window in self._open.values():
-            overlap = t1 - max(window.t_open, t0)
-            if overlap > 0:
-                members.append((window, overlap))
-        for window in self._closing:
-            t_close = window.t_close
-            assert t_close is not None
-            if window.settled:
-                continue
-            overlap = min(t_close, t1) - max(window.t_open, t0)
-            if overlap > 0:
-                members.append((window, overlap))
-        return members
-
-    def _tail_members(self, t0: float, t1: float) -> list[tuple[Window, float]]:
-        """Closed windows whose ramp-down tail (``ramp_s`` after close) reaches into (t0, t1]."""
-        tails: list[tuple[Window, float]] = []
-        for window in self._closing:
-            t_close = window.t_close
-            assert t_close is not None
-            if window.settled or t_close >= t1:
-                continue
-            tail = min(t_close + self.ramp_s, t1) - max(t_close, t0)
-            if tail > 0:
-                tails.append((window, tail))
-        return tails
-
     def coverage(self, t0: float, t1: float) -> Coverage:
         """This book's windows' time in (t0, t1] (what a decider adds up for the host)."""
-        members = self._overlapping(t0, t1)
-        tails = [] if members else self._tail_members(t0, t1)
-        last = max((c for c in self._closes if c <= t0), default=-math.inf)
-        return Coverage(sum(o for _, o in members), len(members), sum(o for _, o in tails),
-                        len(tails), last, self._n)
+        return self.windows.coverage(t0, t1)
 
     def _before_start(self, t: float) -> None:
         """Windows opened before the tape's first piece: no reading will cover that time,
         so it is filled from the prior."""
-        for window in [*self._open.values(), *self._closing]:
-            if window.settled:
-                continue
+        for window in self.windows.unsettled():
             end = t if window.t_close is None else min(window.t_close, t)
             if end > window.t_open:
                 window.filled_s += end - window.t_open
@@ -289,8 +225,7 @@ class Book:
         """Time whose energy is unknown: each window in it fills its part from the prior
         (a closed window's ramp-down tail, about a fifth of its time, at its rate)."""
         self.lost_s += gap.t1 - gap.t0
-        members = self._members(gap.t0, gap.t1)
-        tails = self._tails
+        members, tails = self.windows.members(gap.t0, gap.t1)
         for window, overlap in members:
             window.filled_s += overlap / 5 if tails else overlap
             if gap.fault:
@@ -300,42 +235,10 @@ class Book:
 
     def decide(self, span: Span, others: Coverage = NOBODY) -> CardSpan:
         """What the host's windows share of ``span``: this book's windows and ``others``
-        (every other process's on the card), a witnessed foreign load, load nobody here
-        sees. Made once per span, by the process that reads the card."""
-        host = self.coverage(span.t0, span.t1) + others
-        tails = host.open_s <= 0 < host.tail_s
-        covered = host.by(tails)
-        idle = self.provenance.idle_watts
-        period = self.period()
-        above = span.above_j
-        seconds = span.seconds
-        unseen = 0.0
-        foreign_j = 0.0
-        if covered <= 0:
-            if span.t0 >= host.last_close + self.ramp_s:
-                self.foreign.witness(span, idle)
-        else:
-            # Load nobody on the host sees (the upstream's requests beyond every window here)
-            # draws its part of the span like a window would.
-            unseen = self.unseen.window_seconds(span.t0, span.t1)
-        level = self.foreign.level(period, idle)
-        if covered > 0 and level is not None and self.subtract_foreign and not unseen:
-            foreign_j = min(max(above, 0.0), level * seconds)
-            above -= foreign_j
-        doubt_w = self.foreign.doubt_w() if level is not None else 0.0
-        return CardSpan(
-            span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, span.above_j,
-            tails=tails, covered=covered, members=host.tail_n if tails else host.open_n,
-            unseen=unseen, foreign_j=foreign_j,
-            # Energy in the part no window covered may be a neighbour's ramp-down, unless the
-            # card was seen quiet and no window closed within a ramp-down before the span.
-            quiet=level is not None and host.last_close <= span.t0 - self.ramp_s,
-            doubt_w=doubt_w, foreign_unc_w=doubt_w if self.subtract_foreign else 0.0,
-            unwatched=self.subtract_foreign and level is None,
-            level=level, level_recent=self.foreign.recent(span.t1),
-            processes_foreign=self._processes_foreign, unseen_recent=self.unseen.recent(span.t1),
-            period=period,
-        )
+        (every other process's on the card). Made once per span, by the process that reads
+        the card (:class:`~.decider.Decider`)."""
+        return self.decider.decide(span, self.coverage(span.t0, span.t1) + others,
+                                   self.provenance.idle_watts)
 
     def _span(self, span: CardSpan, mine: float, settled: list[Window]) -> None:
         self._contention = (span.level, span.level_recent, span.processes_foreign, span.unseen_recent)
@@ -344,9 +247,8 @@ class Book:
             if seconds > 0:
                 self.prior.learn_card(span.measured_j / seconds)
             return
-        members = self._overlapping(span.t0, span.t1) if not span.tails else \
-            self._tail_members(span.t0, span.t1)
-        self._tails = span.tails
+        windows = self.windows
+        members = windows.tails(span.t0, span.t1) if span.tails else windows.overlapping(span.t0, span.t1)
         if not members:
             if mine > 0:  # the decider saw windows of ours that have gone (abandoned)
                 part = span.part(mine)
@@ -390,26 +292,15 @@ class Book:
 
     def load_at(self, t: float) -> tuple[float, int]:
         """This book's window-seconds integral until ``t``, and its windows open now."""
-        since = t - self._t_evt if self._t_evt is not None and t > self._t_evt else 0.0
-        return self._busy + self._n * since, self._n
+        return self.windows.load_at(t)
 
     def note_upstream(self, t: float, running: float, others: int = 0) -> None:
         """The upstream's running requests at ``t`` (its whole load: ours, ``others`` of
         other processes on the card, and what nobody here sees)."""
-        self.unseen.note_upstream(t, running, self._ours_at(t) + others)
-
-    def _ours_at(self, t: float) -> int:
-        """Our windows that the upstream may count as running at ``t``: open then, or
-        closed within a ramp-down before (its count may lag the request's end)."""
-        lag = t - self.ramp_s
-        ours = sum(1 for w in self._open.values() if w.t_open <= t)
-        return ours + sum(
-            1 for w in self._closing
-            if w.t_open <= t and w.t_close is not None and w.t_close > lag
-        )
+        self.decider.note_upstream(t, running, self.windows.ours_at(t) + others)
 
     def _share(
-        self, span: CardSpan, above: float, members: list[tuple[Window, float]],
+        self, span: CardSpan, above: float, members: Members,
         settled: list[Window], *, by_time: bool,
     ) -> None:
         weights: list[float] | None = None
@@ -516,12 +407,12 @@ class Book:
 
     def _see_ends(self, t: float, settled: list[Window]) -> None:
         """Windows whose close (and ramp-down after it) the tape has now passed settle."""
-        for window in self._closing:
+        for window in self.windows.closing:
             assert window.t_close is not None
             if t >= window.t_close + self.ramp_s:
                 window.seen_end = True
                 self._try_settle(window, settled)
-        self._closing = [w for w in self._closing if not w.settled]
+        self.windows.drop_settled()
 
     def _try_settle(self, window: Window, settled: list[Window]) -> None:
         if window.settled or window.t_close is None or not window.seen_end or window.waiting:
@@ -565,7 +456,7 @@ class Book:
 
     def note_processes(self, foreign: bool | None) -> None:
         """What the card's process list says: a process other than the node's server."""
-        self._processes_foreign = foreign
+        self.decider.processes_foreign = foreign
         level, level_recent, _, unseen_recent = self._contention
         self._contention = (level, level_recent, foreign, unseen_recent)
 
@@ -642,9 +533,9 @@ class Book:
         while self._waiting:
             self._resolve(self._waiting.popleft(), settled, by_time=True)
         self.stopped = True
-        for window in list(self._closing):
+        for window in list(self.windows.closing):
             self._settle_uncovered(window, settled)
-        self._closing = []
+        self.windows.closing = []
         return settled
 
     def _settle_uncovered(self, window: Window, settled: list[Window]) -> None:
@@ -659,9 +550,7 @@ class Book:
         self._try_settle(window, settled)
 
     def totals(self) -> BookTotals:
-        unsettled: dict[int, Window] = dict(self._open)
-        for window in self._closing:
-            unsettled[id(window)] = window
+        unsettled: dict[int, Window] = {id(w): w for w in self.windows.unsettled()}
         waiting = 0.0
         for item in self._waiting:
             if item.done:
@@ -674,7 +563,7 @@ class Book:
         return BookTotals(
             measured_j=self.measured_j, charged_j=self.charged_j,
             unattributed_j=self.unattributed_j + self.forfeit_j, foreign_j=self.foreign_j,
-            in_flight_j=in_flight, lost_s=self.lost_s, windows_open=len(self._open),
+            in_flight_j=in_flight, lost_s=self.lost_s, windows_open=self.windows.n,
             foreign_watts=foreign_w, contended=contended,
             mean_concurrency=self._busy_booked / self._time_booked if self._time_booked else None,
             estimated_j=self.estimated_j, received_j=self.received_j, forfeit_j=self.forfeit_j,

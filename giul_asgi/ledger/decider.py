@@ -1,0 +1,79 @@
+"""What a span of the card is for the whole host, decided once by the process that reads it.
+
+A card drawing above idle with no window on it, once a ramp-down after the last window has
+passed, carries a load nobody on the host asked for (:mod:`.foreign`); the upstream may run
+requests nobody here sees (:mod:`.unseen`); the card's process list may show a foreign
+process. Given every process's windows' time in a span (a
+:class:`~giul_asgi.spans.Coverage`), the decider says what the host's windows share of it: a
+:class:`~giul_asgi.spans.CardSpan`, taken by every process for its own windows. A process
+alone on its card decides with nobody else's coverage. No clock, no lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..spans import CardSpan, Coverage, Span
+from .foreign import ForeignWatch
+from .unseen import Unseen
+
+
+class Decider:
+    """The host's view of one card's spans: the foreign watch, the unseen load, the card's
+    process list."""
+
+    def __init__(self, *, ramp_s: float, subtract_foreign: bool, period: Callable[[], float]) -> None:
+        self.ramp_s = ramp_s
+        self.subtract_foreign = subtract_foreign
+        self.period = period
+        self.foreign = ForeignWatch()
+        self.unseen = Unseen()
+        #: The card's process list showed a process other than the node's server (None:
+        #: nobody could look).
+        self.processes_foreign: bool | None = None
+
+    def decide(self, span: Span, host: Coverage, idle_w: float | None) -> CardSpan:
+        """What the host's windows (``host``: every process's coverage of the span) share of
+        ``span``, after a witnessed foreign load and load nobody here sees."""
+        tails = host.open_s <= 0 < host.tail_s
+        covered = host.by(tails)
+        period = self.period()
+        above = span.above_j
+        seconds = span.seconds
+        unseen = 0.0
+        foreign_j = 0.0
+        if covered <= 0:
+            # Quiet only where the span's start, to its step's doubt, is a ramp-down past the
+            # last close: a late stamp must not make a window's energy a foreign load.
+            if span.t0 - span.stamp_s >= host.last_close + self.ramp_s:
+                self.foreign.witness(span, idle_w)
+        else:
+            # Load nobody on the host sees (the upstream's requests beyond every window here)
+            # draws its part of the span like a window would.
+            unseen = self.unseen.window_seconds(span.t0, span.t1)
+        level = self.foreign.level(period, idle_w)
+        if covered > 0 and level is not None and self.subtract_foreign and not unseen:
+            foreign_j = min(max(above, 0.0), level * seconds)
+            above -= foreign_j
+        doubt_w = self.foreign.doubt_w() if level is not None else 0.0
+        return CardSpan(
+            span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, span.above_j,
+            tails=tails, covered=covered, members=host.tail_n if tails else host.open_n,
+            unseen=unseen, foreign_j=foreign_j,
+            # Energy in the part no window covered may be a neighbour's ramp-down, unless the
+            # card was seen quiet and no window closed within a ramp-down before the span.
+            quiet=level is not None and host.last_close <= span.t0 - self.ramp_s,
+            doubt_w=doubt_w, foreign_unc_w=doubt_w if self.subtract_foreign else 0.0,
+            unwatched=self.subtract_foreign and level is None,
+            level=level, level_recent=self.foreign.recent(span.t1),
+            processes_foreign=self.processes_foreign, unseen_recent=self.unseen.recent(span.t1),
+            period=period,
+        )
+
+    def note_upstream(self, t: float, running: float, ours: int) -> None:
+        """The upstream ran ``running`` requests at ``t`` while ``ours`` windows of the host
+        were on the card."""
+        self.unseen.note_upstream(t, running, ours)
+
+
+__all__ = ["Decider"]

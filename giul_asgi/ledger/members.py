@@ -1,0 +1,140 @@
+"""One book's windows in time: those open, those closed and not settled yet, and their time in a span.
+
+The book shares each span among its *members*: the windows that overlap it, else (where none
+does) the ramp-down tails of windows closed within ``ramp_s`` before it. This is where the
+windows are kept and those questions answered: who overlaps (t0, t1], for how long, how much
+window-time this process has on the card at an instant (:meth:`Windows.load_at`, the
+integral the in-process simulated card is loaded by), and its :class:`~giul_asgi.spans.Coverage`
+of a span for whoever decides it for the host. No clock, no lock: the book's caller gives the
+times and holds the lock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from ..spans import Coverage
+from .window import Window
+
+Members = list[tuple[Window, float]]
+
+
+class Windows:
+    """The windows of one book: open (by id), closing (closed, not yet seen past their
+    ramp-down), and the window-seconds integral of how many were open."""
+
+    __slots__ = ("_busy", "_closes", "_n", "_seq", "_t", "closing", "last_close", "open", "ramp_s")
+
+    def __init__(self, ramp_s: float) -> None:
+        self.ramp_s = ramp_s
+        self.open: dict[int, Window] = {}
+        self.closing: list[Window] = []
+        self.last_close = -math.inf
+        self._closes: deque[float] = deque(maxlen=64)  # recent closes, for neighbours' tails
+        self._seq = 0
+        self._n = 0
+        self._busy = 0.0
+        self._t: float | None = None
+
+    @property
+    def n(self) -> int:
+        """Windows open now."""
+        return self._n
+
+    def _advance(self, t: float) -> float:
+        if self._t is not None and t > self._t:
+            self._busy += self._n * (t - self._t)
+        self._t = t if self._t is None else max(self._t, t)
+        return self._busy
+
+    def add(self, t: float) -> Window:
+        """A window opening at ``t``."""
+        self._seq += 1
+        window = Window(t, self._advance(t), self._seq)
+        self._n += 1
+        self.open[id(window)] = window
+        return window
+
+    def shut(self, window: Window, t: float) -> bool:
+        """The window closes at ``t`` (it waits among the closing until it settles); False if
+        it was not open here."""
+        if window.t_close is not None or self.open.pop(id(window), None) is None:
+            return False
+        window.busy_close = self._advance(t)
+        self._n -= 1
+        window.t_close = max(t, window.t_open)
+        self.last_close = max(self.last_close, window.t_close)
+        self._closes.append(window.t_close)
+        self.closing.append(window)
+        return True
+
+    def overlapping(self, t0: float, t1: float) -> Members:
+        """Windows with time in (t0, t1], and how much."""
+        members: Members = []
+        for window in self.open.values():
+            overlap = t1 - max(window.t_open, t0)
+            if overlap > 0:
+                members.append((window, overlap))
+        for window in self.closing:
+            t_close = window.t_close
+            assert t_close is not None
+            if window.settled:
+                continue
+            overlap = min(t_close, t1) - max(window.t_open, t0)
+            if overlap > 0:
+                members.append((window, overlap))
+        return members
+
+    def tails(self, t0: float, t1: float) -> Members:
+        """Closed windows whose ramp-down tail (``ramp_s`` after close) reaches into (t0, t1]."""
+        tails: Members = []
+        for window in self.closing:
+            t_close = window.t_close
+            assert t_close is not None
+            if window.settled or t_close >= t1:
+                continue
+            tail = min(t_close + self.ramp_s, t1) - max(t_close, t0)
+            if tail > 0:
+                tails.append((window, tail))
+        return tails
+
+    def members(self, t0: float, t1: float) -> tuple[Members, bool]:
+        """The span's members: the windows overlapping it, else the closed windows' tails
+        (and whether they are tails)."""
+        members = self.overlapping(t0, t1)
+        if members:
+            return members, False
+        tails = self.tails(t0, t1)
+        return tails, bool(tails)
+
+    def coverage(self, t0: float, t1: float) -> Coverage:
+        """These windows' time in (t0, t1] (what a decider adds up for the host)."""
+        members = self.overlapping(t0, t1)
+        tails = [] if members else self.tails(t0, t1)
+        last = max((c for c in self._closes if c <= t0), default=-math.inf)
+        return Coverage(sum(o for _, o in members), len(members), sum(o for _, o in tails),
+                        len(tails), last, self._n)
+
+    def unsettled(self) -> list[Window]:
+        """Every window not settled yet: open, or closed and waiting on the card."""
+        return [*self.open.values(), *(w for w in self.closing if not w.settled)]
+
+    def drop_settled(self) -> None:
+        self.closing = [w for w in self.closing if not w.settled]
+
+    def load_at(self, t: float) -> tuple[float, int]:
+        """The window-seconds integral until ``t``, and the windows open now."""
+        since = t - self._t if self._t is not None and t > self._t else 0.0
+        return self._busy + self._n * since, self._n
+
+    def ours_at(self, t: float) -> int:
+        """Windows an upstream may count as running at ``t``: open then, or closed within a
+        ramp-down before (its count may lag the request's end)."""
+        lag = t - self.ramp_s
+        ours = sum(1 for w in self.open.values() if w.t_open <= t)
+        return ours + sum(1 for w in self.closing
+                          if w.t_open <= t and w.t_close is not None and w.t_close > lag)
+
+
+__all__ = ["Members", "Windows"]
