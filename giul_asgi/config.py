@@ -75,30 +75,56 @@ class Node:
     node's identity.
     """
 
+    #: The node's name, in every figure and label.
     name: str = "local"
+    #: NVML indices of its GPUs; ``()``: every GPU the host shows.
     gpus: tuple[int, ...] = (0,)
+    #: The whole node's idle floor (W), yours, measured at rest (``giul-asgi probe --idle``);
+    #: None: figures are above zero and say so (``idle_known: false``).
     idle_w: float | None = None
+    #: How the card is read: ``auto``, ``nvml``, ``smi``, ``dcgm``, ``dcgmi``, ``agent``,
+    #: ``rapl``, ``amd``, ``simulated``, ``none`` (see Readers).
     reader: str = "auto"
+    #: The counter's update period (s) where the card cannot tell; learnt otherwise.
     period_s: float | None = None
+    #: How overlapping requests share a span: by ``time``, or time x ``tokens`` per second.
     split: str = "time"
+    #: Where a remote reader finds the card (a giul-agent, a dcgm-exporter, the demo's upstream).
     url: str | None = None
+    #: The bearer token for ``url``.
     token: str | None = None
+    #: The reader's own keys, checked when it is built.
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: A load no window explains: ``charge`` it (figures say ``contended``) or ``subtract`` it.
     foreign: str = "charge"
+    #: How long a card's ramp-down lasts after a request (s).
     ramp_s: float = 0.1
+    #: The node's inference server (a process name or PID): another process on the card is foreign.
     serving: str | int | None = None
+    #: The inference server's Prometheus URL (vLLM, TGI, SGLang): its load beyond ours is foreign.
     upstream: str | None = None
+    #: Where the host's processes share the card (default: a private place on /dev/shm);
+    #: ``"off"`` or False: share nothing (also ``$GIUL_ASGI_LOAD_DIR``).
     workers_dir: str | bool | None = None
+    #: A grid intensity to poll: a URL (Electricity Maps) or a JSON file.
     carbon: str | None = None
+    #: A fixed grid intensity (gCO2eq/kWh).
     carbon_g_per_kwh: float | None = None
+    #: The facility's power usage effectiveness (1.0 when not given), for carbon.
     pue: float | None = None
+    #: The token for ``carbon`` (else ``$ELECTRICITYMAPS_TOKEN``).
     carbon_token: str | None = field(default=None, repr=False)
+    #: How often ``carbon`` is polled (s).
     carbon_every_s: float = 300.0
+    #: A polled intensity older than this (s) is not used: the grams are unknown.
     carbon_max_age_s: float = 6 * 3600.0
     #: A directory where the ledger writes what it saw, to replay (``giul-asgi replay``):
     #: where it goes is not the node's identity, as the reader factory is not.
     trace: str | None = field(default=None, compare=False)
+    #: The trace's size (MB) before it turns over (two files at most).
     trace_mb: float = field(default=16.0, compare=False)
+    #: A function ``node -> reader`` for a reader made in code (it shares the card with other
+    #: processes only if the reader names it: ``card_id``, or its GPUs' UUIDs).
     reader_factory: Callable[[Node], Reader] | None = field(
         default=None, compare=False, repr=False
     )
@@ -283,7 +309,9 @@ def _check_carbon(node: Node) -> None:
 class Tier:
     """A class of model; the hint prices a token when nothing could measure it."""
 
+    #: The tier's name, in every figure and label.
     name: str = "default"
+    #: Joules per 1,000 tokens, for an estimate where nothing could be measured (labelled so).
     joules_per_1k_hint: float = 0.0
 
     def __post_init__(self) -> None:
@@ -303,8 +331,11 @@ class Route:
     (``/v1/*``), or a compiled regular expression. ``node`` and ``tier`` are names or objects.
     """
 
+    #: A route template or path (``/v1/models/{id}``), a glob (``/v1/*``) or a compiled regex.
     pattern: str | re.Pattern[str]
+    #: The node (name or object) its requests run on (None: the first).
     node: str | Node | None = None
+    #: Their tier (name or object).
     tier: str | Tier | None = None
 
     def __post_init__(self) -> None:
