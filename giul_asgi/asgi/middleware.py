@@ -92,19 +92,32 @@ class EnergyMiddleware:
     def __init__(
         self,
         app: ASGIApp,
+        #: The GPUs metered, each with its idle floor (None: one local node over every GPU).
         nodes: Iterable[Node] | None = None,
+        #: The model classes (their hints price a labelled estimate).
         tiers: Iterable[Tier] | None = None,
+        #: Which requests run on which node and tier (None: every request, on the first node).
         routes: Iterable[Route] | None = None,
         *,
+        #: A function ``scope -> (node, tier) | None`` for what patterns cannot route.
         decide: Decider | None = None,
+        #: The tier of a request no route names (None: the only tier, where there is one).
         default_tier: Tier | str | None = None,
+        #: The nodes' ledgers (None: this process's, shared with its other middlewares).
         ledgers: Ledgers | None = None,
+        #: The statistics ``/energy`` and Prometheus answer from (None: the server's, shared).
         stats: Listener | None = None,
+        #: Where records are found by id (None: the server's, shared between its workers).
         records: RecordStore | None = None,
+        #: More listeners of every settled record (``JsonLinesSink``, ``CallbackSink``).
         sinks: Iterable[Listener] = (),
+        #: OpenTelemetry (``exporters.otel.otel_recorder()``): spans and metrics.
         otel: OtelSpans | None = None,
+        #: A bearer token that lets clients other than loopback read ``/energy``.
         endpoint_token: str | None = None,
+        #: A function ``scope -> bool`` that decides who reads ``/energy`` instead.
         endpoint_guard: Guard | None = None,
+        #: Who a request is for: a header name (hashed, never kept) or ``scope -> str | None``.
         tenant: TenantSetting = None,
         **settings: Any,
     ) -> None:
