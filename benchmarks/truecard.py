@@ -138,7 +138,7 @@ class TrueCard:
         k = math.floor((t - self.t0 - self._phase) / self.period)
         for kk in (k + 1, k, k - 1):
             step = self.t0 + self._phase + kk * self.period + self._jitter(kk)
-            if self.t0 <= step <= t:  # a card has not stepped before it was made
+            if step <= t:
                 return step
         return self.t0
 
