@@ -243,6 +243,9 @@ def grade(
         if valid_tokens is not None and hint_per_1k > 0:
             joules = hint_per_1k * valid_tokens / 1000.0
             method, backend, source, mean_watts = "estimated", "none", "none", None
+            why = f" ({error})" if error else ""
+            error = (f"estimated from the tier's hint: {valid_tokens} tokens x {hint_per_1k:g} J per "
+                     f"1,000, no uncertainty{why}")
         else:
             joules, method = None, "unknown"
         uncertainty = None

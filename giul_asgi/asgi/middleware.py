@@ -87,6 +87,8 @@ class EnergyMiddleware:
 
     #: A bad setting kept for the lifespan startup to fail with (see ``fails_the_startup``).
     config_error: ConfigError | None = None
+    _said_unmetered = False
+    _started = False
 
     @fails_the_startup
     def __init__(
@@ -225,6 +227,10 @@ class EnergyMiddleware:
                 await self.app(scope, receive, send)
             return
         if not self._started:  # no lifespan: the first request learns the app, starts the readers
+            if self.config_error is not None:  # no startup to stop: the app serves, unmetered
+                self._say_unmetered()
+                await self.app(scope, receive, send)
+                return
             self._start_without_lifespan(scope)
         path = scope["path"]
         if self.endpoint is not None and self._serves(path):
@@ -347,12 +353,18 @@ class EnergyMiddleware:
         add_middleware, the wrapped one otherwise)."""
         self.exclude.add(app_documents(scope.get("app") or self.app))
 
+    def _say_unmetered(self) -> None:
+        """A bad setting and no lifespan (``--lifespan off``) to stop: the one line, once, at
+        ERROR; the app's requests pass untouched rather than answered 500 each."""
+        if not self._said_unmetered and self.config_error is not None:
+            self._said_unmetered = True
+            log.error("%s; nothing is metered (without a lifespan startup there is nothing "
+                      "to stop)", failure_line(self.config_error))
+
     def _start_without_lifespan(self, scope: Scope) -> None:
         # No lifespan (or a server that does not send it): the first request starts the
         # readers and does not wait for them (a wedged driver must not hold it); a failure
         # is logged once by the ledger and figures say unknown, never a 500 from us.
-        if self.config_error is not None:  # no startup to fail: each request says it
-            raise self.config_error
         self._learn_app(scope)
         self._started = True
         for node in self.router.nodes.values():
