@@ -33,7 +33,7 @@ from typing import Any
 
 from ..energy import Energy
 from ..errors import ConfigError
-from ..hostshare import ENV, Rows, alive, log_unshared, process_start, resolve
+from ..hostshare import ENV, Rows, alive, log_unshared, resolve, server_identity
 from ..listeners import Settled
 from .nodes import Sample
 from .stats import EnergyStats
@@ -67,8 +67,10 @@ def clear_directory(directory: str | os.PathLike[str] | None = None) -> int:
 
 
 def _parent() -> list[Any]:
-    ppid = os.getppid()
-    return [ppid, process_start(ppid)]
+    """This process's server (:mod:`giul_asgi.hostshare.server`): its key, and the (pid,
+    start) of the process that keeps it."""
+    server = server_identity()
+    return [server.keeper[0], server.keeper[1], server.key]
 
 
 class HostStats:
