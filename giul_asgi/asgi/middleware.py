@@ -235,6 +235,7 @@ class EnergyMiddleware:
         exchange = Exchange(
             scope, receive, send, meter, choose=self._choose,
             settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
+            keep=self.records.put,
         )
         span = self.otel.current_span() if self.otel is not None else None
         outcome = "incomplete"

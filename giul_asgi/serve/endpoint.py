@@ -32,12 +32,21 @@ import anyio.to_thread
 from ..errors import ConfigError, GiulError
 from ..exporters import ledger_totals
 from ..page import render_page
-from ..records import RecordStore
+from ..records import Lookup, RecordStore
 from ..stats import Cell
 from .access import Access, Guard
 
 Scope = MutableMapping[str, Any]
 RECORD_SCHEMA = "giul-asgi/energy-record/1"
+_REMEDY = "ask with the X-Energy-Id of a response of this server"
+#: What to do about each reason a record is missing (RecordStore.lookup's reasons).
+_REMEDIES = {
+    "expired after max_age_s": "ask sooner, or keep records longer: RecordStore(max_age_s=...)",
+    "evicted": "ask sooner, or keep more: RecordStore(max_records=...)",
+    "its process's journal was not shared": "give the host's place room or make it private "
+                                            "(see the server's log), so every worker shares records",
+    "its record makes no sense": "the journal was damaged: the server's log names the file",
+}
 LEDGER_FIELDS = (
     "measured_j", "charged_j", "unattributed_j", "foreign_j", "in_flight_j",
     "conservation_error_j", "idle_w", "mean_concurrency", "foreign_watts", "contended",
@@ -190,10 +199,16 @@ class EnergyEndpoint:
                       b"connect-src 'self'; img-src data:")])
 
     async def _record(self, scope: Scope, send: Any, key: str) -> None:
-        energy = self.records.get(key) if self.records is not None and key else None
+        records = self.records
+        if records is None:
+            found = Lookup(None, "this endpoint keeps no records")
+        else:  # the other workers' journals are files: read off the event loop
+            found = await anyio.to_thread.run_sync(records.lookup, key)
+        energy = found.energy
         if energy is None:
-            body = _dumps({"error": f"no record under {key!r}",
-                           "remedy": "records are kept for a bounded time after the request"})
+            body = _dumps({"error": f"no record under {key!r}", "reason": found.reason,
+                           "remedy": _REMEDIES.get((found.reason or "").split(":")[0].split(" (")[0],
+                                                   _REMEDY)})
             await _send(send, scope, 404, body, "application/json")
             return
         await _send(send, scope, 200, _dumps({"schema": RECORD_SCHEMA, "record": energy.as_dict()}),
