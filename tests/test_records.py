@@ -270,22 +270,38 @@ def test_a_real_full_tmpfs_is_the_same_loud_fallback(tmp_path: Path) -> None:
 
 # -- two stores in one process -----------------------------------------------------------------------
 
-def test_two_middlewares_in_one_process_never_share_a_file(
+@pytest.mark.anyio
+async def test_two_middlewares_in_one_process_never_share_a_file(
     place: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    from apps import busy_node, drive, fresh
+
     caplog.set_level(logging.WARNING, logger="giul_asgi")
-    stores = [RecordStore(max_records=4, share=place, server=one_server()) for _ in range(2)]
-    assert all(s.shared for s in stores)
-    paths = {s.journal.ring.path for s in stores if s.journal is not None}
-    assert len(paths) == 2 and all(p.parent == folder(place) for p in paths)
-    for i in range(1, 50):  # far past max_records: the old journal rotated here, and broke
+
+    async def hello(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+    node, _ = busy_node()
+    stores = [RecordStore(max_records=4, share=place) for _ in range(2)]
+    apps = [fresh(hello, node, records=store) for store in stores]
+    ids: list[list[str]] = [[], []]
+    for _ in range(30):  # far past max_records: the old journal rotated here, under the other
+        for n, app in enumerate(apps):
+            sent = await drive(app)
+            ids[n].append(dict(sent[0]["headers"])[b"x-energy-id"].decode())
+    for i in range(30):  # and settled figures, one store then the other
         for n, store in enumerate(stores):
-            store.put(energy(f"{id_prefix()}{2 * i + n:x}"))
+            store.settled([Settled(energy(f"{id_prefix()}{0x10000 + 2 * i + n:x}", settled=True))])
+    for app in apps:
+        await app.aclose()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
-    assert all(s.write_errors == 0 for s in stores)
-    # each finds the other's latest (its own memory holds the last 4)
-    assert stores[0].get(f"{id_prefix()}{2 * 49 + 1:x}") is not None
-    assert stores[1].get(f"{id_prefix()}{2 * 49:x}") is not None
+    assert all(s.shared and s.write_errors == 0 for s in stores)
+    rings = {s.journal.ring.path for s in stores if s.journal is not None}
+    assert len(rings) == 2 and len({p.parent for p in rings}) == 1
+    # each finds the other's latest (its own memory holds its last 4)
+    assert stores[0].get(ids[1][-1]) is not None and stores[1].get(ids[0][-1]) is not None
 
 
 # -- bounded: the dead folded, dead servers swept --------------------------------------------------
