@@ -22,6 +22,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio.to_thread
+
 from .. import logs
 from ..config import Node, Route, Tier
 from ..context import meter_var
@@ -320,6 +322,8 @@ class EnergyMiddleware:
         """Start each node's reader and wait (``startup_timeout`` at most) until built.
         A reader asked for by name that cannot work is kept in :attr:`startup_error`."""
         self._started = True
+        # The records' ring is made on the store's own thread: served from its first answer.
+        await anyio.to_thread.run_sync(self.records.wait_ready, self.options.startup_timeout)
         try:
             await self.ledgers.start(
                 list(self.router.nodes.values()),

@@ -22,7 +22,9 @@ worker thread, off the event loop.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
@@ -217,15 +219,19 @@ class EnergyEndpoint:
 
 def _check_prometheus_client(metrics_path: str) -> None:
     """Serving ``metrics_path`` needs prometheus-client: a missing one is a bad setting, said
-    at startup, never a 500 at each scrape."""
+    at startup, never a 500 at each scrape. Found, not imported: importing it runs its code
+    (its process collector reads ``/proc``), and the middleware is built on the event loop;
+    the first scrape imports it, on a worker thread."""
     try:
-        import prometheus_client  # noqa: F401
-    except ImportError as exc:
+        found = "prometheus_client" in sys.modules or importlib.util.find_spec("prometheus_client")
+        why = "it is not installed"
+    except (ImportError, ValueError) as exc:
+        found, why = None, f"{type(exc).__name__}: {exc}"
+    if not found:
         raise ConfigError(
-            f"metrics_path={metrics_path!r} needs prometheus-client, which cannot be imported "
-            f"({type(exc).__name__}: {exc})",
+            f"metrics_path={metrics_path!r} needs prometheus-client, which cannot be imported ({why})",
             remedy="pip install 'giul-asgi[prometheus]', or leave metrics_path unset",
-        ) from None
+        )
 
 
 def _histories(ledgers: Any) -> dict[str, list[Any]]:
