@@ -117,7 +117,7 @@ class RecordStore:
         thread.start()
 
     # -- the store's thread ----------------------------------------------------------------------
-    def _open(self) -> None:
+    def _open(self) -> Journal | None:
         """Find the place and make the ring (the store's thread); write what waited."""
         journal = None
         try:
@@ -125,7 +125,7 @@ class RecordStore:
             log_unshared(place)
             if place.path is None:
                 self._reason = place.reason
-                return
+                return None
             server = self._server if self._server is not None else server_identity()
             sweep(place.path)  # dead servers' folders, at each start
             try:
@@ -139,11 +139,11 @@ class RecordStore:
                 log.warning("records are this process's alone: %s -> free space in the place "
                             "(Docker: --shm-size), or set GIUL_ASGI_LOAD_DIR to a private "
                             "directory with room", self._reason)
-                return
+                return None
         except Exception as exc:  # never the app's problem: records stay this process's
             self._reason = f"cannot share records: {type(exc).__name__}: {exc}"
             log.warning("records are this process's alone: %s", self._reason)
-            return
+            return None
         finally:
             with self._write_lock:
                 self._journal = journal
@@ -152,11 +152,7 @@ class RecordStore:
                     for energy, data in pending:
                         self._write(journal, energy, data)
                 self._ready.set()
-
-    def _census(self) -> None:
-        journal = self._journal
-        if journal is not None:
-            journal.census()
+        return journal
 
     # -- keeping ------------------------------------------------------------------------------
     def put(self, energy: Any, data: bytes | None = None) -> None:
@@ -326,19 +322,18 @@ class RecordStore:
 
 
 def _run(ref: weakref.ref[RecordStore], stop: threading.Event) -> None:
-    """The store's thread: make its ring, then keep its server's folder bounded. Ends when
-    the store is closed or collected."""
+    """The store's thread: make its ring, then keep its server's folder bounded; when the
+    store is closed or collected, fold its ring into the server's and remove it."""
     store = ref()
     if store is None:
         return
-    store._open()
+    journal = store._open()
     del store
-    while not stop.wait(CENSUS_S):
-        store = ref()
-        if store is None:
-            return
-        store._census()
-        del store
+    if journal is None:
+        return
+    while not stop.wait(CENSUS_S) and ref() is not None:
+        journal.census()
+    journal.retire()
 
 
 def _parts(key: str) -> tuple[str, int]:

@@ -364,3 +364,26 @@ def test_a_journal_bound_is_what_its_docstring_says(place: Path) -> None:
     for i in range(1, 2000):  # far past what it holds: the file does not grow
         journal.append(f"{id_prefix()}{i:x}", b"y" * 500, id_prefix(), i)
     assert journal.ring.path.stat().st_size == HEAD_BYTES + 64 * 1024
+
+
+def test_a_closed_or_collected_store_folds_its_ring_and_its_records_are_still_found(place: Path) -> None:
+    import gc
+
+    survivor = RecordStore(share=place, server=one_server())
+    closed = RecordStore(share=place, server=one_server())
+    dropped = RecordStore(share=place, server=one_server())
+    assert survivor.shared and closed.shared and dropped.shared
+    keys = [f"{id_prefix()}{0xc105e:x}", f"{id_prefix()}{0xd20b:x}"]
+    closed.put(energy(keys[0], 3.0))
+    dropped.put(energy(keys[1], 4.0))
+    rings = [s.journal.ring.path for s in (closed, dropped) if s.journal is not None]
+    closed.close()  # lifespan shutdown: no file touched here, the store's thread folds
+    del dropped  # a middleware nobody closed, collected
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while any(p.exists() for p in rings) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(p.exists() for p in rings)
+    assert sorted(p.name for p in folder(place).iterdir()) == sorted(
+        [FOLD, "fold.lock", survivor.journal.rows.name])  # type: ignore[union-attr]
+    assert [survivor.get(k).joules for k in keys] == [3.0, 4.0]  # type: ignore[union-attr]

@@ -148,10 +148,25 @@ class Journal:
             self.ring.append(raw, data, t=now, counter=counter, row=row, now=now)
 
     def close(self) -> None:
-        """Stop writing (the ring stays: the others read it until this process is gone and
-        its records are folded)."""
+        """Stop writing (no file is touched: see :meth:`retire`)."""
         with self._write_lock:
             self.closed = True
+
+    def retire(self) -> None:
+        """This store is done (closed, or collected): its records go into the fold, where
+        the others find them, and its ring is removed (the store's thread). Never raises."""
+        self.close()
+        try:
+            row = Row(self.rows.name, self.rows.path, *(parse(self.rows.name, SUFFIX) or (os.getpid(), None)))
+            self._fold(row)
+        except OSError as exc:
+            _say_once(f"records of {self.folder} cannot be folded at close: {exc}")
+        finally:
+            self.ring.close()
+            with self._read_lock:
+                for reader in self._readers.values():
+                    reader.ring.close()
+                self._readers = {}
 
     # -- finding (threads) -------------------------------------------------------------------------
     def find(self, key: str) -> Found | None:
