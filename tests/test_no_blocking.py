@@ -10,9 +10,10 @@ TestClient (lifespan startup and shutdown), JSON and streamed answers, ``/energy
 ``/energy/requests/{id}``.
 
 Beside blockbuster's own list, ``os.open``, ``posix_fallocate``, ``fsync``, ``chmod`` and
-``truncate`` are caught. Two things the guard knows are allowed: a ``threading.Lock`` another thread holds for a few
-microseconds (the ledger's, the records' ring) is not a blocking call, and FastAPI's own
-first-call source lookup (``inspect.getsourcefile``) is FastAPI's, under our frames.
+``truncate`` are caught. Two things the guard knows are allowed: a ``threading.Lock`` another
+thread holds for a few microseconds (the ledger's, the records' ring) is not a blocking call,
+and FastAPI's own first-call source lookup (``inspect.getsourcefile``) is FastAPI's, under
+our frames.
 """
 
 from __future__ import annotations

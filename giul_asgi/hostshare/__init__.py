@@ -11,7 +11,9 @@ package is the one mechanism they all use, with no setting:
 - :mod:`.server`: which processes are one server (the listener they inherited, else a process alone);
 - :mod:`.cards`: one table per card (keyed by :mod:`.keys`): every process's windows on it,
   the one tape its holder reads, and the card's books;
-- :mod:`.journal`: each process's recent records, readable by id from any other.
+- :mod:`.ring`: a memory-mapped ring of records, written in place by one process, read by any;
+- :mod:`.journal`: a server's records: each store's ring, the others' read at lookup, the dead
+  ones folded, dead servers' folders removed.
 
 The statistics of the whole host (``giul_asgi.stats``) keep their rows here too.
 """

@@ -145,7 +145,7 @@ class Journal:
             if row is None:
                 row = self._rows[prefix] = self.ring.row(prefix)
             now = self.clock()
-            self.ring.append(raw, data, t=now, counter=counter, row=row, now=now)
+            self.ring.append(raw, data, now, counter, row, now)
 
     def close(self) -> None:
         """Stop writing (no file is touched: see :meth:`retire`)."""
