@@ -196,6 +196,8 @@ class Responder:
             "http.response.pathsend", "http.response.zerocopysend",
         ):
             self.complete = True
+            if not self.trailers:
+                self.exchange.figure()  # kept by id before the answer ends, as in end()
         await self.downstream(message)
 
 

@@ -12,9 +12,13 @@ process has several; :data:`JOURNAL_BYTES` at most each, plus a page), the ``fol
 its lock; a dead process's ring is folded into ``fold`` (its records younger than the max
 age copied, its id counters kept) and removed within :data:`CENSUS_S` of a live process
 seeing it dead, so dead rings waiting are at most as many as the processes that died in that
-second: files <= 2 x live stores + 2. A dead server's folder (its keeper and every writer
-gone) is removed by the next store of this user to start, of any server. Only what a record
-carries is written (figures, labels, the id): never a request's content or a secret.
+second: files <= 2 x live stores + 2, bytes <= (2 x live stores + 1) x (JOURNAL_BYTES + 4 KiB).
+A store that closes, or is collected, folds its own ring and removes it (on its thread). A
+process that could not make its ring (a full place) leaves a note of why, ``<row>.unshared``
+(a few hundred bytes, removed once its writer has been dead for the max age). A dead server's
+folder (its keeper and every writer gone) is removed by the next store of this user to start,
+of any server, and every minute by the live ones. Only what a record carries is written
+(figures, labels, the id): never a request's content or a secret.
 """
 
 from __future__ import annotations
