@@ -7,6 +7,7 @@ one restarted, are different servers; and each one's ``/energy`` counts its own 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -210,3 +211,48 @@ def test_a_worker_killed_under_load_loses_no_answered_request(tmp_path: Path) ->
         seen = totals_once_still(base, answered)
     assert answered > 100
     assert all(answered <= n <= answered + failed + 6 for n in seen), (answered, failed, seen)
+
+
+def stats_files(place: Path) -> list[str]:
+    """Every file under the place's ``stats/``, whatever the layout."""
+    root = place / "stats"
+    return [str(f.relative_to(root)) for f in root.rglob("*") if not f.is_dir()]
+
+
+def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    place = tmp_path / "place"
+    log = tmp_path / "server.log"
+    cmd = command("gunicorn", port, 2, "--max-requests", "30")
+    with server(cmd, environment(place), log) as proc:
+        wait_up(base, proc, log, workers=2)
+        stop, lock = threading.Event(), threading.Lock()
+        counts = {"answered": 0, "failed": 0}
+        threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        polls: list[int] = []
+        most_files = 0
+        try:
+            deadline = time.monotonic() + 25
+            while counts["answered"] < 300 and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):  # a worker recycled under it
+                    polls.append(get(base, "/energy", window="all")["totals"]["requests"])
+                most_files = max(most_files, len(stats_files(place)))
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        answered = counts["answered"]
+        final = totals_once_still(base, answered)
+        time.sleep(2.5)  # the last recycled workers are folded
+        settled_files = stats_files(place)
+    assert answered >= 120, counts  # four lifetimes of a worker at least
+    assert polls == sorted(polls), polls
+    assert all(n >= answered for n in final), (answered, final)
+    # two files a live worker (row, tail), the dead row, server.json, tenants, the lock;
+    # and for a moment the workers that died since the last fold
+    assert most_files <= 2 * 2 + 4 + 2 * 4, most_files
+    assert len(settled_files) <= 2 * 2 + 4, settled_files

@@ -311,15 +311,50 @@ class HostStats:
             merged.merge_cells(_unsettled(cut.get("pending"), other.gens, merged.step_s))
         return True
 
+    def _merge_dead(self, merged: EnergyStats, dead: dict[str, Any] | None,
+                    samples: list[dict[str, list[Sample]]]) -> None:
+        if dead is None or dead.get("state") is None:
+            return
+        try:
+            nodes = _parse_samples(dead.get("nodes", {}))
+            merged.merge_state(dead["state"])
+            samples.append(nodes)
+        except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError,
+                OverflowError) as exc:
+            if self.folder is not None:
+                self.folder.odd("dead.json", f"{type(exc).__name__}: {exc}")
+
+    def _merged(self, dead: dict[str, Any] | None, others: list[Other],
+                own: dict[str, Any] | None) -> tuple[EnergyStats, list[dict[str, list[Sample]]], int]:
+        """``dead`` (the dead row), ``others`` and ``own`` (this worker's state) merged, in an
+        order every worker takes alike (the dead row, then the rows by name), the tenants
+        labelled as the server's register says; and the node samples, and the live others."""
+        merged = self.stats.empty_like()
+        folder = self.folder
+        if folder is not None:
+            names = _tenants(dead.get("state") if dead is not None else None)
+            for other in others:
+                names |= _tenants(other.row.get("state"))
+                names |= {k[6] for g in other.gens for (k, _) in g.cells}
+            names |= _tenants(own)
+            merged.labels.allowed_tenants = folder.admit(names, self.stats.tenants.max_labels)
+        samples: list[dict[str, list[Sample]]] = []
+        self._merge_dead(merged, dead, samples)
+        mine = folder.rows.name if folder is not None else ""
+        live = 0
+        for other in sorted(others, key=lambda o: o.name):
+            if own is not None and mine < other.name:
+                merged.merge_state(own)
+                own = None
+            if self._merge_other(merged, other, samples) and other.alive:
+                live += 1
+        if own is not None:
+            merged.merge_state(own)
+        return merged, samples, live
+
     def _fold(self, dead: dict[str, Any] | None, others: list[Other]) -> dict[str, Any]:
         """The new dead row: the last one and ``others`` (dead workers) merged."""
-        merged = self.stats.empty_like()
-        samples: list[dict[str, list[Sample]]] = []
-        if dead is not None and dead.get("state") is not None:
-            merged.merge_state(dead["state"])
-            samples.append(_parse_samples(dead.get("nodes", {})))
-        for other in others:
-            self._merge_other(merged, other, samples)
+        merged, samples, _ = self._merged(dead, others, None)
         nodes = _merge_samples(samples, merged.step_s)
         return {"state": merged.state(),
                 "nodes": {name: [list(s) for s in items] for name, items in nodes.items()}}
@@ -329,22 +364,9 @@ class HostStats:
         folder = self.folder
         if folder is None:
             return self.stats
-        merged = self.stats.empty_like()
-        merged.merge_state(self.stats.state())
-        samples: list[dict[str, list[Sample]]] = [_samples(self.stats)]
         found = folder.find()
-        live = 0
-        for other in found.others:
-            if self._merge_other(merged, other, samples) and other.alive:
-                live += 1
-        if found.dead is not None and found.dead.get("state") is not None:
-            try:
-                merged.merge_state(found.dead["state"])
-                samples.append(_parse_samples(found.dead.get("nodes", {})))
-            except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError,
-                    OverflowError) as exc:
-                folder.odd("dead.json", f"{type(exc).__name__}: {exc}")
-        self._live = live
+        merged, samples, self._live = self._merged(found.dead, found.others, self.stats.state())
+        samples.append(_samples(self.stats))
         merged_samples = _merge_samples(samples, self.stats.step_s)
         with merged._lock:
             merged._nodes.samples = merged_samples
@@ -357,6 +379,14 @@ class HostStats:
         out["shared_reason"] = self.shared_reason
         out["server"] = self.server.key
         return out
+
+
+def _tenants(state: Any) -> set[str]:
+    """The tenant labels in a state (its keys' last name), where it has any."""
+    try:
+        return {str(row[6]) for row in state["keys"]}
+    except (TypeError, KeyError, IndexError):
+        return set()
 
 
 def _finite(value: Any) -> Any:
