@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -106,6 +108,7 @@ class HostStats:
         self.shared_reason: str | None = None
         self.folder: ServerFolder | None = None
         self._pending: dict[str, list[Any]] = {}  # answered, not settled yet: id -> labels
+        self._encoded: dict[tuple[Any, ...], bytes] = {}  # labels -> their JSON, made once
         self._tail_lock = threading.Lock()
         self._written = -1
         self._stop = threading.Event()
@@ -170,13 +173,18 @@ class HostStats:
         if folder is None or not isinstance(id, str):
             return
         try:
-            labels = [time.time(), route, node, tier, outcome, status, tenant]
+            t = time.time()
+            six = (route, node, tier, outcome, status, tenant)
+            part = self._encoded.get(six)
+            if part is None:
+                part = self._encode(six)
+            data = b'["a",%b,%b,%b]' % (_id_json(id), repr(t).encode(), part)
             with self._tail_lock:
                 pending = self._pending
-                pending[id] = labels
+                pending[id] = [t, *six]
                 if len(pending) > MAX_PENDING:
                     del pending[next(iter(pending))]
-                folder.tail.append(["a", id, *labels])
+                folder.tail.append_json(data)
                 full = folder.tail.fill() > 0.5
             if full:
                 self._due.set()
@@ -189,17 +197,33 @@ class HostStats:
         if folder is None:
             return
         tail = folder.tail
+        encoded = self._encoded
+        entries = []
+        for key, s in counted:
+            e = s.energy
+            part = encoded.get(key)
+            if part is None:
+                part = self._encode(key)
+            entries.append((e.id, b'["s",%b,%d,%b,%b,%b,%b,%b,%b]' % (
+                _id_json(e.id), step, part, _number(e.joules), _number(e.tokens), _number(e.seconds),
+                _number(e.contended), _number(e.carbon_grams))))
         with self._tail_lock:
             pending = self._pending
-            for key, s in counted:
-                e = s.energy
-                if e.id is not None:
-                    pending.pop(e.id, None)
-                tail.append(["s", e.id, step, *key, _finite(e.joules), e.tokens,
-                             _finite(e.seconds), e.contended, _finite(e.carbon_grams)])
+            for id, data in entries:
+                if id is not None:
+                    pending.pop(id, None)
+                tail.append_json(data)
             full = tail.fill() > 0.5
         if full:
             self._due.set()
+
+    def _encode(self, labels: tuple[Any, ...]) -> bytes:
+        """Labels as the inside of a JSON list, kept (a bounded number) for the next entry."""
+        encoded = self._encoded
+        if len(encoded) >= 4096:
+            encoded.clear()
+        part = encoded[labels] = json.dumps(list(labels), separators=(",", ":"))[1:-1].encode()
+        return part
 
     def _cut(self) -> dict[str, Any]:
         """Under the statistics' lock, as the row's state is taken: the tail's next
@@ -389,9 +413,29 @@ def _tenants(state: Any) -> set[str]:
         return set()
 
 
-def _finite(value: Any) -> Any:
-    """A figure as JSON may carry it (NaN and infinities as null)."""
-    return value if not isinstance(value, float) or math.isfinite(value) else None
+_SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,80}")
+
+
+def _id_json(id: str | None) -> bytes:
+    """A request id as a JSON string (ids are plain: written as they are), or null."""
+    if id is None:
+        return b"null"
+    if _SAFE_ID.fullmatch(id):
+        return b'"%b"' % id.encode()
+    return json.dumps(id).encode()
+
+
+def _number(value: Any) -> bytes:
+    """A figure as JSON may carry it: NaN, infinities and anything not a number as null."""
+    if value is None:
+        return b"null"
+    if value is True or value is False:
+        return b"true" if value else b"false"
+    if type(value) is int:
+        return b"%d" % value
+    if type(value) is float:
+        return repr(value).encode() if math.isfinite(value) else b"null"
+    return b"null"
 
 
 def _unsettled(pending: Any, gens: list[Generation], step_s: float) -> list[tuple[Key, int, Cell]]:

@@ -75,7 +75,10 @@ class Tail:
 
     def append(self, entry: list[Any]) -> bool:
         """Write one entry in the current area; False when it is full (see :attr:`overflow`)."""
-        data = json.dumps(entry, separators=(",", ":")).encode()
+        return self.append_json(json.dumps(entry, separators=(",", ":")).encode())
+
+    def append_json(self, data: bytes) -> bool:
+        """Write one entry already made (a JSON list) in the current area."""
         index = self.gen % 2
         start = index * self.area + _HEAD.size + self._used
         end = start + _LEN.size + len(data)
