@@ -58,6 +58,18 @@ WORKER = textwrap.dedent('''
         stats.answered(f"a{i}", "/work", "gpu", None, "ok", 200, None)
     if end == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if end == "busy":  # a live worker answering for a while, its rows every 0.1 s
+        import time
+        stats.flush_s = 0.1
+        for i in range(answered_only, answered_only + 3000):
+            stats.answered(f"b{i}", "/work", "gpu", None, "ok", 200, None)
+            if i % 3:
+                stats.record(Energy(1.0, "measured", route="/work", node="gpu", id=f"b{i}"),
+                             outcome="ok", status=200)
+            if i % 10 == 0:
+                stats.flush()
+                time.sleep(0.002)
+        os.kill(os.getpid(), signal.SIGKILL)
 ''')
 
 
@@ -247,5 +259,38 @@ def test_ten_thousand_tenants_from_many_rows_keep_the_labels_bound(tmp_path: Pat
         assert answers[0]["tenants"] == answers[-1]["tenants"]  # the same labels every time
         tenants = {c[0][5] for c in me.view().counters()}
         assert len(tenants) <= 202
+    finally:
+        me.close()
+
+
+def test_readers_on_several_threads_see_counts_that_never_go_down(tmp_path: Path) -> None:
+    import threading
+
+    me = HostStats(EnergyStats(), tmp_path, flush_s=0.05, server=server("threads"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), me.server.key, "0", "0", "busy"],
+                             env=env)
+    seen: list[list[int]] = [[], []]
+    errors: list[BaseException] = []
+
+    def poll(out: list[int]) -> None:
+        try:
+            while child.poll() is None:
+                out.append(requests(me))
+            out.append(requests(me))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=poll, args=(out,)) for out in seen]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        child.wait(timeout=60)
+        assert not errors, errors
+        for out in seen:
+            assert out == sorted(out), out
+        assert requests(me) == 3000  # 2,000 settled, 1,000 answered only: unknown
     finally:
         me.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from giul_asgi.hostshare.server import identify, listening_sockets, server_identity
 
@@ -213,6 +214,14 @@ def test_a_worker_killed_under_load_loses_no_answered_request(tmp_path: Path) ->
     assert all(answered <= n <= answered + failed + 6 for n in seen), (answered, failed, seen)
 
 
+def scraped_requests(base: str) -> float:
+    """``giul_requests_total`` summed over its series, from ``/metrics``."""
+    with httpx.Client(base_url=base, timeout=30) as client:
+        text = client.get("/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "giul_requests_total")
+
+
 def stats_files(place: Path) -> list[str]:
     """Every file under the place's ``stats/``, whatever the layout."""
     root = place / "stats"
@@ -233,12 +242,14 @@ def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(t
         for t in threads:
             t.start()
         polls: list[int] = []
+        scrapes: list[float] = []
         most_files = 0
         try:
             deadline = time.monotonic() + 25
             while counts["answered"] < 300 and time.monotonic() < deadline:
                 with contextlib.suppress(httpx.HTTPError):  # a worker recycled under it
                     polls.append(get(base, "/energy", window="all")["totals"]["requests"])
+                    scrapes.append(scraped_requests(base))
                 most_files = max(most_files, len(stats_files(place)))
                 time.sleep(0.05)
         finally:
@@ -251,6 +262,7 @@ def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(t
         settled_files = stats_files(place)
     assert answered >= 120, counts  # four lifetimes of a worker at least
     assert polls == sorted(polls), polls
+    assert scrapes == sorted(scrapes), scrapes
     assert all(n >= answered for n in final), (answered, final)
     # two files a live worker (row, tail), the dead row, server.json, tenants, the lock;
     # and for a moment the workers that died since the last fold

@@ -116,6 +116,7 @@ class ServerFolder:
         self._rows: dict[str, tuple[tuple[int, int, int], Any]] = {}
         self._tails: dict[str, TailReader] = {}
         self._dead: tuple[tuple[int, int, int], Any] | None = None
+        self._lock = threading.Lock()  # the caches: /energy, /metrics and the writer look at once
 
     # -- saying once what is skipped -----------------------------------------------------------
     def odd(self, name: str, why: str) -> None:
@@ -153,7 +154,12 @@ class ServerFolder:
 
     def find(self) -> Found:
         """The other workers' rows and tails, and the dead row (read last: a worker it
-        folded meanwhile is counted there, never twice, never not at all)."""
+        folded meanwhile is counted there, never twice, never not at all). Copies: any
+        thread may read them while another looks again."""
+        with self._lock:
+            return self._find()
+
+    def _find(self) -> Found:
         others: list[Other] = []
         seen: set[str] = set()
         me = os.getpid()
@@ -201,7 +207,7 @@ class ServerFolder:
             for g in gens:
                 if g.bad:
                     self.odd(row.name[: -len(".json")] + SUFFIX, f"{g.bad} entries that make no sense")
-            return Other(row.name, data, gens, row.alive())
+            return Other(row.name, data, [g.snapshot() for g in gens], row.alive())
         return None
 
     def _dead_row(self) -> dict[str, Any] | None:

@@ -141,6 +141,11 @@ class Generation:
     #: entries that made no sense (skipped)
     bad: int = 0
 
+    def snapshot(self) -> Generation:
+        """A copy that later reads leave as it is (another thread may merge it)."""
+        return Generation(self.offset, {k: c.copy() for k, c in self.cells.items()},
+                          set(self.settled), dict(self.answered), self.bad)
+
 
 class TailReader:
     """Another worker's tail, read incrementally: the generations from ``since`` on
