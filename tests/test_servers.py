@@ -7,10 +7,13 @@ one restarted, are different servers; and each one's ``/energy`` counts its own 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from giul_asgi.hostshare.server import identify, listening_sockets, server_identity
 
@@ -155,3 +159,112 @@ def test_two_single_process_servers_from_one_parent_and_a_restart_are_three_serv
         counted_again = settled(bases[0], 1)
     assert set(key_again.values()).isdisjoint(key_a.values())
     assert counted_again["totals"]["requests"] == 1, counted_again
+
+
+def load(base: str, stop: threading.Event, counts: dict[str, int], lock: threading.Lock) -> None:
+    """Requests on new connections until ``stop``: answered (200) and failed ones counted."""
+    while not stop.is_set():
+        try:
+            with httpx.Client(base_url=base, timeout=30) as client:
+                ok = client.get("/work", params={"seconds": 0.01}).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        with lock:
+            counts["answered" if ok else "failed"] += 1
+
+
+def totals_once_still(base: str, floor: int, limit: float = 30.0) -> list[int]:
+    """``totals.requests`` from several workers, polled until every answer reaches
+    ``floor`` and stays; the answers of the last poll."""
+    deadline = time.monotonic() + limit
+    last: list[int] = []
+    while time.monotonic() < deadline:
+        last = [get(base, "/energy", window="all")["totals"]["requests"] for _ in range(6)]
+        if min(last) >= floor:
+            time.sleep(1.0)
+            return [get(base, "/energy", window="all")["totals"]["requests"] for _ in range(6)]
+        time.sleep(0.3)
+    return last
+
+
+def test_a_worker_killed_under_load_loses_no_answered_request(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    with server(command("uvicorn", port, 4), environment(tmp_path / "place"), log) as proc:
+        pids = list(wait_up(base, proc, log, workers=4))
+        stop, lock = threading.Event(), threading.Lock()
+        counts = {"answered": 0, "failed": 0}
+        threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        try:
+            deadline = time.monotonic() + 20
+            while counts["answered"] < 300 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            os.kill(pids[0], signal.SIGKILL)  # while its requests are answered and settling
+            time.sleep(1.5)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        answered, failed = counts["answered"], counts["failed"]
+        seen = totals_once_still(base, answered)
+    assert answered > 100
+    assert all(answered <= n <= answered + failed + 6 for n in seen), (answered, failed, seen)
+
+
+def scraped_requests(base: str) -> float:
+    """``giul_requests_total`` summed over its series, from ``/metrics``."""
+    with httpx.Client(base_url=base, timeout=30) as client:
+        text = client.get("/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "giul_requests_total")
+
+
+def stats_files(place: Path) -> list[str]:
+    """Every file under the place's ``stats/``, whatever the layout."""
+    root = place / "stats"
+    return [str(f.relative_to(root)) for f in root.rglob("*") if not f.is_dir()]
+
+
+def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    place = tmp_path / "place"
+    log = tmp_path / "server.log"
+    cmd = command("gunicorn", port, 2, "--max-requests", "30")
+    with server(cmd, environment(place), log) as proc:
+        wait_up(base, proc, log, workers=2)
+        stop, lock = threading.Event(), threading.Lock()
+        counts = {"answered": 0, "failed": 0}
+        threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        polls: list[int] = []
+        scrapes: list[float] = []
+        most_files = 0
+        try:
+            deadline = time.monotonic() + 25
+            while counts["answered"] < 300 and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):  # a worker recycled under it
+                    polls.append(get(base, "/energy", window="all")["totals"]["requests"])
+                    scrapes.append(scraped_requests(base))
+                most_files = max(most_files, len(stats_files(place)))
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        answered = counts["answered"]
+        final = totals_once_still(base, answered)
+        time.sleep(2.5)  # the last recycled workers are folded
+        settled_files = stats_files(place)
+    assert answered >= 120, counts  # four lifetimes of a worker at least
+    assert polls == sorted(polls), polls
+    assert scrapes == sorted(scrapes), scrapes
+    assert all(n >= answered for n in final), (answered, final)
+    # two files a live worker (row, tail), the dead row, server.json, tenants, the lock;
+    # and for a moment the workers that died since the last fold
+    assert most_files <= 2 * 2 + 4 + 2 * 4, most_files
+    assert len(settled_files) <= 2 * 2 + 4, settled_files
