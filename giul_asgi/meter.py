@@ -33,9 +33,40 @@ from .tenants import tenant_name
 log = logging.getLogger("giul_asgi.meter")
 
 _NO_NAMES: Mapping[str, Node | Tier] = {}
-# Request ids: this process's id and a counter, unique per process and cheap to make.
+# Request ids: this process's id and a counter, unique per process and cheap to make:
+# ``<pid>-<start>-<counter>`` in hex. A child forked after import (gunicorn --preload) makes
+# its own: two workers must never hand out one id.
 _ids = itertools.count(1)
-_PREFIX = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
+_PREFIX = ""
+
+
+def _new_prefix() -> None:
+    global _PREFIX, _ids
+    _PREFIX = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
+    _ids = itertools.count(1)
+
+
+_new_prefix()
+os.register_at_fork(after_in_child=_new_prefix)
+
+
+def id_prefix() -> str:
+    """What every request id this process makes begins with."""
+    return _PREFIX
+
+
+def split_id(key: str) -> tuple[str, int] | None:
+    """``(prefix, counter)`` of a request id as :class:`Meter` makes them; None otherwise."""
+    head, sep, tail = key.rpartition("-")
+    if not sep or not tail or len(tail) > 16 or head.count("-") != 1:
+        return None
+    try:
+        counter = int(tail, 16)
+        pid, _, start = head.partition("-")
+        int(pid, 16), int(start, 16)
+    except ValueError:
+        return None
+    return head + "-", counter
 
 
 class Meter:

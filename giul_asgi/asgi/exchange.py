@@ -47,13 +47,14 @@ class Exchange:
     """One request: the app's messages in, the responder chosen from its start, the figure."""
 
     __slots__ = (
-        "_block", "_closed", "choose", "disconnected", "downstream", "energy", "lane", "meter",
+        "_block", "_closed", "choose", "disconnected", "downstream", "energy", "keep", "lane", "meter",
         "responder", "root_path", "route_app", "scope", "server_receive", "settle_timeout", "status",
     )
 
     def __init__(
         self, scope: Scope, receive: Receive, send: Send, meter: Meter, *,
         choose: Callable[[Message, Exchange], Responder], settle_timeout: float, route_app: Any,
+        keep: Callable[[Energy, bytes], None] | None = None,
     ) -> None:
         self.scope = scope
         self.server_receive = receive
@@ -69,6 +70,9 @@ class Exchange:
         self.status: int | None = None
         self.disconnected = False
         self.energy: Energy | None = None
+        #: Where the figure is kept by id, with its JSON, the moment it is made (before any
+        #: of it goes out): a client that got the id finds it, whatever happens next.
+        self.keep = keep
         self._block: bytes | None = None
         self._closed = False
 
@@ -122,9 +126,11 @@ class Exchange:
         if self.energy is None:
             try:
                 self.close()
-                self.energy = self.meter.figure()
+                energy = self.meter.figure()
             except Exception as exc:
-                self.energy = self._unknown(exc)
+                energy = self._unknown(exc)
+            self._made(energy)
+        assert self.energy is not None
         return self.energy
 
     async def finish(self) -> Energy:
@@ -133,10 +139,22 @@ class Exchange:
         if self.energy is None and self.settle_timeout > 0:
             try:
                 self.close()
-                self.energy = await self.meter.settled(self.settle_timeout)
+                energy = await self.meter.settled(self.settle_timeout)
             except Exception as exc:
-                self.energy = self._unknown(exc)
+                energy = self._unknown(exc)
+            if self.energy is None:
+                self._made(energy)
         return self.figure()
+
+    def _made(self, energy: Energy) -> None:
+        """The figure is made: kept by id at once, with the block it will be written as."""
+        self.energy = energy
+        keep = self.keep
+        if keep is not None:
+            try:
+                keep(energy, self.block())
+            except Exception:  # a bug of ours must cost the record, not the answer
+                log.exception("giul-asgi could not keep this request's record")
 
     def block(self) -> bytes:
         """The figure as the JSON block (written once)."""

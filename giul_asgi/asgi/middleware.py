@@ -22,6 +22,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio.to_thread
+
 from .. import logs
 from ..config import Node, Route, Tier
 from ..context import meter_var
@@ -166,6 +168,9 @@ class EnergyMiddleware:
             # nothing can be shared, saying so): /energy answers for the whole host.
             stats = HostStats(EnergyStats(max_tenants=options.max_tenants))
         self.stats = stats
+        #: Told at once that a request was answered (its figure settles later), where the
+        #: statistics keep answers in place: a worker killed meanwhile loses none.
+        self._answered = getattr(stats, "answered", None)
         #: Every settled figure by request id, for /energy/requests/{id}.
         self.records = records if records is not None else RecordStore()
         sink_list = list(sinks)
@@ -254,6 +259,7 @@ class EnergyMiddleware:
         exchange = Exchange(
             scope, receive, send, meter, choose=self._choose,
             settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
+            keep=self.records.put,
         )
         span = self.otel.current_span() if self.otel is not None else None
         outcome = "incomplete"
@@ -269,6 +275,10 @@ class EnergyMiddleware:
             meter_var.reset(token)
             exchange.close()
             try:
+                if self._answered is not None:
+                    self._answered(meter.id, meter.route, meter.node,
+                                   meter.tier.name if meter.tier is not None else None,
+                                   outcome, exchange.status, meter.tenant)
                 meter.report(self.listeners, outcome, exchange.status)
             except Exception:  # a bug of ours costs the record, never the answer
                 log.exception("giul-asgi could not file this request's figure")
@@ -338,6 +348,8 @@ class EnergyMiddleware:
         """Start each node's reader and wait (``startup_timeout`` at most) until built.
         A reader asked for by name that cannot work is kept in :attr:`startup_error`."""
         self._started = True
+        # The records' ring is made on the store's own thread: served from its first answer.
+        await anyio.to_thread.run_sync(self.records.wait_ready, self.options.startup_timeout)
         try:
             await self.ledgers.start(
                 list(self.router.nodes.values()),

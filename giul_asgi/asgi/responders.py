@@ -174,8 +174,11 @@ class Responder:
         await self.downstream(message)
 
     async def end(self, message: Message) -> None:
-        """The last body message, then our trailers when we announced them."""
+        """The last body message, then our trailers when we announced them. Without
+        trailers the figure is made (and kept by id) before the last byte goes."""
         self.complete = True
+        if not self.trailers:
+            self.exchange.figure()
         await self.downstream(message)
         if self.trailers:
             await self.downstream({
@@ -193,6 +196,8 @@ class Responder:
             "http.response.pathsend", "http.response.zerocopysend",
         ):
             self.complete = True
+            if not self.trailers:
+                self.exchange.figure()  # kept by id before the answer ends, as in end()
         await self.downstream(message)
 
 

@@ -22,7 +22,9 @@ worker thread, off the event loop.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
@@ -32,12 +34,21 @@ import anyio.to_thread
 from ..errors import ConfigError, GiulError
 from ..exporters import ledger_totals
 from ..page import render_page
-from ..records import RecordStore
+from ..records import Lookup, RecordStore
 from ..stats import Cell
 from .access import Access, Guard
 
 Scope = MutableMapping[str, Any]
 RECORD_SCHEMA = "giul-asgi/energy-record/1"
+_REMEDY = "ask with the X-Energy-Id of a response of this server"
+#: What to do about each reason a record is missing (RecordStore.lookup's reasons).
+_REMEDIES = {
+    "expired after max_age_s": "ask sooner, or keep records longer: RecordStore(max_age_s=...)",
+    "evicted": "ask sooner, or keep more: RecordStore(max_records=...)",
+    "its process's journal was not shared": "give the host's place room or make it private "
+                                            "(see the server's log), so every worker shares records",
+    "its record makes no sense": "the journal was damaged: the server's log names the file",
+}
 LEDGER_FIELDS = (
     "measured_j", "charged_j", "unattributed_j", "foreign_j", "in_flight_j",
     "conservation_error_j", "idle_w", "mean_concurrency", "foreign_watts", "contended",
@@ -138,6 +149,9 @@ class EnergyEndpoint:
         self._observe(totals)
         data: dict[str, Any] = self.stats.snapshot(window, route=route, node=node, tenant=tenant)
         data.setdefault("workers", 1)
+        data.setdefault("shared", False)
+        data.setdefault("shared_reason", "statistics of this process (an EnergyStats given as stats=)")
+        data.setdefault("server", None)
         view = self.stats.view() if hasattr(self.stats, "view") else self.stats
         rates = view.node_rates() if hasattr(view, "node_rates") else {}
         nodes = data["nodes"]
@@ -190,10 +204,16 @@ class EnergyEndpoint:
                       b"connect-src 'self'; img-src data:")])
 
     async def _record(self, scope: Scope, send: Any, key: str) -> None:
-        energy = self.records.get(key) if self.records is not None and key else None
+        records = self.records
+        if records is None:
+            found = Lookup(None, "this endpoint keeps no records")
+        else:  # the other workers' journals are files: read off the event loop
+            found = await anyio.to_thread.run_sync(records.lookup, key)
+        energy = found.energy
         if energy is None:
-            body = _dumps({"error": f"no record under {key!r}",
-                           "remedy": "records are kept for a bounded time after the request"})
+            body = _dumps({"error": f"no record under {key!r}", "reason": found.reason,
+                           "remedy": _REMEDIES.get((found.reason or "").split(":")[0].split(" (")[0],
+                                                   _REMEDY)})
             await _send(send, scope, 404, body, "application/json")
             return
         await _send(send, scope, 200, _dumps({"schema": RECORD_SCHEMA, "record": energy.as_dict()}),
@@ -202,15 +222,19 @@ class EnergyEndpoint:
 
 def _check_prometheus_client(metrics_path: str) -> None:
     """Serving ``metrics_path`` needs prometheus-client: a missing one is a bad setting, said
-    at startup, never a 500 at each scrape."""
+    at startup, never a 500 at each scrape. Found, not imported: importing it runs its code
+    (its process collector reads ``/proc``), and the middleware is built on the event loop;
+    the first scrape imports it, on a worker thread."""
     try:
-        import prometheus_client  # noqa: F401
-    except ImportError as exc:
+        found = "prometheus_client" in sys.modules or importlib.util.find_spec("prometheus_client")
+        why = "it is not installed"
+    except (ImportError, ValueError) as exc:
+        found, why = None, f"{type(exc).__name__}: {exc}"
+    if not found:
         raise ConfigError(
-            f"metrics_path={metrics_path!r} needs prometheus-client, which cannot be imported "
-            f"({type(exc).__name__}: {exc})",
+            f"metrics_path={metrics_path!r} needs prometheus-client, which cannot be imported ({why})",
             remedy="pip install 'giul-asgi[prometheus]', or leave metrics_path unset",
-        ) from None
+        )
 
 
 def _histories(ledgers: Any) -> dict[str, list[Any]]:
