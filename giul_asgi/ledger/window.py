@@ -96,6 +96,7 @@ class Window:
         "lost_s",
         "marks",
         "measured_s",
+        "phase_end",
         "power_j",
         "rules",
         "seen_end",
@@ -108,6 +109,7 @@ class Window:
         "tokens",
         "trouble",
         "unwatched",
+        "usage",
         "waiting",
         "waits_on",
         "weight",
@@ -121,7 +123,11 @@ class Window:
         self.t_close: float | None = None
         self.busy_close = 0.0
         self.tokens: int | None = None
+        #: The request's (prompt, completion) token counts, from ``usage``, given at close.
+        self.usage: tuple[int, int] | None = None
         self.weight: float | None = None
+        #: Where its prefill ended, for the phase split (NaN: unknown; None: not fixed yet).
+        self.phase_end: float | None = None
         self.marks: list[tuple[str, float]] | None = None
         self.stage_shares: list[float] | None = None
         self.share = 0.0
