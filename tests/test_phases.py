@@ -4,21 +4,27 @@ exact and a loaded machine changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
+from apps import RecordingStats, body_of, busy_node, drive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from truecard import PhasedJob, TrueCard, TrueReader
 
+from giul_asgi import EnergyMiddleware, Ledgers
 from giul_asgi.config import Node
 from giul_asgi.errors import ConfigError
 from giul_asgi.ledger import Ledger, PhaseSplit
 from giul_asgi.ledger.phases import MIN_SPANS, PREFILL
 from giul_asgi.meter import Meter
+from giul_asgi.wire.sse import sse_data
 
 IDLE = 70.0
 PREFILL_W, DECODE_W = 120.0, 30.0
@@ -208,3 +214,73 @@ def test_a_bad_split_is_refused_with_a_remedy() -> None:
     with pytest.raises(ConfigError) as info:
         Node("n", split="phase")
     assert "phases" in info.value.remedy
+
+
+def _chunk(content: str | None, finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
+    obj: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
+                           "choices": [] if usage else [{"index": 0, "delta": {"content": content},
+                                                         "finish_reason": finish}]}
+    if usage:
+        obj["usage"] = usage
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("split", ["phases", "time"])
+async def test_a_chat_streams_first_event_ends_its_prefill_where_phases_are_weighed(split: str) -> None:
+    """Through the middleware: the first event of an OpenAI chat stream is the window's
+    ``prefill`` mark on a phases node (its figure has the stage), nothing on another; the
+    usage chunk's prompt and completion tokens reach the window."""
+    node, _ = busy_node()
+    node = replace(node, split=split)
+    usage = {"prompt_tokens": 500, "completion_tokens": 4, "total_tokens": 504}
+    pieces = [_chunk("Hel"), _chunk("lo"), _chunk(None, "stop"), _chunk(None, usage=usage),
+              b"data: [DONE]\n\n"]
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await asyncio.sleep(0.03)  # its prefill
+        for piece in pieces:
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    ledgers = Ledgers()
+    sent = await drive(EnergyMiddleware(app, nodes=[node], ledgers=ledgers, stats=RecordingStats()))
+    carrying = [json.loads(sse_data(e)) for e in body_of(sent).split(b"\n\n") if b'"energy"' in e]
+    energy = carrying[0]["energy"]
+    split_of = ledgers.get(node).book.split
+    if split == "phases":
+        assert list(energy["stages"]) == [PREFILL] and energy["stages"][PREFILL]["seconds"] >= 0.025
+        assert isinstance(split_of, PhaseSplit) and split_of._own.seconds() is not None  # its usage
+    else:
+        assert energy["stages"] == {}
+
+
+def test_the_upstream_chore_hands_phase_times_to_every_process() -> None:
+    """Running requests go to the process that decides the card's spans; phase times to
+    each process's book (each weighs its own windows)."""
+    from giul_asgi.ledger.chores import Upstream
+    from giul_asgi.readers.upstream import LoadReading
+
+    class Load:
+        def read(self) -> LoadReading:
+            return LoadReading(1.0, running=2.0, generation_tokens_total=40.0, prompt_tokens_total=400.0,
+                               prefill_seconds_total=0.5, decode_seconds_total=3.0)
+
+    for deciding in (True, False):
+        noted: list[tuple[float, float]] = []
+        phases: list[tuple[float | None, ...]] = []
+        chore = Upstream("http://127.0.0.1:1/metrics", lambda: 1.0, lambda t, r, n=noted: n.append((t, r)),
+                         lambda d=deciding: d, lambda *a, p=phases: p.append(a))  # type: ignore[misc]
+        chore.load = Load()
+        chore()
+        assert noted == ([(1.0, 2.0)] if deciding else [])
+        assert phases == [(400.0, 40.0, 0.5, 3.0)]
+    split = PhaseSplit()
+    split.note_engine(400.0, 40.0, 0.5, 3.0)
+    split.note_engine(800.0, 80.0, 1.0, 6.0)
+    assert split._engine.seconds() == pytest.approx((0.5 / 400, 3.0 / 40))
+    split.note_engine(10.0, 1.0, 0.1, 0.1)  # a restart: counters began again, nothing learnt
+    assert split._engine.seconds() == pytest.approx((0.5 / 400, 3.0 / 40))
