@@ -125,15 +125,21 @@ class Book:
         """The windows open now."""
         return list(self.windows.open.values())
 
-    def mark(self, window: Window, name: str, t: float) -> None:
+    def mark(self, window: Window, name: str, t: float) -> list[Window]:
+        """Mark a stage's end; returns the windows this settles: a mark may fix the window's
+        weight (the phase split's ``prefill``), and the spans that waited only for it are shared."""
         if window.t_close is not None:
-            return
+            return []
         if window.marks is None or window.stage_shares is None:
             window.marks, window.stage_shares = [], [window.share]
         window.marks.append((name, t))
         window.stage_shares.append(0.0)
+        settled: list[Window] = []
         if window.weight is None and not self.split.known_at_open:
-            window.weight = self.split.weight(window)  # a mark may fix it (the phase split's)
+            window.weight = self.split.weight(window)
+            if window.weight is not None and window.waits_on:
+                self._release(settled, window)
+        return settled
 
     def close(
         self, window: Window, t: float, tokens: int | None = None,
@@ -147,6 +153,9 @@ class Book:
         window.usage = usage
         if not self.split.known_at_open:
             window.weight = self.split.weight(window)
+        settled: list[Window] = []
+        if window.waits_on:  # spans that waited only for its weight are shared first
+            self._release(settled, window)
         if not self.measures:
             window.error = self.error
             window.seen_end = True
@@ -155,9 +164,8 @@ class Book:
             # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
             # others' tails fall in its time as much, on average (until settled windows tell).
             window.first = self.prior.first_guess(window, True, _measured_unc(window))
-        settled: list[Window] = []
-        if window.waits_on:
-            self._release(settled, window)
+            if window.first is not None and isinstance(self.split, SpanSplit):
+                window.first = self.split.first(window, window.first)
         if self.stopped:
             self._settle_uncovered(window, settled)
         self._try_settle(window, settled)
@@ -401,7 +409,8 @@ class Book:
             self._try_settle(window, settled)
 
     def _release(self, settled: list[Window], closed: Window) -> None:
-        """A window closed with its weight: spans that waited only for it can be shared."""
+        """A window's weight is known (at its close, or a mark that fixed it): spans that
+        waited only for it can be shared."""
         for waiting in closed.waits_on or ():
             waiting.open_members -= 1
             if waiting.open_members <= 0:

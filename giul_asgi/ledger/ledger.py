@@ -183,9 +183,12 @@ class Ledger:
     def mark(self, window: Window, name: str) -> None:
         with self._lock:
             t = self.clock()
-            self.book.mark(window, name, t)
+            settled = self.book.mark(window, name, t)
             if self._note is not None:
                 self._note(("m", t, id(window), name))
+                self._noted(settled)
+        if settled:
+            _fire(settled)
 
     def first_out(self, window: Window) -> None:
         """The answer's first event went out: where the node weighs phases, the window's

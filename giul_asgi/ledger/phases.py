@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 from ..spans import CardSpan
 from .members import Members
-from .window import Split, TimeSplit, TokenSplit, Window
+from .window import First, Split, TimeSplit, TokenSplit, Window
 
 #: The mark that ends a window's prefill.
 PREFILL = "prefill"
@@ -65,16 +65,22 @@ class SpanSplit(Split, Protocol):
         the record's ``split``; ``above`` is the energy shared, which the split may learn from."""
         ...
 
+    def first(self, window: Window, first: First) -> First:
+        """The first figure's guess of what the card has not shared of the window yet (the
+        prior's, at the node's mean rate), at this split's own rates for that part."""
+        ...
+
 
 class _Rates:
     """Span energy ~ r_prefill x prefill-seconds + r_decode x decode-seconds: least squares
     through the origin over sums that decay with the span-seconds added."""
 
-    __slots__ = ("dd", "de", "n", "pd", "pe", "pp")
+    __slots__ = ("d", "dd", "de", "n", "p", "pd", "pe", "pp")
 
     def __init__(self) -> None:
         self.n = 0
         self.pp = self.pd = self.dd = self.pe = self.de = 0.0
+        self.p = self.d = 0.0  # the seconds themselves: the mix the node's mean rate is of
 
     def add(self, prefill_s: float, decode_s: float, joules: float, seconds: float) -> None:
         if not (prefill_s + decode_s > 0 and seconds > 0 and math.isfinite(joules)):
@@ -86,6 +92,8 @@ class _Rates:
         self.dd = self.dd * keep + decode_s * decode_s
         self.pe = self.pe * keep + prefill_s * joules
         self.de = self.de * keep + decode_s * joules
+        self.p = self.p * keep + prefill_s
+        self.d = self.d * keep + decode_s
 
     def fit(self) -> tuple[float, float] | None:
         """(watts a window draws in prefill, in decode), once the fit stands; else None."""
@@ -99,6 +107,10 @@ class _Rates:
         if prefill <= 0 or decode <= 0:
             return None
         return prefill, decode
+
+    def mean(self, rates: tuple[float, float]) -> float:
+        """The rate of a second of the mix the node served (what the prior's rates are)."""
+        return (rates[0] * self.p + rates[1] * self.d) / (self.p + self.d)
 
 
 class _PerToken:
@@ -190,6 +202,19 @@ class PhaseSplit:
             return  # the server restarted: its counters began again
         self._engine.add(d[2], d[0], d[3], d[1])
 
+    def first(self, window: Window, first: First) -> First:
+        rates = self.rates.fit()
+        end = window.phase_end
+        unshared = max(0.0, window.seconds - window.measured_s - window.lost_s - window.filled_s)
+        if rates is None or end is None or math.isnan(end) or unshared <= 0 or first.guess <= 0:
+            return first
+        # What of its prefill the shared spans did not hold is in the part not shared yet.
+        prefill = min(unshared, max(0.0, end - window.t_open - window.shared_prefill_s))
+        rate = (rates[0] * prefill + rates[1] * (unshared - prefill)) / unshared
+        factor = rate / self.rates.mean(rates)
+        return First(first.reported, first.guess * factor, first.scale * factor, first.unc,
+                     first.filled, f"{first.basis}, at its phases' rates")
+
     # -- a span's weights -------------------------------------------------------------------
     def weigh(self, span: CardSpan, members: Members, above: float) -> tuple[list[float] | None, str]:
         rates = self.rates.fit()
@@ -200,11 +225,14 @@ class PhaseSplit:
         prefill_sum = decode_sum = 0.0
         for window, overlap in members:
             end = window.phase_end
+            if end is not None and math.isnan(end) and window.usage is not None:
+                end = window.phase_end = self._estimate(window)  # the seconds per token may be known now
             if end is None or math.isnan(end):
                 phases.append(None)
                 continue
             start = max(window.t_open, span.t0)
             prefill = min(overlap, max(0.0, end - start))
+            window.shared_prefill_s += prefill  # the book shares this span now
             phases.append((prefill, overlap - prefill))
             prefill_sum += prefill
             decode_sum += overlap - prefill

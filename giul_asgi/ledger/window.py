@@ -103,6 +103,7 @@ class Window:
         "seq",
         "settled",
         "share",
+        "shared_prefill_s",
         "stage_shares",
         "t_close",
         "t_open",
@@ -126,8 +127,10 @@ class Window:
         #: The request's (prompt, completion) token counts, from ``usage``, given at close.
         self.usage: tuple[int, int] | None = None
         self.weight: float | None = None
-        #: Where its prefill ended, for the phase split (NaN: unknown; None: not fixed yet).
+        #: Where its prefill ended, for the phase split (NaN: unknown; None: not fixed yet),
+        #: and how much of its prefill the spans shared so far held.
         self.phase_end: float | None = None
+        self.shared_prefill_s = 0.0
         self.marks: list[tuple[str, float]] | None = None
         self.stage_shares: list[float] | None = None
         self.share = 0.0
