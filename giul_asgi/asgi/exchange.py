@@ -149,7 +149,7 @@ class Exchange:
         prompt and completion tokens (what a phase split weighs)."""
         if count is not None and self.meter.token_count is None:
             self.meter.tokens(count)
-        if usage is not None:
+        if usage is not None and self.meter.ledger.weighs_phases:  # read only where weighed
             self.meter.usage(usage_tokens(usage, "input"), usage_tokens(usage, "output"))
 
     def first_out(self) -> None:

@@ -190,10 +190,15 @@ class Ledger:
         if settled:
             _fire(settled)
 
+    @property
+    def weighs_phases(self) -> bool:
+        """Whether the node's split weighs prefill and decode (it wants first events and usage)."""
+        return isinstance(self.book.split, PhaseSplit)
+
     def first_out(self, window: Window) -> None:
         """The answer's first event went out: where the node weighs phases, the window's
         prefill ends now (its ``prefill`` mark, once); elsewhere nothing."""
-        if not isinstance(self.book.split, PhaseSplit) or window.t_close is not None:
+        if not self.weighs_phases or window.t_close is not None:
             return
         if any(name == PREFILL for name, _ in window.marks or ()):
             return
@@ -516,7 +521,7 @@ class Ledger:
         carbon intensity, the trace, the history of the books."""
         chores: list[tuple[float, Callable[[], None]]] = []
         if self.node.upstream is not None:
-            phases = self.note_phases if isinstance(self.book.split, PhaseSplit) else None
+            phases = self.note_phases if self.weighs_phases else None
             chores.append((UPSTREAM_EVERY_S, Upstream(self.node.upstream, self.clock, self.note_upstream,
                                                       self.deciding, phases)))
         if self._carbon_feed is not None:
