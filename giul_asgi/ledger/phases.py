@@ -30,6 +30,11 @@ habit: a long span teaches more than a sliver). Until the fit stands (enough spa
 decode not in one fixed proportion across them, both rates positive) a span is shared by time
 and its windows say ``time``; after, ``phases``.
 
+A window's weight is fixed once its prefill has ended (its mark) or it has closed; spans in
+which another member is open and still in prefill wait for it, as spans wait for token counts
+under the token split. The first figure (at close) guesses the part not shared yet from the
+node's prior, scaled from the node's mean rate to the rate of that part's own phases.
+
 Plain records and arithmetic: no clock, no lock. The book calls it under the ledger's lock.
 """
 
