@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a giul-trace-<node>-<pid>.jsonl file (its rotated parts are read too), "
                         "or a directory: each trace in it, in turn")
     r.add_argument("--split", choices=SPLITS, default=None,
-                   help="share each span by time or tokens (default: the live split)")
+                   help="share each span by time, tokens or phases (default: the live split)")
     r.add_argument("--idle-w", type=watts, default=None,
                    help="replay with this idle floor in W (default: the live one)")
     r.add_argument("--json", action="store_true", help="print one JSON document")

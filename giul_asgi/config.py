@@ -29,7 +29,7 @@ READER_KINDS: tuple[str, ...] = (
 )
 #: Readers that read another host: they need a ``url``.
 URL_READERS: tuple[str, ...] = ("agent", "dcgm")
-SPLITS: tuple[str, ...] = ("time", "tokens")
+SPLITS: tuple[str, ...] = ("time", "tokens", "phases")
 FOREIGN: tuple[str, ...] = ("charge", "subtract")
 #: The largest trace file a node may ask for (two are kept per node and process).
 MAX_TRACE_MB = 4096.0
@@ -45,8 +45,9 @@ class Node:
     ``reader`` picks how to read it: ``auto`` (NVML if it answers, else nothing), ``nvml``,
     ``dcgmi``, ``simulated`` (with no ``url``: an in-process card the node's own windows
     load; with one: the demo upstream's card) or ``none``. ``split`` is how overlapping
-    requests share the node's energy: by their ``time`` in each interval, or by time x
-    ``tokens`` per second.
+    requests share the node's energy: by their ``time`` in each interval, by time x
+    ``tokens`` per second, or by ``phases``: time in prefill and in decode, each at its own
+    rate learnt on the node (see :mod:`giul_asgi.ledger.phases`).
     ``url`` (and ``token``) say where a remote reader finds the card: a giul-agent, a
     dcgm-exporter, the demo's simulated upstream. ``options`` are the reader's own keys,
     checked when it is built. ``foreign`` is what to do with a load on the card that no
@@ -87,7 +88,8 @@ class Node:
     reader: str = "auto"
     #: The counter's update period (s) where the card cannot tell; learnt otherwise.
     period_s: float | None = None
-    #: How overlapping requests share a span: by ``time``, or time x ``tokens`` per second.
+    #: How overlapping requests share a span: by ``time``, time x ``tokens`` per second, or
+    #: ``phases``: prefill and decode time at rates learnt on the node (``time`` while learning).
     split: str = "time"
     #: Where a remote reader finds the card (a giul-agent, a dcgm-exporter, the demo's upstream).
     url: str | None = None
@@ -159,7 +161,9 @@ class Node:
             )
         if self.split not in SPLITS:
             raise ConfigError(
-                f"node {self.name!r}: split must be one of {SPLITS}, got {self.split!r}"
+                f"node {self.name!r}: split must be one of {SPLITS}, got {self.split!r}",
+                remedy='write split = "time" (the default), "tokens" (time x tokens per second) '
+                       'or "phases" (prefill and decode at their own learnt rates)',
             )
         if self.period_s is not None:
             period = _number(self.period_s, f"node {self.name!r}: period_s")

@@ -95,6 +95,7 @@ class Meter:
         self._catalog = catalog or _NO_NAMES
         self._window: Window | None = None
         self._tokens: int | None = None
+        self._usage: tuple[int, int] | None = None  # (prompt, completion), for the phase split
         self._at_close: Share | None = None  # the share read when the window closed
         self._waiting: list[Callable[[], None]] | None = None  # on_settled before the close
         self._final: Energy | None = None  # the settled figure, graded once
@@ -146,7 +147,8 @@ class Meter:
         if window is None or window.t_close is not None:
             return
         tier = self.tier.name if self.tier is not None else None
-        self._at_close = self.ledger.close(window, self._tokens, (self.id, self.route, tier))
+        self._at_close = self.ledger.close(window, self._tokens, (self.id, self.route, tier),
+                                           self._usage)
         if self._waiting:
             for settled in self._waiting:
                 self.ledger.when_settled(window, settled)
@@ -171,6 +173,23 @@ class Meter:
             raise TypeError(f"tokens must be an int, got {type(count).__name__}")
         self._tokens = count
         self._final = None
+
+    def usage(self, prompt: int | None, completion: int | None) -> None:
+        """The request's prompt and completion tokens (an OpenAI ``usage``), before close:
+        where the node weighs phases, a window with no first-token mark is cut where they
+        put the end of its prefill. Either unknown (None): nothing is kept."""
+        for count in (prompt, completion):
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+                raise TypeError(f"token counts must be ints, got {type(count).__name__}")
+        if prompt is not None and completion is not None and prompt >= 0 and completion >= 0:
+            self._usage = (prompt, completion)
+
+    def first_out(self) -> None:
+        """The answer's first token went out (a stream's first event): where the node weighs
+        phases, this ends the window's prefill (its ``prefill`` mark); elsewhere nothing."""
+        window = self._window
+        if window is not None and window.t_close is None:
+            self.ledger.first_out(window)
 
     @property
     def token_count(self) -> int | None:

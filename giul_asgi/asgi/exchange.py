@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ..energy import Energy
 from ..meter import Meter
-from ..wire.body import energy_json
+from ..wire.body import energy_json, usage_tokens
 from ..wire.sse import EVENT_ENDS, NEVER, Lane
 from .routing import route_template
 
@@ -162,9 +162,21 @@ class Exchange:
             self._block = energy_json(self.figure())
         return self._block
 
-    def tokens(self, count: int | None) -> None:
+    def tokens(self, count: int | None, usage: Any = None) -> None:
+        """The answer's token count (the options' kind) and, from its ``usage`` object, its
+        prompt and completion tokens (what a phase split weighs)."""
         if count is not None and self.meter.token_count is None:
             self.meter.tokens(count)
+        if usage is not None and self.meter.ledger.weighs_phases:  # read only where weighed
+            self.meter.usage(usage_tokens(usage, "input"), usage_tokens(usage, "output"))
+
+    def first_out(self) -> None:
+        """A stream's first event went out: the end of its prefill (the meter marks it only
+        where the node weighs phases). A bug of ours costs the mark, not the answer."""
+        try:
+            self.meter.first_out()
+        except Exception:
+            log.exception("giul-asgi could not mark this stream's first event")
 
     def _unknown(self, exc: Exception) -> Energy:
         log.exception("giul-asgi could not make this request's figure")

@@ -36,7 +36,7 @@ from ..wire.body import (
     usage_tokens,
 )
 from ..wire.headers import energy_headers, stream_headers
-from ..wire.sse import Lane, SSESplicer
+from ..wire.sse import CHAT, Lane, SSESplicer
 from .exchange import Exchange, Send
 from .options import Options
 
@@ -258,7 +258,8 @@ class JSONResponder(Responder):
         ):
             obj = parse_object(body)
             if obj is not None:
-                exchange.tokens(usage_tokens(find_usage(obj), options.token_kind))
+                usage = find_usage(obj)
+                exchange.tokens(usage_tokens(usage, options.token_kind), usage)
         energy = await exchange.finish()
         headers = head.headers
         if obj is not None:
@@ -334,7 +335,10 @@ class SSEResponder(Responder):
             return
         splicer = self.splicer
         body = message.get("body", b"")
+        undecided = splicer.kind is None
         out = splicer.feed(body)
+        if undecided and splicer.kind == CHAT:  # its first event: a server sends it with the first token
+            self.exchange.first_out()
         if splicer.waiting:  # [DONE] after the event that carries the energy
             out += splicer.resume(await self._block(), self._usage())
         if message.get("more_body", False):
@@ -355,7 +359,7 @@ class SSEResponder(Responder):
 
     async def _block(self) -> bytes:
         exchange = self.exchange
-        exchange.tokens(self.splicer.tokens)
+        exchange.tokens(self.splicer.tokens, self.splicer.usage)
         await exchange.finish()
         return exchange.block()
 

@@ -36,6 +36,7 @@ from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
 from .decider import Decider
 from .members import Members, Windows
+from .phases import SpanSplit
 from .prior import FLOOR, Prior
 from .window import First, Split, TimeSplit, TokenSplit, Waiting, Window, spread
 
@@ -124,21 +125,37 @@ class Book:
         """The windows open now."""
         return list(self.windows.open.values())
 
-    def mark(self, window: Window, name: str, t: float) -> None:
+    def mark(self, window: Window, name: str, t: float) -> list[Window]:
+        """Mark a stage's end; returns the windows this settles: a mark may fix the window's
+        weight (the phase split's ``prefill``), and the spans that waited only for it are shared."""
         if window.t_close is not None:
-            return
+            return []
         if window.marks is None or window.stage_shares is None:
             window.marks, window.stage_shares = [], [window.share]
         window.marks.append((name, t))
         window.stage_shares.append(0.0)
+        settled: list[Window] = []
+        if window.weight is None and not self.split.known_at_open:
+            window.weight = self.split.weight(window)
+            if window.weight is not None and window.waits_on:
+                self._release(settled, window)
+        return settled
 
-    def close(self, window: Window, t: float, tokens: int | None = None) -> list[Window]:
-        """Close the window; returns the windows this settles (spans that waited on it)."""
+    def close(
+        self, window: Window, t: float, tokens: int | None = None,
+        usage: tuple[int, int] | None = None,
+    ) -> list[Window]:
+        """Close the window (``usage``: its prompt and completion tokens, where known);
+        returns the windows this settles (spans that waited on it)."""
         if not self.windows.shut(window, t):
             return []
         window.tokens = tokens
+        window.usage = usage
         if not self.split.known_at_open:
             window.weight = self.split.weight(window)
+        settled: list[Window] = []
+        if window.waits_on:  # spans that waited only for its weight are shared first
+            self._release(settled, window)
         if not self.measures:
             window.error = self.error
             window.seen_end = True
@@ -147,9 +164,8 @@ class Book:
             # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
             # others' tails fall in its time as much, on average (until settled windows tell).
             window.first = self.prior.first_guess(window, True, _measured_unc(window))
-        settled: list[Window] = []
-        if window.waits_on:
-            self._release(settled, window)
+            if window.first is not None and isinstance(self.split, SpanSplit):
+                window.first = self.split.first(window, window.first)
         if self.stopped:
             self._settle_uncovered(window, settled)
         self._try_settle(window, settled)
@@ -303,19 +319,8 @@ class Book:
         self, span: CardSpan, above: float, members: Members,
         settled: list[Window], *, by_time: bool,
     ) -> None:
-        weights: list[float] | None = None
-        rule = self.split.name
-        if not self.split.known_at_open and not by_time:
-            known = [w.weight for w, _ in members]
-            if all(k is not None and k > 0 for k in known):
-                weights = known  # type: ignore[assignment]
-            else:
-                rule = "time"  # a weight is unknown (no tokens): this span by time
-        elif by_time:
-            rule = "time"
-        total = 0.0
-        for i, (_, overlap) in enumerate(members):
-            total += overlap if weights is None else weights[i] * overlap
+        weights, rule = self._weights(span, above, members, by_time=by_time)
+        total = sum(weights) if weights is not None else sum(overlap for _, overlap in members)
         seconds = span.seconds
         idle = self.provenance.idle_watts
         # Energy in the part of the span no window (of any process) covered may or may not
@@ -341,7 +346,7 @@ class Book:
         shared = span.members > 1
         tails = span.tails
         for i, (window, overlap) in enumerate(members):
-            part = (overlap if weights is None else weights[i] * overlap) / total
+            part = (overlap if weights is None else weights[i]) / total
             share = above * part
             window.share += share
             if not tails:
@@ -374,6 +379,25 @@ class Book:
                 start = max(window.t_open, span.t0)
                 spread(window, start, start + overlap, share, window.stage_shares)
 
+    def _weights(
+        self, span: CardSpan, above: float, members: Members, *, by_time: bool,
+    ) -> tuple[list[float] | None, str]:
+        """Each member's weight in ``span`` (None: by its time in it), and the rule's name."""
+        split = self.split
+        if by_time:
+            return None, "time"
+        if split.known_at_open:
+            return None, split.name
+        if isinstance(split, SpanSplit):
+            weights, rule = split.weigh(span, members, above)
+            if weights is None or sum(weights) > 0:
+                return weights, rule
+            return None, "time"
+        known = [w.weight for w, _ in members]
+        if all(k is not None and k > 0 for k in known):
+            return [k * overlap for k, (_, overlap) in zip(known, members, strict=True)], split.name  # type: ignore[operator]
+        return None, "time"  # a weight is unknown (no tokens): this span by time
+
     def _resolve(self, waiting: Waiting, settled: list[Window], *, by_time: bool) -> None:
         if waiting.done:
             return
@@ -385,7 +409,8 @@ class Book:
             self._try_settle(window, settled)
 
     def _release(self, settled: list[Window], closed: Window) -> None:
-        """A window closed with its weight: spans that waited only for it can be shared."""
+        """A window's weight is known (at its close, or a mark that fixed it): spans that
+        waited only for it can be shared."""
         for waiting in closed.waits_on or ():
             waiting.open_members -= 1
             if waiting.open_members <= 0:

@@ -38,6 +38,7 @@ from ..spans import NOBODY, CardSpan, Gap, Span
 from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .chores import UPSTREAM_EVERY_S, Upstream
 from .history import LOOK_EVERY_S, History
+from .phases import PREFILL, PhaseSplit, split_for
 from .poller import IDLE_S, Health, Poller
 from .sources import explicit, reader_factory
 from .tape import Tape
@@ -118,7 +119,7 @@ class Ledger:
         #: processes only if it says which card it reads.
         self._custom = reader is not None or node.reader_factory is not None
         self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
-        split = split or (TokenSplit() if node.split == "tokens" else TimeSplit())
+        split = split or split_for(node.split)
         measures = node.reader != "none" or reader is not None or node.reader_factory is not None
         provenance = Provenance("measured", "none", "none", node.idle_w)
         self.book = Book(
@@ -182,19 +183,38 @@ class Ledger:
     def mark(self, window: Window, name: str) -> None:
         with self._lock:
             t = self.clock()
-            self.book.mark(window, name, t)
+            settled = self.book.mark(window, name, t)
             if self._note is not None:
                 self._note(("m", t, id(window), name))
+                self._noted(settled)
+        if settled:
+            _fire(settled)
+
+    @property
+    def weighs_phases(self) -> bool:
+        """Whether the node's split weighs prefill and decode (it wants first events and usage)."""
+        return isinstance(self.book.split, PhaseSplit)
+
+    def first_out(self, window: Window) -> None:
+        """The answer's first event went out: where the node weighs phases, the window's
+        prefill ends now (its ``prefill`` mark, once); elsewhere nothing."""
+        if not self.weighs_phases or window.t_close is not None:
+            return
+        if any(name == PREFILL for name, _ in window.marks or ()):
+            return
+        self.mark(window, PREFILL)
 
     def close(
         self, window: Window, tokens: int | None = None,
         about: tuple[str | None, str | None, str | None] | None = None,
+        usage: tuple[int, int] | None = None,
     ) -> Share:
         """Close the window and return its share at close (one lock for both). ``about``
-        is the request's (id, route, tier), for the node's trace only."""
+        is the request's (id, route, tier), for the node's trace only; ``usage`` its
+        (prompt, completion) tokens, where known (the phase split weighs them)."""
         with self._lock:
             t = self.clock()
-            settled = self.book.close(window, t, tokens)
+            settled = self.book.close(window, t, tokens, usage)
             table = self.table
             if table is not None:
                 table.closed(window.seq, t)
@@ -501,8 +521,9 @@ class Ledger:
         carbon intensity, the trace, the history of the books."""
         chores: list[tuple[float, Callable[[], None]]] = []
         if self.node.upstream is not None:
+            phases = self.note_phases if self.weighs_phases else None
             chores.append((UPSTREAM_EVERY_S, Upstream(self.node.upstream, self.clock, self.note_upstream,
-                                                      self.deciding)))
+                                                      self.deciding, phases)))
         if self._carbon_feed is not None:
             chores.append((self._carbon_feed.tick_s, self._carbon_tick))
         if self._trace is not None:
@@ -550,6 +571,15 @@ class Ledger:
             self.book.note_upstream(t, running, others)
             if self._note is not None:
                 self._note(("up", t, running))
+
+    def note_phases(self, prompt_tokens: float | None, generation_tokens: float | None,
+                    prefill_s: float | None, decode_s: float | None) -> None:
+        """The upstream's token counters and its requests' summed prefill and decode
+        seconds (cumulative): the phase split's seconds per token."""
+        split = self.book.split
+        if isinstance(split, PhaseSplit):
+            with self._lock:
+                split.note_engine(prompt_tokens, generation_tokens, prefill_s, decode_s)
 
     def _period(self) -> float:
         table = self.table

@@ -96,18 +96,21 @@ class Window:
         "lost_s",
         "marks",
         "measured_s",
+        "phase_end",
         "power_j",
         "rules",
         "seen_end",
         "seq",
         "settled",
         "share",
+        "shared_prefill_s",
         "stage_shares",
         "t_close",
         "t_open",
         "tokens",
         "trouble",
         "unwatched",
+        "usage",
         "waiting",
         "waits_on",
         "weight",
@@ -121,7 +124,13 @@ class Window:
         self.t_close: float | None = None
         self.busy_close = 0.0
         self.tokens: int | None = None
+        #: The request's (prompt, completion) token counts, from ``usage``, given at close.
+        self.usage: tuple[int, int] | None = None
         self.weight: float | None = None
+        #: Where its prefill ended, for the phase split (NaN: unknown; None: not fixed yet),
+        #: and how much of its prefill the spans shared so far held.
+        self.phase_end: float | None = None
+        self.shared_prefill_s = 0.0
         self.marks: list[tuple[str, float]] | None = None
         self.stage_shares: list[float] | None = None
         self.share = 0.0

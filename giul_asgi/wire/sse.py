@@ -188,8 +188,9 @@ class SSESplicer(Lane):
         self.max_event = max_event
         #: ``chat``, ``responses`` or ``other``, once the first ``data:`` event is seen.
         self.kind: str | None = None
-        #: The last token count a ``usage`` object in the stream gave.
+        #: The last token count a ``usage`` object in the stream gave, and that object.
         self.tokens: int | None = None
+        self.usage: Any = None
         #: ``[DONE]`` followed the held event: call :meth:`resume` with the block.
         self.waiting = False
         #: The energy went out inside an event.
@@ -286,9 +287,10 @@ class SSESplicer(Lane):
         obj = None
         if self.kind in (CHAT, RESPONSES) and self._candidate_search(data) is not None:
             obj = parse_object(data)
-            count = usage_tokens(find_usage(obj), self.token_kind)
+            usage = find_usage(obj)
+            count = usage_tokens(usage, self.token_kind)
             if count is not None:
-                self.tokens = count
+                self.tokens, self.usage = count, usage
         if obj is not None and self.splice and not self.spliced and self._carries(obj):
             self._release(out)
             self._held, self._held_obj = raw, obj
