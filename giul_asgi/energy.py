@@ -16,6 +16,11 @@ reported by the card, how far they can be trusted, and how the card was shared. 
    ``simulated`` (an interpolation of a simulation is still a simulation) and says so too.
 4. Conservation is the ledger's job; the record says how the card was shared
    (``concurrency``, ``split``) and whether a foreign load was seen (``contended``).
+5. Two bases (after OpenCost's ``cost_basis``): ``joules`` is above idle, what the request
+   caused; ``allocated_joules`` adds its share of the idle floor while it ran (the ledger
+   shares a span's idle floor among the windows open in it as it shares the rest). Where
+   ``joules`` is unknown so is ``allocated_joules``; where it is estimated, so is this, by
+   the same method label.
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ class Share:
     error: str | None = None
     trouble: str | None = None
     basis: str | None = None
+    #: The window's part of the idle floor while it ran (None: nothing shared it yet).
+    idle_joules: float | None = None
 
 
 @dataclass(slots=True)
@@ -151,6 +158,9 @@ class Energy:
     #: On a MIG board: the slices the node stands for and that the energy is the whole
     #: board's (a slice cannot be metered alone); None when not on MIG.
     mig: str | None = None
+    #: ``joules`` plus the request's share of the idle floor while it ran (the basis that
+    #: adds up to all the card drew); None when ``joules`` is.
+    allocated_joules: float | None = None
 
     @property
     def known(self) -> bool:
@@ -160,6 +170,7 @@ class Energy:
         """Every field, JSON-ready. Unknown stays ``None`` (null); floats are finite."""
         return {
             "joules": _num(self.joules),
+            "allocated_joules": _num(self.allocated_joules),
             "method": self.method,
             "backend": self.backend,
             "source": self.source,
@@ -268,7 +279,19 @@ def grade(
         energy.carbon_age_s = carbon.age_s
     if provenance.mig is not None:
         energy.mig = provenance.mig
+    if joules is not None:
+        energy.allocated_joules = joules + _idle_part(share, provenance.idle_watts)
     return energy
+
+
+def _idle_part(share: Share, idle_w: float | None) -> float:
+    """The window's share of the idle floor: as the ledger shared it, else (nothing shared
+    it: no reading) idle_w x its time over the windows in flight beside it."""
+    if share.idle_joules is not None:
+        return share.idle_joules
+    if not idle_w:
+        return 0.0
+    return idle_w * share.seconds / max(1.0, share.concurrency or 1.0)
 
 
 __all__ = [

@@ -661,7 +661,7 @@ async def test_carbon_goes_out_in_the_header_the_block_the_statistics_and_the_ex
         assert r.json()["energy"]["carbon_source"] == "file"
         data = (await client.get("/energy", params={"window": "all"})).json()
         metrics = (await client.get("/metrics")).text
-    assert data["schema"] == "giul-asgi/energy/2"
+    assert data["schema"] == "giul-asgi/energy/3"
     assert data["nodes"]["green"]["carbon"] == {"known": 3, "grams": pytest.approx(3 * expected, rel=1e-6),
                                                "mean": pytest.approx(expected, rel=1e-6)}
     assert data["nodes"]["dark"]["carbon"] == {"known": 0, "grams": None, "mean": None}

@@ -113,8 +113,9 @@ class Windows:
         members = self.overlapping(t0, t1)
         tails = [] if members else self.tails(t0, t1)
         last = max((c for c in self._closes if c <= t0), default=-math.inf)
+        busy = tuple((max(w.t_open, t0), max(w.t_open, t0) + o) for w, o in members)
         return Coverage(sum(o for _, o in members), len(members), sum(o for _, o in tails),
-                        len(tails), last, self._n)
+                        len(tails), last, self._n, busy)
 
     def unsettled(self) -> list[Window]:
         """Every window not settled yet: open, or closed and waiting on the card."""

@@ -91,6 +91,7 @@ def energy_headers(energy: Energy) -> list[tuple[bytes, bytes]]:
     headers = [
         *fixed,
         (b"x-energy-joules", header_number(e.joules)),
+        (b"x-energy-allocated-joules", header_number(e.allocated_joules)),
         (b"x-energy-seconds", header_number(e.seconds)),
         (b"x-energy-tokens", b"unknown" if tokens is None or tokens < 0 else b"%d" % tokens),
         (b"x-energy-joules-per-token", header_number(e.joules_per_token)),
