@@ -8,6 +8,7 @@ from plain dicts or a TOML file, and a bad key is named in the error.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -359,6 +360,21 @@ def _number(value: Any, what: str) -> float:
     if not math.isfinite(number):
         raise ConfigError(f"{what} must be finite, got {value!r}")
     return number
+
+
+def check_choice(what: str, value: Any, choices: Iterable[str], *, remedy: str = "") -> str:
+    """``value`` if it is one of ``choices``; else a ConfigError naming the one meant (a
+    close spelling, case aside) and ``remedy``."""
+    known = tuple(choices)
+    if isinstance(value, str) and value in known:
+        return value
+    close: list[str] = []
+    if isinstance(value, str):
+        close = [c for c in known if c.lower() == value.strip().lower()]
+        close = close or difflib.get_close_matches(value.lower(), known, n=1, cutoff=0.6)
+    meant = f"did you mean {what}={close[0]!r}? " if close else ""
+    raise ConfigError(f"{what}={value!r} is not one of {', '.join(known)}",
+                      remedy=f"{meant}{remedy}".strip() or f"use one of {', '.join(known)}")
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:
