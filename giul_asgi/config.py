@@ -64,11 +64,13 @@ class Node:
     ``carbon_g_per_kwh`` (a fixed grid intensity, gCO2eq/kWh) or ``carbon`` (a URL or a
     file polled every ``carbon_every_s`` from the node's reader thread: Electricity Maps'
     ``carbon-intensity/latest``, with ``carbon_token`` or ``$ELECTRICITYMAPS_TOKEN``, or a
-    plain ``{"g_per_kwh": ..., "signal": ...}``) and ``pue`` (the facility's power usage
-    effectiveness, 1.0 when not given) give each figure its ``carbon_grams``; a polled value
+    plain ``{"g_per_kwh": ..., "signal": ...}``) give each figure its ``carbon_grams``; a polled value
     older than ``carbon_max_age_s`` is not used (the grams are unknown). A file that does not
     exist yet is accepted (a job may write it after startup: the node says so until it does),
-    but its directory must exist. See :mod:`giul_asgi.carbon`.
+    but its directory must exist. See :mod:`giul_asgi.carbon`. ``pue`` (the facility's power
+    usage effectiveness) multiplies every figure in joules, and says so (``pue`` in the record,
+    ``X-Energy-PUE``): the facility's energy for the reader's boundary (``gpu``: the cards;
+    ``cpu``: a RAPL node's package); without it the figures are the boundary's energy as read.
     ``trace`` (a directory) makes the node's ledger write what it saw, readings and windows
     (never request content), to at most two files of ``trace_mb`` MB each, for
     ``giul-asgi replay`` (see :mod:`giul_asgi.ledger.trace`).
@@ -111,7 +113,8 @@ class Node:
     carbon: str | None = None
     #: A fixed grid intensity (gCO2eq/kWh).
     carbon_g_per_kwh: float | None = None
-    #: The facility's power usage effectiveness (1.0 when not given), for carbon.
+    #: The facility's power usage effectiveness: multiplies every figure in joules (and so
+    #: its carbon), and the record says so; None: the cards' energy as read.
     pue: float | None = None
     #: The token for ``carbon`` (else ``$ELECTRICITYMAPS_TOKEN``).
     carbon_token: str | None = field(default=None, repr=False)
@@ -281,7 +284,6 @@ def _check_carbon(node: Node) -> None:
         if node.carbon is None or "://" not in node.carbon:
             raise ConfigError(f"node {name!r}: carbon_token is sent to a carbon URL, and there is none",
                               remedy="set carbon to the provider's URL, or drop the token")
-    has_carbon = node.carbon is not None or node.carbon_g_per_kwh is not None
     if node.pue is not None:
         pue = _number(node.pue, f"node {name!r}: pue")
         if not 1.0 <= pue <= MAX_PUE:
@@ -289,9 +291,6 @@ def _check_carbon(node: Node) -> None:
                 f"node {name!r}: pue must be 1 to {MAX_PUE:g}, got {pue:g}",
                 remedy="PUE is the facility's energy over the IT equipment's (1.1 to 2.5 in "
                        "practice); leave it out for the card's energy alone")
-        if not has_carbon:
-            raise ConfigError(f"node {name!r}: pue scales a carbon figure, and the node has none",
-                              remedy="set carbon_g_per_kwh or carbon, or drop pue")
         object.__setattr__(node, "pue", pue)
     for key in ("carbon_every_s", "carbon_max_age_s"):
         value = _number(getattr(node, key), f"node {name!r}: {key}")

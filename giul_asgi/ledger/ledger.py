@@ -139,7 +139,7 @@ class Ledger:
         self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
         split = split or (TokenSplit() if node.split == "tokens" else TimeSplit())
         measures = node.reader != "none" or reader is not None or node.reader_factory is not None
-        provenance = Provenance("measured", "none", "none", node.idle_w)
+        provenance = Provenance("measured", "none", "none", node.idle_w, pue=node.pue)
         self.book = Book(
             provenance, split=split, ramp_s=node.ramp_s,
             subtract_foreign=node.foreign == "subtract", period=self._period, measures=measures,
@@ -289,7 +289,8 @@ class Ledger:
                                    "idle_w": idle_w, "period_hint": self.tape.period_hint,
                                    "mig": self.mig.as_dict() if self.mig is not None else None}))
             self.book.provenance = Provenance(reader.method, reader.backend, reader.source, idle_w,
-                                              self.mig.caveat if self.mig is not None else None)
+                                              self.mig.caveat if self.mig is not None else None,
+                                              boundary=getattr(reader, "boundary", "gpu"), pue=self.node.pue)
             if reader.kind == "none":
                 self.book.measures = False
                 self.book.error = getattr(reader, "reason", "no reader for this node")

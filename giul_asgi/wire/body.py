@@ -81,7 +81,8 @@ def _block_template(e: Energy, key: tuple[Any, ...]) -> bytes:
         f'"carbon_source":{fixed(json_string(e.carbon_source))},'
         f'"carbon_signal":{fixed(json_string(e.carbon_signal))},'
         '"carbon_age_s":%s,'
-        f'"mig":{fixed(json_string(e.mig))}}}'
+        f'"mig":{fixed(json_string(e.mig))},'
+        f'"boundary":{fixed(json_string(e.boundary))}}}'
     ).encode()
     if len(_BLOCKS) >= TEMPLATES_MAX:
         _BLOCKS.clear()
@@ -102,7 +103,7 @@ def energy_json(energy: Energy) -> bytes:
     key = (
         e.method, e.backend, e.source, e.node, e.tier, e.route, e.idle_watts, e.idle_known,
         e.token_kind, e.split, e.settled, e.contended, e.tenant, e.carbon_g_per_kwh, e.pue,
-        e.carbon_source, e.carbon_signal, e.mig,
+        e.carbon_source, e.carbon_signal, e.mig, e.boundary,
     )
     template = _BLOCKS.get(key) or _block_template(e, key)
     tokens, error, energy_id = e.tokens, e.error, e.id

@@ -66,7 +66,8 @@ class NeuralwattFormat:
     ``attribution_method`` our ``split`` (``exclusive``, ``time``, ``tokens``), with the
     figure's method after it where the figure is not measured (``time_estimated``,
     ``exclusive_simulated``): the shape has no field for it, and a figure always says how it
-    was obtained. Unknown stays ``null``.
+    was obtained. Where the node sets a PUE the joules include it, and so does the power
+    (the facility's, for the figure's boundary). Unknown stays ``null``.
     """
 
     name = "neuralwatt"
@@ -74,6 +75,8 @@ class NeuralwattFormat:
     def block(self, energy: Energy) -> bytes:
         joules = energy.allocated_joules
         watts, seconds = energy.mean_watts, energy.seconds
+        if watts is not None and energy.pue is not None:
+            watts *= energy.pue
         ratio = None
         if joules is not None and watts is not None and watts > 0 and seconds > 0:
             ratio = max(0.0, min(1.0, joules / (watts * seconds)))
