@@ -31,6 +31,8 @@ READER_KINDS: tuple[str, ...] = (
 #: Readers that read another host: they need a ``url``.
 URL_READERS: tuple[str, ...] = ("agent", "dcgm")
 SPLITS: tuple[str, ...] = ("time", "tokens")
+#: What a node's figures cover: its cards alone, or the cards and the host's CPU and DRAM.
+NODE_BOUNDARIES: tuple[str, ...] = ("gpu", "host")
 FOREIGN: tuple[str, ...] = ("charge", "subtract")
 #: The largest trace file a node may ask for (two are kept per node and process).
 MAX_TRACE_MB = 4096.0
@@ -71,6 +73,9 @@ class Node:
     usage effectiveness) multiplies every figure in joules, and says so (``pue`` in the record,
     ``X-Energy-PUE``): the facility's energy for the reader's boundary (``gpu``: the cards;
     ``cpu``: a RAPL node's package); without it the figures are the boundary's energy as read.
+    ``boundary`` says what the figures cover: ``gpu`` (the cards alone) or ``host`` (the
+    cards read as usual plus the host's RAPL package and DRAM zones under ``rapl_root``,
+    summed per reading: ``idle_w`` is then the host's floor).
     ``trace`` (a directory) makes the node's ledger write what it saw, readings and windows
     (never request content), to at most two files of ``trace_mb`` MB each, for
     ``giul-asgi replay`` (see :mod:`giul_asgi.ledger.trace`).
@@ -127,6 +132,11 @@ class Node:
     trace: str | None = field(default=None, compare=False)
     #: The trace's size (MB) before it turns over (two files at most).
     trace_mb: float = field(default=16.0, compare=False)
+    #: What the figures cover: ``gpu`` (the cards alone) or ``host`` (the cards, and the host's
+    #: CPU package and DRAM through RAPL; ``idle_w`` is then the host's floor).
+    boundary: str = "gpu"
+    #: Where ``boundary="host"`` finds the RAPL zones (default ``/sys/class/powercap``).
+    rapl_root: str | None = None
     #: A function ``node -> reader`` for a reader made in code (it shares the card with other
     #: processes only if the reader names it: ``card_id``, or its GPUs' UUIDs).
     reader_factory: Callable[[Node], Reader] | None = field(
@@ -202,6 +212,17 @@ class Node:
             raise ConfigError(
                 f"node {self.name!r}: serving must be a process name or a PID, got {self.serving!r}"
             )
+        check_choice(f"node {self.name!r}: boundary", self.boundary, NODE_BOUNDARIES,
+                     remedy="gpu (the cards alone) or host (the cards, CPU package and DRAM)")
+        if self.boundary == "host" and self.reader in ("rapl", "none") and self.reader_factory is None:
+            raise ConfigError(
+                f"node {self.name!r}: boundary='host' adds the host's RAPL zones to the cards' "
+                f"reader, and reader={self.reader!r} reads no card",
+                remedy="name the cards' reader (nvml, dcgm, ...), or leave boundary='gpu'",
+            )
+        if self.rapl_root is not None and (not isinstance(self.rapl_root, str) or not self.rapl_root):
+            raise ConfigError(f"node {self.name!r}: rapl_root must be a directory path",
+                              remedy="leave it out for /sys/class/powercap")
         _check_carbon(self)
         _check_trace(self)
 

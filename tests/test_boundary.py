@@ -85,3 +85,93 @@ def test_a_rapl_node_says_its_energy_is_the_cpus(tmp_path: Path) -> None:
 
 def test_a_pue_alone_is_a_setting_now() -> None:
     assert Node("n", pue=1.3).pue == 1.3
+
+
+class HostRig:
+    """A truth card and a host CPU in a powercap tree (20 W at rest, 30 W more while a job
+    runs), read by a node with ``boundary="host"``, on a virtual clock."""
+
+    CPU_IDLE, CPU_BUSY = 20.0, 30.0
+
+    def __init__(self, root: Path) -> None:
+        from test_ledger import Clock
+        from truecard import TrueCard, TrueReader
+
+        from giul_asgi.ledger import Ledger
+        from giul_asgi.ledger.sources import host_reader
+
+        for name, sub in (("package-0", "intel-rapl:0"), ("dram", "intel-rapl:0/intel-rapl:0:0")):
+            (root / sub).mkdir(parents=True)
+            (root / sub / "name").write_text(name + "\n")
+            (root / sub / "energy_uj").write_text("0\n")
+            (root / sub / "max_energy_range_uj").write_text("262143328850\n")
+        self.package = root / "intel-rapl:0" / "energy_uj"
+        self.dram = root / "intel-rapl:0" / "intel-rapl:0:0" / "energy_uj"
+        self.clock = Clock()
+        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=11)
+        self.node = Node("h", idle_w=IDLE + self.CPU_IDLE + 2.0, boundary="host", rapl_root=str(root))
+        self.reader = host_reader(self.node, TrueReader(self.card))
+        self.ledger = Ledger(self.node, self.reader, poll=False)
+        self.cpu_j = 0.0
+        self.busy = False
+
+    def advance(self, seconds: float) -> None:
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            dt = min(0.01, end - self.clock.now)
+            self.clock.now += dt
+            self.cpu_j += (self.CPU_IDLE + (self.CPU_BUSY if self.busy else 0.0)) * dt
+            self.package.write_text(f"{int(self.cpu_j * 1e6)}\n")
+            self.dram.write_text(f"{int(2.0 * (self.clock.now - 100.0) * 1e6)}\n")  # 2 W, flat
+            self.ledger.ingest(self.reader.read())
+
+
+def test_a_host_node_adds_the_cpu_package_and_dram_and_says_host(tmp_path: Path) -> None:
+    from giul_asgi.meter import Meter
+
+    rig = HostRig(tmp_path)
+    assert rig.reader.boundary == "host" and rig.reader.backend == "nvml_counter+rapl"
+    assert rig.reader.card_id is not None and rig.reader.card_id.startswith("host:")
+    rig.advance(0.5)
+    meter = Meter(rig.ledger)
+    meter.open()
+    job = rig.card.start_job(100.0)
+    rig.busy = True
+    rig.advance(0.4)
+    rig.card.stop_job(job)
+    rig.busy = False
+    meter.close()
+    rig.advance(0.6)
+    e = meter.figure()
+    assert e.settled and e.boundary == "host" and e.backend == "nvml_counter+rapl"
+    truth = job.truth(rig.card.ramp_up, rig.card.tau) + HostRig.CPU_BUSY * 0.4
+    assert e.joules == pytest.approx(truth, rel=0.1)
+    assert dict(energy_headers(e))[b"x-energy-boundary"] == b"host"
+
+
+def test_a_host_part_that_fails_fails_the_reading_never_the_cards_alone(tmp_path: Path) -> None:
+    rig = HostRig(tmp_path)
+    rig.advance(0.1)
+    rig.package.write_text("not a number\n")
+    reading = rig.reader.read()
+    assert not reading.ok and "rapl" in (reading.error or "")
+
+
+def test_host_needs_a_cards_reader_and_the_hosts_rapl(tmp_path: Path) -> None:
+    from truecard import TrueCard, TrueReader
+
+    from giul_asgi.errors import ConfigError, ReaderUnavailable
+    from giul_asgi.ledger.sources import host_reader
+
+    with pytest.raises(ConfigError, match="did you mean"):
+        Node("n", boundary="Host")
+    with pytest.raises(ConfigError, match="reads no card"):
+        Node("n", reader="rapl", boundary="host")
+    card = TrueCard(idle_w=IDLE)
+    with pytest.raises(ReaderUnavailable, match="needs the host's RAPL zones"):
+        host_reader(Node("n", boundary="host", rapl_root=str(tmp_path / "none")), TrueReader(card))
+    (tmp_path / "intel-rapl:0").mkdir()
+    for name, value in (("name", "package-0"), ("energy_uj", "0"), ("max_energy_range_uj", "100")):
+        (tmp_path / "intel-rapl:0" / name).write_text(value + "\n")
+    with pytest.raises(ReaderUnavailable, match="power reader"):
+        host_reader(Node("n", boundary="host", rapl_root=str(tmp_path)), TrueReader(card, "instant"))
