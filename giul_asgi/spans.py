@@ -104,8 +104,11 @@ NOBODY = Coverage()
 
 def union_s(intervals: tuple[tuple[float, float], ...]) -> float:
     """The length of the union of ``(start, end)`` intervals (a few per span)."""
-    if len(intervals) < 2:
-        return sum(max(0.0, b - a) for a, b in intervals)
+    if len(intervals) == 1:
+        a, b = intervals[0]
+        return b - a if b > a else 0.0
+    if not intervals:
+        return 0.0
     total = 0.0
     end = -INF
     for a, b in sorted(intervals):
@@ -176,7 +179,10 @@ class CardSpan:
         seconds = self.t1 - self.t0
         if mine <= 0 or self.covered <= 0 or self.tails or seconds <= 0 or self.busy_s <= 0:
             return 0.0
-        return self.idle_j * min(1.0, self.busy_s / seconds) * mine / (self.covered + self.unseen)
+        idle = self.total_j - self.measured_j
+        if idle <= 0:
+            return 0.0
+        return idle * min(1.0, self.busy_s / seconds) * mine / (self.covered + self.unseen)
 
     @property
     def idle_unattributed_j(self) -> float:

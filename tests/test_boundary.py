@@ -175,3 +175,11 @@ def test_host_needs_a_cards_reader_and_the_hosts_rapl(tmp_path: Path) -> None:
         (tmp_path / "intel-rapl:0" / name).write_text(value + "\n")
     with pytest.raises(ReaderUnavailable, match="power reader"):
         host_reader(Node("n", boundary="host", rapl_root=str(tmp_path)), TrueReader(card, "instant"))
+
+
+def test_opentelemetry_says_the_boundary_and_the_pue() -> None:
+    from giul_asgi.exporters.otel import energy_attributes
+
+    attrs = energy_attributes(Energy(2.0, "measured", boundary="host", pue=1.2))
+    assert attrs["giul.energy.boundary"] == "host" and attrs["giul.energy.pue"] == 1.2
+    assert "giul.energy.pue" not in energy_attributes(Energy(2.0, "measured"))

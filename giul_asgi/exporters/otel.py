@@ -48,6 +48,8 @@ def energy_attributes(energy: Any) -> dict[str, Any]:
         ("giul.energy.carbon_grams", energy.carbon_grams),
         ("giul.energy.carbon_g_per_kwh", energy.carbon_g_per_kwh),
         ("giul.energy.carbon_source", energy.carbon_source),
+        ("giul.energy.boundary", getattr(energy, "boundary", None)),
+        ("giul.energy.pue", getattr(energy, "pue", None)),
     ):
         if value is not None:
             attrs[name] = value

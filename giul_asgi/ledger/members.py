@@ -113,9 +113,12 @@ class Windows:
         members = self.overlapping(t0, t1)
         tails = [] if members else self.tails(t0, t1)
         last = max((c for c in self._closes if c <= t0), default=-math.inf)
-        busy = tuple((max(w.t_open, t0), max(w.t_open, t0) + o) for w, o in members)
+        busy = []
+        for window, overlap in members:
+            start = max(window.t_open, t0)
+            busy.append((start, start + overlap))
         return Coverage(sum(o for _, o in members), len(members), sum(o for _, o in tails),
-                        len(tails), last, self._n, busy)
+                        len(tails), last, self._n, tuple(busy))
 
     def unsettled(self) -> list[Window]:
         """Every window not settled yet: open, or closed and waiting on the card."""
