@@ -294,12 +294,16 @@ class Meter:
             prev = window.t_open
             for (stage, t_mark), value in zip(window.marks, values or (), strict=False):
                 fraction = value / share.joules if share.joules else 0.0
+                # The idle floor goes with time: the stage's part of the window's.
+                idle = share.idle_joules
+                if idle is not None:
+                    idle *= (t_mark - prev) / share.seconds if share.seconds > 0 else 0.0
                 part = Share(  # a stage is labelled by the same rule as its figure
                     value if share.joules is not None else None,
                     share.uncertainty * fraction, share.interpolated * fraction,
                     share.settled, share.provenance, t_mark - prev, split=share.split,
                     contended=share.contended, foreign_watts=share.foreign_watts,
-                    trouble=share.trouble, basis=share.basis,
+                    trouble=share.trouble, basis=share.basis, idle_joules=idle,
                 )
                 stages[stage] = grade(part, node=self.node, tier=name, route=self.route,
                                       carbon=self.ledger.carbon)

@@ -34,6 +34,7 @@ from ..meter import Meter
 from ..records import RecordStore
 from ..serve.access import check_token
 from ..tenants import TenantSetting, tenant_source
+from ..wire.formats import FORMATS, Formats
 from .exchange import Exchange
 from .options import Options, check_callable, check_names
 from .responders import choose
@@ -80,8 +81,8 @@ class EnergyMiddleware:
 
     ``settings`` are :class:`~giul_asgi.asgi.options.Options`' fields (``energy_key``,
     ``inject_json``, ``max_body``, ``stream_event``, ``usage_energy``, ``energy_in_usage``,
-    ``trailers``, ``token_kind``, ``settle_timeout``, ``startup_timeout``, ``energy_path``,
-    ``metrics_path``, ``exclude``, ``max_tenants``, ``trace``). Everything is checked here,
+    ``trailers``, ``energy_format``, ``token_kind``, ``settle_timeout``, ``startup_timeout``,
+    ``energy_path``, ``metrics_path``, ``exclude``, ``max_tenants``, ``trace``). Everything is checked here,
     once: a bad value raises :class:`ConfigError` with its remedy before the app serves
     anything; where a framework or a server builds the app, the lifespan startup fails with
     it instead (:mod:`giul_asgi.asgi.startup`).
@@ -186,7 +187,8 @@ class EnergyMiddleware:
         #: Where settled figures go, in batches, from the reader thread.
         self.listeners = Listeners([stats, self.records, *sink_list])
         self.endpoint = self._endpoint(endpoint_token, endpoint_guard)
-        self._choose = functools.partial(choose, options=options)
+        self._choose = functools.partial(
+            choose, options=options, formats=Formats(FORMATS[options.energy_format]))
         self._catalog = self.router.catalog()
         self._energy_prefix = (options.energy_path + "/") if options.energy_path else None
         self._started = False  # the readers were started (lifespan, or the first request)

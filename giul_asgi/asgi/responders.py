@@ -14,6 +14,11 @@ server's ``send``, the settings it needs):
   runs and its id; the figure rides in trailers where the client asked and the server
   offers them, and at ``/energy/requests/{id}``.
 
+The figure's shape is the response's :class:`~giul_asgi.wire.formats.EnergyFormat`, chosen
+once by :func:`choose` from the server's format and the request's ``Prefer`` and handed to
+the JSON or SSE responder as a plain value, which asks it for the block and where the block
+rides in a stream (``Preference-Applied`` goes out with the start where a client asked).
+
 Whatever a responder holds, every message the app sends keeps its order relative to the
 start: a ``pathsend``, ``zerocopysend`` or ``trailers`` message that comes before the body
 releases the start first. No responder adds a Content-Length where the app had none, so
@@ -35,6 +40,7 @@ from ..wire.body import (
     usage_open,
     usage_tokens,
 )
+from ..wire.formats import Chosen, Formats
 from ..wire.headers import energy_headers, stream_headers
 from ..wire.sse import CHAT, Lane, SSESplicer
 from .exchange import Exchange, Send
@@ -109,8 +115,15 @@ def wants_trailers(scope: MutableMapping[str, Any]) -> bool:
     )
 
 
-def choose(message: Message, exchange: Exchange, options: Options) -> Responder:
-    """The responder for a response of this shape (``options`` bound by the middleware)."""
+#: The server's format when nobody says otherwise: ours.
+DEFAULT_FORMATS = Formats()
+
+
+def choose(
+    message: Message, exchange: Exchange, options: Options, formats: Formats = DEFAULT_FORMATS,
+) -> Responder:
+    """The responder for a response of this shape (``options`` and ``formats``, the server's
+    format and those a client may prefer, bound by the middleware)."""
     head = Head.read(message)
     send = exchange.downstream
     if (
@@ -119,17 +132,19 @@ def choose(message: Message, exchange: Exchange, options: Options) -> Responder:
     ):
         return PassThrough(exchange, head, send, trailers=False)
     if head.is_json and (head.length or 0) <= options.max_body:
-        return JSONResponder(exchange, head, send, options)
+        return JSONResponder(exchange, head, send, options,
+                             formats.for_request(exchange.scope.get("headers", ())))
     trailers = options.trailers and not head.trailers and wants_trailers(exchange.scope)
     if head.is_sse and head.length is None:
-        return SSEResponder(exchange, head, send, options, trailers=trailers)
+        return SSEResponder(exchange, head, send, options,
+                            formats.for_request(exchange.scope.get("headers", ())), trailers=trailers)
     return PassThrough(exchange, head, send, trailers=trailers)
 
 
 class Responder:
     """One response's messages on their way to the server."""
 
-    __slots__ = ("complete", "downstream", "exchange", "head", "started", "trailers")
+    __slots__ = ("applied", "complete", "downstream", "exchange", "head", "started", "trailers")
 
     def __init__(self, exchange: Exchange, head: Head, downstream: Send, *, trailers: bool) -> None:
         self.exchange = exchange
@@ -138,6 +153,8 @@ class Responder:
         self.trailers = trailers  # we announce trailers and send the figure in them
         self.started = False  # the start went out
         self.complete = False  # the last body message went out
+        #: ``Preference-Applied`` where the client's ``Prefer`` chose the figure's format.
+        self.applied: tuple[tuple[bytes, bytes], ...] = ()
 
     async def start(self) -> None:
         """The app sent its start: it goes out now, with what is known before the end."""
@@ -169,7 +186,7 @@ class Responder:
             if self.trailers:
                 message["trailers"] = True
         base = headers if headers is not None else message.get("headers", ())
-        message["headers"] = [*base, *extra]
+        message["headers"] = [*base, *extra, *self.applied]
         self.started = True
         await self.downstream(message)
 
@@ -227,11 +244,16 @@ class JSONResponder(Responder):
     """A JSON body in one message: held with its start, then sent with the figure in its
     headers and the block in it."""
 
-    __slots__ = ("held", "options")
+    __slots__ = ("format", "held", "options")
 
-    def __init__(self, exchange: Exchange, head: Head, downstream: Send, options: Options) -> None:
+    def __init__(
+        self, exchange: Exchange, head: Head, downstream: Send, options: Options,
+        chosen: Chosen = DEFAULT_FORMATS.default,
+    ) -> None:
         super().__init__(exchange, head, downstream, trailers=False)
         self.options = options
+        self.format = chosen.format
+        self.applied = chosen.applied
         self.held: bytes | None = None  # the whole announced body, sent with more_body
 
     async def start(self) -> None:
@@ -263,7 +285,7 @@ class JSONResponder(Responder):
         energy = await exchange.finish()
         headers = head.headers
         if obj is not None:
-            spliced = splice_object(body, obj, options.energy_key, exchange.block())
+            spliced = splice_object(body, obj, options.energy_key, self.format.block(energy))
             if spliced is not None and options.energy_in_usage and usage_open(obj):
                 spliced = splice_usage(spliced, usage_fields(energy)) or spliced
             if spliced is not None:
@@ -307,13 +329,15 @@ class SSEResponder(Responder):
     """An event stream: the start at once, every chunk as it comes, the energy in the
     event that ends the answer."""
 
-    __slots__ = ("event", "in_usage", "splicer")
+    __slots__ = ("event", "format", "in_usage", "splicer")
 
     def __init__(
-        self, exchange: Exchange, head: Head, downstream: Send, options: Options, *,
-        trailers: bool,
+        self, exchange: Exchange, head: Head, downstream: Send, options: Options,
+        chosen: Chosen = DEFAULT_FORMATS.default, *, trailers: bool,
     ) -> None:
         super().__init__(exchange, head, downstream, trailers=trailers)
+        self.format = chosen.format
+        self.applied = chosen.applied
         self.event = options.stream_event
         self.in_usage = options.energy_in_usage
         self.splicer = SSESplicer(
@@ -340,15 +364,19 @@ class SSEResponder(Responder):
         if undecided and splicer.kind == CHAT:  # its first event: a server sends it with the first token
             self.exchange.first_out()
         if splicer.waiting:  # [DONE] after the event that carries the energy
-            out += splicer.resume(await self._block(), self._usage())
+            inline, before = self.format.stream(await self._block())
+            out += splicer.resume(inline, self._usage() if inline else None, before=before)
         if message.get("more_body", False):
             if out == body:
                 await self.downstream(message)  # as the app sent it
             elif out:
                 await self.downstream({"type": _BODY, "body": out, "more_body": True})
             return
-        block = await self._block() if splicer.holding or self.event else None
-        out += splicer.close(block, event=self.event, usage=self._usage() if block else None)
+        inline, before = None, b""
+        if splicer.holding or self.event:
+            inline, before = self.format.stream(await self._block())
+        out += splicer.close(inline, event=self.event, usage=self._usage() if inline else None,
+                             before=before)
         if self.head.trailers:
             await self.downstream({"type": _BODY, "body": out, "more_body": False})
         else:
@@ -360,8 +388,7 @@ class SSEResponder(Responder):
     async def _block(self) -> bytes:
         exchange = self.exchange
         exchange.tokens(self.splicer.tokens, self.splicer.usage)
-        await exchange.finish()
-        return exchange.block()
+        return self.format.block(await exchange.finish())
 
     async def flush(self) -> None:
         held = self.splicer.flush()

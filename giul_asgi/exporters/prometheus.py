@@ -6,6 +6,13 @@ Not a second bookkeeping: :class:`EnergyCollector` reads :meth:`EnergyStats.coun
 an average, so replicas sum in Prometheus (``sum by (route) (rate(...))``). Label names
 are fixed; their values are the statistics' bounded labels (``<other>`` past the bound).
 
+Two bases, two metrics (not one with a ``basis`` label: the allocated joules include the
+joules above idle, so a sum over such a label would count them twice, and a sum over every
+label of a metric must mean something): ``giul_energy_joules_total`` above idle, what the
+requests caused; ``giul_energy_allocated_joules_total`` with their share of the idle floor,
+which with ``giul_node_unattributed_joules_total`` and
+``giul_node_idle_unattributed_joules_total`` adds up to ``giul_node_drawn_joules_total``.
+
 A gateway registers it in its own registry (``registry.register(EnergyCollector(stats,
 ledgers))``), or lets the endpoint serve :func:`prometheus_text` at ``metrics_path``.
 """
@@ -37,6 +44,11 @@ _NODE_COUNTERS = (
     ("measured_j", "giul_node_measured_joules", "Energy above idle the node's reader measured, J."),
     ("charged_j", "giul_node_charged_joules", "Energy above idle charged to requests, J."),
     ("unattributed_j", "giul_node_unattributed_joules", "Energy above idle with no request open, J."),
+    ("drawn_j", "giul_node_drawn_joules", "All the node drew, idle included, J."),
+    ("allocated_j", "giul_node_allocated_joules",
+     "Energy charged to requests with their share of the idle floor while they ran, J."),
+    ("idle_unattributed_j", "giul_node_idle_unattributed_joules",
+     "The idle floor while no request was open, J."),
     ("foreign_j", "giul_node_foreign_joules", "Energy above idle witnessed from a foreign load, J."),
     ("reads", "giul_node_reads", "Reads of the node's reader."),
     ("read_errors", "giul_node_reader_errors", "Reads that failed."),
@@ -98,9 +110,22 @@ class EnergyCollector(Collector):
                 cumulative.append((bound, running))
             hist.add_metric(list(labels), cumulative, sum_value=j)
         yield from (joules, requests, unknown, tokens, hist)
+        yield allocated_family(view)
         yield carbon_family(view)
         yield from node_families(ledger_totals(self.ledgers), view)
         yield from reader_families(self.ledgers)
+
+
+def allocated_family(view: Any) -> Metric:
+    """Allocated joules since start per label (figures where they are known): the basis a
+    chargeback reconciles to the bill (a label with none has no series)."""
+    allocated = CounterMetricFamily(
+        "giul_energy_allocated_joules", "Energy charged to requests with their share of the idle "
+        "floor while they ran (known figures), J.", labels=LABELS)
+    counters = view.allocated_counters() if hasattr(view, "allocated_counters") else {}
+    for labels, joules in sorted(counters.items()):
+        allocated.add_metric(list(labels), joules)
+    return allocated
 
 
 def carbon_family(view: Any) -> Metric:
@@ -178,5 +203,5 @@ def prometheus_text(collector: Collector) -> bytes:
     return generate_latest(registry)
 
 
-__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "carbon_family", "node_families", "prometheus_text",
-           "reader_families"]
+__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "allocated_family", "carbon_family", "node_families",
+           "prometheus_text", "reader_families"]

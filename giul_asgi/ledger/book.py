@@ -9,6 +9,12 @@ period::
 
     charged + unattributed == measured above idle        (to float rounding)
 
+The same spans give the *allocated* basis: the idle floor of each span's time with a window
+open is shared by the same members and rule (``idle_charged``), the rest is idle with no
+window open (``idle_unattributed``), so that over any period::
+
+    charged + idle_charged + unattributed + idle_unattributed == all the card drew
+
 One model makes both figures a window gets. Its **settled** share is the sum of its parts
 of the spans it overlapped. Its **first** share, at close, is the same sum over the spans
 the card has reported so far, plus the part not reported yet at the node's prior
@@ -62,6 +68,13 @@ class BookTotals:
     #: This book's part of the spans it took, and what of it no window could be charged.
     received_j: float = 0.0
     forfeit_j: float = 0.0
+    #: All the card drew in the spans (idle included); the idle floor charged to settled
+    #: windows, and to windows not settled yet; the idle floor no window was allocated
+    #: (time with none open, a window that could not be measured).
+    drawn_j: float = 0.0
+    idle_charged_j: float = 0.0
+    idle_in_flight_j: float = 0.0
+    idle_unattributed_j: float = 0.0
 
 
 class Book:
@@ -107,6 +120,12 @@ class Book:
         #: (a window that could not be measured, a member gone): the process's own books.
         self.received_j = 0.0
         self.forfeit_j = 0.0
+        #: The allocated basis: all the card drew (where this book decides alone), the idle
+        #: floor charged to windows, and the floor no window was allocated.
+        self.drawn_j = 0.0
+        self.idle_charged_j = 0.0
+        self.idle_unattributed_j = 0.0
+        self.idle_forfeit_j = 0.0
         #: What the last span said of the card's contention: (foreign level, seen recently,
         #: a foreign process in the card's list, an unseen load lately).
         self._contention: tuple[float | None, bool, bool | None, bool] = (None, False, None, False)
@@ -198,6 +217,8 @@ class Book:
         card is this book's alone: its books are the card's)."""
         self.measured_j += span.measured_j
         self.unattributed_j += span.unattributed_j
+        self.drawn_j += span.total_j
+        self.idle_unattributed_j += span.idle_unattributed_j
         self.foreign_j += span.external_j
         self.external_j += span.external_j
 
@@ -270,6 +291,7 @@ class Book:
                 part = span.part(mine)
                 self.received_j += part
                 self.forfeit_j += part
+                self.idle_forfeit_j += span.idle_part(mine)
             return
         if mine <= 0:
             # The decider had not seen these windows yet (opened just before it read the
@@ -279,6 +301,7 @@ class Book:
                     window.filled_s += overlap
             return
         above = span.part(mine)
+        idle = span.idle_part(mine)
         self.received_j += above
         covered = sum(overlap for _, overlap in members)
         self._busy_booked += covered
@@ -291,10 +314,10 @@ class Book:
         if not self.split.known_at_open:
             open_members = sum(1 for w, _ in members if w.weight is None and w.t_close is None)
         if not open_members:
-            self._share(span, above, members, settled, by_time=False)
+            self._share(span, above, idle, members, by_time=False)
             return
         # A split by weights known only at close: the span waits for its open windows.
-        waiting = Waiting(span, above, members, open_members)
+        waiting = Waiting(span, above, members, open_members, idle=idle)
         for window, _ in members:
             window.waiting += 1
             if window.weight is None and window.t_close is None:
@@ -316,8 +339,7 @@ class Book:
         self.decider.note_upstream(t, running, self.windows.ours_at(t) + others)
 
     def _share(
-        self, span: CardSpan, above: float, members: Members,
-        settled: list[Window], *, by_time: bool,
+        self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,
     ) -> None:
         weights, rule = self._weights(span, above, members, by_time=by_time)
         total = sum(weights) if weights is not None else sum(overlap for _, overlap in members)
@@ -349,6 +371,7 @@ class Book:
             part = (overlap if weights is None else weights[i]) / total
             share = above * part
             window.share += share
+            window.idle_share += idle_j * part
             if not tails:
                 window.power_j += span.total_j * (overlap / seconds) if seconds > 0 else 0.0
                 window.measured_s += overlap
@@ -404,7 +427,7 @@ class Book:
         waiting.done = True
         for window, _ in waiting.members:
             window.waiting -= 1
-        self._share(waiting.span, waiting.above, waiting.members, settled, by_time=by_time)
+        self._share(waiting.span, waiting.above, waiting.idle, waiting.members, by_time=by_time)
         for window, _ in waiting.members:
             self._try_settle(window, settled)
 
@@ -457,8 +480,10 @@ class Book:
         window.settled = True
         if not measures or window.share + window.fill_j <= 0:
             self.forfeit_j += window.share
+            self.idle_forfeit_j += window.idle_share
         else:
             self.charged_j += window.share
+            self.idle_charged_j += window.idle_share
             self.estimated_j += window.fill_j
             if window.filled_s <= 0 and not window.unwatched:
                 self.prior.learn_settled(window, _measured_unc(window))
@@ -502,7 +527,9 @@ class Book:
         if window.settled:
             return Share(
                 window.share + window.fill_j, measured_unc + window.fill_unc, window.fill_j, True,
-                error=window.error, trouble=window.trouble, basis=window.basis, **base,  # type: ignore[arg-type]
+                error=window.error, trouble=window.trouble, basis=window.basis,
+                idle_joules=window.idle_share + self._idle_guess(window, window.filled_s),
+                **base,  # type: ignore[arg-type]
             )
         trouble = window.trouble or self.trouble
         first = window.first
@@ -527,11 +554,26 @@ class Book:
                 fill_j, fill_unc = fill.joules, fill.uncertainty
                 taken = fill.rate * max(0.0, window.filled_s - first.filled)
         left = max(0.0, guess - reported_since - taken)
+        # The idle floor of the time not reported yet (after the last span) and of the time
+        # no reading covers: the window's part of it, as if the windows in flight shared it.
+        booked = self._t_end if self._t_end is not None else window.t_open
+        assert window.t_close is not None
+        unreported = max(0.0, window.t_close - max(window.t_open, booked))
         return Share(
             window.share + fill_j + left,
             measured_unc + spread_ * first.scale + FLOOR * guess + fill_unc, fill_j + left, False,
-            error=window.error, trouble=trouble, basis=first.basis, **base,  # type: ignore[arg-type]
+            error=window.error, trouble=trouble, basis=first.basis,
+            idle_joules=window.idle_share + self._idle_guess(window, window.filled_s + unreported),
+            **base,  # type: ignore[arg-type]
         )
+
+    def _idle_guess(self, window: Window, seconds: float) -> float:
+        """The idle floor of ``seconds`` of the window that no span has shared: idle_w x the
+        time over the windows in flight beside it (this book's, on average)."""
+        idle_w = self.provenance.idle_watts
+        if not idle_w or seconds <= 0:
+            return 0.0
+        return idle_w * seconds / max(1.0, window.concurrency or 1.0)
 
     def stage_values(self, window: Window) -> list[float] | None:
         """The window's share per stage (then the tail after the last mark)."""
@@ -584,6 +626,8 @@ class Book:
             for window, _ in item.members:
                 unsettled[id(window)] = window
         in_flight = waiting + sum(w.share for w in unsettled.values() if not w.settled)
+        idle_waiting = sum(item.idle for item in self._waiting if not item.done)
+        idle_in_flight = idle_waiting + sum(w.idle_share for w in unsettled.values() if not w.settled)
         contended, foreign_w = self.contended()
         return BookTotals(
             measured_j=self.measured_j, charged_j=self.charged_j,
@@ -592,6 +636,8 @@ class Book:
             foreign_watts=foreign_w, contended=contended,
             mean_concurrency=self._busy_booked / self._time_booked if self._time_booked else None,
             estimated_j=self.estimated_j, received_j=self.received_j, forfeit_j=self.forfeit_j,
+            drawn_j=self.drawn_j, idle_charged_j=self.idle_charged_j, idle_in_flight_j=idle_in_flight,
+            idle_unattributed_j=self.idle_unattributed_j + self.idle_forfeit_j,
         )
 
 

@@ -86,10 +86,29 @@ class LedgerTotals:
     estimated_j: float = 0.0
     #: Worker processes whose books these are (1: this process's alone).
     workers: int = 1
+    #: The allocated basis: all the card drew (idle included); the idle floor charged to
+    #: settled windows and to windows not settled yet; the idle floor no window was
+    #: allocated (time with none open). ``drawn == allocated + unattributed +
+    #: idle_unattributed + in flight + idle in flight``.
+    drawn_j: float = 0.0
+    idle_charged_j: float = 0.0
+    idle_in_flight_j: float = 0.0
+    idle_unattributed_j: float = 0.0
 
     @property
     def conservation_error_j(self) -> float:
         return self.measured_j - (self.charged_j + self.unattributed_j + self.in_flight_j)
+
+    @property
+    def allocated_j(self) -> float:
+        """Charged to settled windows on the allocated basis: above idle and idle floor."""
+        return self.charged_j + self.idle_charged_j
+
+    @property
+    def allocation_error_j(self) -> float:
+        """What the allocated books miss of all the card drew (0 to rounding)."""
+        return self.drawn_j - (self.allocated_j + self.unattributed_j + self.idle_unattributed_j
+                               + self.in_flight_j + self.idle_in_flight_j)
 
 
 class Ledger:
@@ -121,7 +140,7 @@ class Ledger:
         self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
         split = split or split_for(node.split)
         measures = node.reader != "none" or reader is not None or node.reader_factory is not None
-        provenance = Provenance("measured", "none", "none", node.idle_w)
+        provenance = Provenance("measured", "none", "none", node.idle_w, pue=node.pue)
         self.book = Book(
             provenance, split=split, ramp_s=node.ramp_s,
             subtract_foreign=node.foreign == "subtract", period=self._period, measures=measures,
@@ -290,7 +309,8 @@ class Ledger:
                                    "idle_w": idle_w, "period_hint": self.tape.period_hint,
                                    "mig": self.mig.as_dict() if self.mig is not None else None}))
             self.book.provenance = Provenance(reader.method, reader.backend, reader.source, idle_w,
-                                              self.mig.caveat if self.mig is not None else None)
+                                              self.mig.caveat if self.mig is not None else None,
+                                              boundary=getattr(reader, "boundary", "gpu"), pue=self.node.pue)
             if reader.kind == "none":
                 self.book.measures = False
                 self.book.error = getattr(reader, "reason", "no reader for this node")
@@ -702,8 +722,13 @@ class Ledger:
             books = table.host(self._seat_books())
         except ValueError:  # the table closed under this call (the ledger is stopping)
             return mine
+        # The idle floor the host's windows were allocated, from the card's tape: what of it
+        # is this process's still in flight is known here; the rest is charged (or forfeit).
+        idle_given = max(0.0, books.drawn_j - books.measured_j - books.idle_unattributed_j)
         return replace(
-            mine, measured_j=books.measured_j, charged_j=books.charged_j,
+            mine, drawn_j=books.drawn_j, idle_unattributed_j=books.idle_unattributed_j,
+            idle_charged_j=max(0.0, idle_given - mine.idle_in_flight_j),
+            measured_j=books.measured_j, charged_j=books.charged_j,
             unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j, foreign_j=books.foreign_j,
             windows_open=books.windows_open, workers=books.workers, estimated_j=books.estimated_j,
             reads=books.reads, read_errors=books.read_errors, resets=books.resets,
@@ -732,6 +757,9 @@ class Ledger:
                 windows_open=book.windows_open, estimated_j=book.estimated_j,
                 read_seconds_max=poller.read_seconds_max if poller else 0.0,
                 backend=self.book.provenance.backend, method=self.book.provenance.method,
+                drawn_j=high("drawn", book.drawn_j), idle_charged_j=high("idle_charged", book.idle_charged_j),
+                idle_in_flight_j=book.idle_in_flight_j,
+                idle_unattributed_j=high("idle_unattributed", book.idle_unattributed_j),
             )
 
 

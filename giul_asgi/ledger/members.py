@@ -113,8 +113,12 @@ class Windows:
         members = self.overlapping(t0, t1)
         tails = [] if members else self.tails(t0, t1)
         last = max((c for c in self._closes if c <= t0), default=-math.inf)
+        busy = []
+        for window, overlap in members:
+            start = max(window.t_open, t0)
+            busy.append((start, start + overlap))
         return Coverage(sum(o for _, o in members), len(members), sum(o for _, o in tails),
-                        len(tails), last, self._n)
+                        len(tails), last, self._n, tuple(busy))
 
     def unsettled(self) -> list[Window]:
         """Every window not settled yet: open, or closed and waiting on the card."""

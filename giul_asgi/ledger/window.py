@@ -92,6 +92,7 @@ class Window:
         "fill_unc",
         "filled_s",
         "first",
+        "idle_share",
         "linear_unc",
         "lost_s",
         "marks",
@@ -134,6 +135,8 @@ class Window:
         self.marks: list[tuple[str, float]] | None = None
         self.stage_shares: list[float] | None = None
         self.share = 0.0
+        #: Its part of the idle floor of the spans it was open in (the allocated basis).
+        self.idle_share = 0.0
         self.edge_sq = 0.0  # squared ambiguity of partly covered spans
         self.linear_unc = 0.0  # stamp and foreign-level uncertainty, added linearly
         self.power_j = 0.0
@@ -179,6 +182,7 @@ class Waiting:
     members: list[tuple[Window, float]]
     open_members: int
     done: bool = False
+    idle: float = 0.0  # this book's part of the span's idle floor, shared as ``above`` is
 
 
 def spread(window: Window, a: float, b: float, value: float, into: list[float]) -> None:

@@ -3,7 +3,7 @@
 :class:`EnergyEndpoint` is a small ASGI app that the middleware hands its own paths to
 (``endpoint.handles(path)``); it can also be mounted on its own. It serves
 
-- ``GET {path}``: the JSON of docs/energy-schema.md (``"schema": "giul-asgi/energy/2"``),
+- ``GET {path}``: the JSON of docs/energy-schema.md (``"schema": "giul-asgi/energy/3"``),
   filtered by ``?window=``, ``?route=``, ``?node=``, ``?tenant=`` (a tenant's label as
   /energy shows it: ``key:`` and a hash, never a key); the page instead when the client
   prefers ``text/html`` (a browser);
@@ -54,6 +54,8 @@ LEDGER_FIELDS = (
     "conservation_error_j", "idle_w", "mean_concurrency", "foreign_watts", "contended",
     "reads", "read_errors", "last_error", "last_reading_age_s", "resets", "period_s",
     "lost_s", "windows_open", "estimated_j", "workers",
+    "drawn_j", "allocated_j", "idle_charged_j", "idle_in_flight_j", "idle_unattributed_j",
+    "allocation_error_j",
 )
 
 try:

@@ -141,7 +141,8 @@ class EnergyStats:
                     if rolling is None:
                         rolling = self._rolling(labels)
                     cell = rolling.cell if rolling.step == step else rolling.at(step)
-                    cell.add(e.joules, e.tokens, e.seconds, e.contended, e.carbon_grams)
+                    cell.add(e.joules, e.tokens, e.seconds, e.contended, e.carbon_grams,
+                             e.allocated_joules)
                     if counted is not None:
                         counted.append((rolling.key, s))  # type: ignore[arg-type]
                 except Exception:
@@ -398,6 +399,20 @@ class EnergyStats:
             if known:
                 merged[four] = merged.get(four, 0) + ng
         return {four: ng / NG for four, ng in merged.items()}
+
+    def allocated_counters(self) -> dict[tuple[str, str, str, str, str], float]:
+        """Since-start allocated joules (above idle plus the idle floor's share) per (route,
+        node, tier, method, tenant), over the figures where they are known: exact integers."""
+        merged: dict[tuple[str, str, str, str, str], int] = {}
+        with self._read_lock, self._lock:
+            self._fold_all()
+            parts = [(key, r.closed_since_start(), r.open_cell(None)) for key, r in self._keys.items()]
+            sums = [((*key[:4], key[6]), closed.alloc_known + current.alloc_known,
+                     closed.alloc_nj + current.alloc_nj) for key, closed, current in parts]
+        for five, known, nj in sums:
+            if known:
+                merged[five] = merged.get(five, 0) + nj
+        return {five: nj / NJ for five, nj in merged.items()}
 
     def _closed_buckets(self, key: Key, closed: Cell) -> list[int]:
         """``joule_buckets`` of a key's since-start closed cell, kept until it grows."""

@@ -340,11 +340,12 @@ class SSESplicer(Lane):
         self._release(out)
         return b"".join(out)
 
-    def resume(self, block: bytes | None, usage: bytes | None = None) -> bytes:
+    def resume(self, block: bytes | None, usage: bytes | None = None, *, before: bytes = b"") -> bytes:
         """After :attr:`waiting`: the held event with ``block`` in it (and ``usage``'s
-        fields in its ``usage``), and what followed."""
+        fields in its ``usage``), ``before`` (bytes of whole events: an SSE comment), and
+        what followed (``[DONE]`` on)."""
         self.waiting = False
-        out = self._spliced_held(block, usage)
+        out = self._spliced_held(block, usage) + before
         after, self._after = self._after, b""
         self.search = NEVER  # [DONE] went by: the rest passes
         self._ending = False
@@ -357,18 +358,23 @@ class SSESplicer(Lane):
         return self._held is not None or self._open is not None or self.waiting
 
     def close(
-        self, block: bytes | None, *, event: bool = False, usage: bytes | None = None
+        self, block: bytes | None, *, event: bool = False, usage: bytes | None = None,
+        before: bytes = b"",
     ) -> bytes:
-        """The end of the stream: what is held (a held event with ``block`` in it), then,
-        when ``event`` and the stream ends between events, a closing ``event: energy``."""
+        """The end of the stream: what is held (a held event with ``block`` in it), then
+        ``before`` (ahead of a held ``[DONE]``, else at the end where it ends between
+        events), then, when ``event`` and the stream ends between events, a closing
+        ``event: energy``."""
         out = self._spliced_held(block, usage)
         if self.waiting:
             self.waiting = False
-            out += self._after
-            self._after = b""
+            out += before + self._after
+            self._after = before = b""
         if self._open is not None:
             out += b"".join(self._open)
             self._open, self._open_size = None, 0
+        if before and at_boundary(self.tail[-4:]):
+            out += before
         if event and block is not None and at_boundary(self.tail[-4:]):
             out += energy_event(block)
         return out
