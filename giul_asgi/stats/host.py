@@ -316,8 +316,11 @@ class HostStats:
     def close(self) -> None:
         """Stop the writer and write the final row (the worker's counts stay on disk, to be
         folded once it is gone)."""
+        if self._stop.is_set():
+            return  # closed already (by its owner, then at exit)
         self._stop.set()
         self._due.set()
+        atexit.unregister(self.close)
         self.flush()
 
     # -- reading --------------------------------------------------------------------------
