@@ -268,3 +268,46 @@ def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(t
     # and for a moment the workers that died since the last fold
     assert most_files <= 2 * 2 + 4 + 2 * 4, most_files
     assert len(settled_files) <= 2 * 2 + 4, settled_files
+
+
+def test_two_orphaned_single_process_servers_count_their_own(tmp_path: Path) -> None:
+    """Started in the background by a shell that exits (as supervisord, an entrypoint or
+    systemd leave them: their parent is PID 1 or a subreaper, the same for both)."""
+    env = environment(tmp_path / "place")
+    ports = free_port(), free_port()
+    bases = [f"http://127.0.0.1:{p}" for p in ports]
+    log = tmp_path / "server.log"
+    pids = []
+    for port in ports:
+        line = " ".join(command("uvicorn", port))
+        done = subprocess.run(["sh", "-c", f"{line} >>{log} 2>&1 & echo $!"], env=env, cwd=TESTS,
+                              capture_output=True, text=True, check=True, timeout=30)
+        pids.append(int(done.stdout.strip()))
+    try:
+        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                   for pid in pids}
+        assert len(parents) == 1 and os.getpid() not in parents, parents  # one parent, not us
+        keys = []
+        for base in bases:
+            deadline = time.monotonic() + 40
+            while True:
+                try:
+                    keys.append(get(base, "/who")["key"])
+                    break
+                except httpx.HTTPError:
+                    assert time.monotonic() < deadline, log.read_text()[-3000:]
+                    time.sleep(0.2)
+        for _ in range(5):
+            get(bases[0], "/work")
+        get(bases[1], "/work")
+        counted = [settled(base, n)["totals"]["requests"] for base, n in zip(bases, (5, 1), strict=True)]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(1.0)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert keys[0] != keys[1]
+    assert counted == [5, 1], counted

@@ -57,6 +57,8 @@ TENANTS = "tenants.txt"
 DEAD_SCHEMA = "giul-asgi/stats-dead/1"
 _said: set[tuple[str, str]] = set()  # (folder, file) said skipped, once a process
 _said_lock = threading.Lock()
+#: A server folder this young is never removed (its first files may not be there yet).
+YOUNG_S = 60.0
 #: How long a folded name is remembered after its files are removed (seconds).
 FORGET_S = 60.0
 
@@ -278,11 +280,12 @@ class ServerFolder:
         """Fold the dead workers into the dead row (``merge(dead row, dead workers)`` makes
         the new one) and remove their files; returns how many. Skipped while another worker
         folds."""
-        found = self.find()
-        dead = [o for o in found.others if not o.alive]
-        folded = found.dead.get("folded", {}) if found.dead is not None else {}
-        stale = [n for n in folded if self._gone(n)]
-        if not dead and not stale:
+        me = os.getpid()
+        with self._lock:  # a look by name first: the live workers' rows are not read here
+            gone = [r for r in self.rows.others() if r.pid != me and not r.alive()]
+            last = self._dead_row()
+        folded = last.get("folded", {}) if last is not None else {}
+        if not [r for r in gone if r.name not in folded] and not [n for n in folded if self._gone(n)]:
             return 0
         try:
             lock = open_file(self.folder / LOCK, os.O_RDWR | os.O_CREAT)
@@ -293,7 +296,7 @@ class ServerFolder:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return 0  # another worker folds now
-            found = self.find()  # again, under the lock: what the last folder left
+            found = self.find()  # under the lock: what the last folder left
             dead = [o for o in found.others if not o.alive]
             now = time.time()
             folded = dict(found.dead.get("folded", {})) if found.dead is not None else {}
@@ -361,6 +364,8 @@ def remove_dead_servers(root: Path, ours: str) -> int:
             continue
         if entry.name == ours or not entry.is_dir(follow_symlinks=False):
             continue
+        if time.time() - info.st_mtime < YOUNG_S:
+            continue  # a server starting now: its files are being made
         if _server_dead(Path(entry.path)):
             removed += _remove_folder(Path(entry.path))
     return removed

@@ -115,6 +115,7 @@ class HostStats:
         self._due = threading.Event()  # the tail is filling: a row now
         self._flush_lock = threading.Lock()
         self._live = 0
+        self._overflow_said = False
         self.write_errors = 0
         place = resolve(directory)
         log_unshared(place)
@@ -184,10 +185,12 @@ class HostStats:
                 pending[id] = [t, *six]
                 if len(pending) > MAX_PENDING:
                     del pending[next(iter(pending))]
-                folder.tail.append_json(data)
+                kept = folder.tail.append_json(data)
                 full = folder.tail.fill() > 0.5
             if full:
                 self._due.set()
+            if not kept:
+                self._overflowed()
         except Exception:
             log.debug("an answer could not be written in place", exc_info=True)
 
@@ -207,15 +210,25 @@ class HostStats:
             entries.append((e.id, b'["s",%b,%d,%b,%b,%b,%b,%b,%b]' % (
                 _id_json(e.id), step, part, _number(e.joules), _number(e.tokens), _number(e.seconds),
                 _number(e.contended), _number(e.carbon_grams))))
+        kept = True
         with self._tail_lock:
             pending = self._pending
             for id, data in entries:
                 if id is not None:
                     pending.pop(id, None)
-                tail.append_json(data)
+                kept = tail.append_json(data) and kept
             full = tail.fill() > 0.5
         if full:
             self._due.set()
+        if not kept:
+            self._overflowed()
+
+    def _overflowed(self) -> None:
+        if self._overflow_said:
+            return
+        self._overflow_said = True
+        log.warning("this worker's tail is full (the row writer cannot keep up): requests answered "
+                    "until its next row would be lost if it were killed now; they still count")
 
     def _encode(self, labels: tuple[Any, ...]) -> bytes:
         """Labels as the inside of a JSON list, kept (a bounded number) for the next entry."""
@@ -303,8 +316,11 @@ class HostStats:
     def close(self) -> None:
         """Stop the writer and write the final row (the worker's counts stay on disk, to be
         folded once it is gone)."""
+        if self._stop.is_set():
+            return  # closed already (by its owner, then at exit)
         self._stop.set()
         self._due.set()
+        atexit.unregister(self.close)
         self.flush()
 
     # -- reading --------------------------------------------------------------------------
