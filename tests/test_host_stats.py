@@ -49,6 +49,7 @@ WORKER = textwrap.dedent('''
     place, key, end = sys.argv[1], sys.argv[2], sys.argv[5]
     settled, answered_only = int(sys.argv[3]), int(sys.argv[4])
     stats = HostStats(EnergyStats(), place, flush_s=3600, server=ServerId(key, "test", (1, None)))
+    stats.wait_ready()  # joined on its own thread
     for i in range(settled):
         stats.answered(f"s{i}", "/work", "gpu", None, "ok", 200, None)
         stats.record(Energy(2.0, "measured", route="/work", node="gpu", id=f"s{i}"), outcome="ok", status=200)
@@ -107,6 +108,7 @@ def test_rows_past_max_keys_merge_to_the_exact_sum() -> None:
 
 def test_a_worker_killed_counts_what_it_answered_and_is_folded_once(tmp_path: Path) -> None:
     me = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("kill"))
+    me.wait_ready()  # joined on its own thread
     try:
         worker(tmp_path, me.server.key, settled=40, answered_only=5)
         snap = me.snapshot("all")
@@ -132,6 +134,7 @@ def test_a_worker_killed_counts_what_it_answered_and_is_folded_once(tmp_path: Pa
 
 def test_churn_keeps_the_folder_bounded_and_counters_never_go_down(tmp_path: Path) -> None:
     me = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("churn"))
+    me.wait_ready()  # joined on its own thread
     try:
         seen = []
         for i in range(12):
@@ -156,6 +159,7 @@ def test_churn_keeps_the_folder_bounded_and_counters_never_go_down(tmp_path: Pat
 
 def test_rows_that_make_no_sense_are_skipped_and_said_once(tmp_path: Path, caplog: Any) -> None:
     me = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("odd"))
+    me.wait_ready()  # joined on its own thread
     try:
         me.record(Energy(3.0, "measured", route="/a"), outcome="ok", status=200)
         assert me.folder is not None
@@ -207,6 +211,7 @@ def test_a_full_place_is_said_loudly_and_in_energy(tmp_path: Path, caplog: Any) 
     try:
         with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
             stats = HostStats(EnergyStats(), where, flush_s=3600, server=server("tiny"))
+            stats.wait_ready()  # joined on its own thread
         stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
         snap = stats.snapshot("all")
         assert snap["shared"] is False and "No space left" in snap["shared_reason"]
@@ -220,6 +225,7 @@ def test_a_full_place_is_said_loudly_and_in_energy(tmp_path: Path, caplog: Any) 
 
 def test_a_place_that_fills_later_is_said_too(tmp_path: Path, monkeypatch: Any, caplog: Any) -> None:
     stats = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("later"))
+    stats.wait_ready()  # joined on its own thread
     assert stats.shared
     import giul_asgi.hostshare.rows as rows
 
@@ -241,6 +247,7 @@ def test_a_place_that_fills_later_is_said_too(tmp_path: Path, monkeypatch: Any, 
 
 def test_ten_thousand_tenants_from_many_rows_keep_the_labels_bound(tmp_path: Path) -> None:
     me = HostStats(EnergyStats(max_tenants=100), tmp_path, flush_s=3600, server=server("tenants"))
+    me.wait_ready()  # joined on its own thread
     try:
         assert me.folder is not None
         other = os.getppid()
@@ -267,6 +274,8 @@ def test_readers_on_several_threads_see_counts_that_never_go_down(tmp_path: Path
     import threading
 
     me = HostStats(EnergyStats(), tmp_path, flush_s=0.05, server=server("threads"))
+
+    me.wait_ready()  # joined on its own thread
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), me.server.key, "0", "0", "busy"],
                              env=env)

@@ -148,8 +148,6 @@ def test_a_lifespan_through_starlettes_test_client_blocks_nothing_on_the_loop(tm
     assert not caught, caught
 
 
-@pytest.mark.xfail(strict=True, reason="stats/host.py's HostStats finds its place and writes its row "
-                                       "in its constructor, which Starlette runs on the loop (books')")
 @pytest.mark.anyio
 async def test_the_default_statistics_block_nothing_on_the_loop_either(tmp_path: Path) -> None:
     import httpx

@@ -387,3 +387,27 @@ def test_a_closed_or_collected_store_folds_its_ring_and_its_records_are_still_fo
     assert sorted(p.name for p in folder(place).iterdir()) == sorted(
         [FOLD, "fold.lock", survivor.journal.rows.name])  # type: ignore[union-attr]
     assert [survivor.get(k).joules for k in keys] == [3.0, 4.0]  # type: ignore[union-attr]
+
+
+def test_energy_says_whether_records_are_shared_and_why_not(tmp_path: Path) -> None:
+    """A full place fails the records' ring apart from the statistics: /energy says so."""
+    import asyncio
+
+    import httpx
+
+    from giul_asgi import EnergyMiddleware, Ledgers, Node
+    from giul_asgi.records import RecordStore
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def main() -> dict[str, Any]:
+        metered = EnergyMiddleware(app, [Node("sim", reader="none")], ledgers=Ledgers(),
+                                   records=RecordStore(share="off"))
+        transport = httpx.ASGITransport(app=metered)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            return (await client.get("/energy")).json()
+
+    data = asyncio.run(main())
+    assert data["records_shared"] is False and data["records_reason"], data

@@ -43,6 +43,7 @@ from .startup import fails_the_startup, failure_line
 
 if TYPE_CHECKING:
     from ..serve.access import Guard
+    from ..stats import HostStats
     from ..serve.endpoint import EnergyEndpoint
 
 Scope = MutableMapping[str, Any]
@@ -92,6 +93,7 @@ class EnergyMiddleware:
     config_error: ConfigError | None = None
     _said_unmetered = False
     _started = False
+    _joining: HostStats | None = None  # the statistics it built, joining their server
 
     @fails_the_startup
     def __init__(
@@ -167,7 +169,7 @@ class EnergyMiddleware:
 
             # Shared with the host's other worker processes by default (its own where
             # nothing can be shared, saying so): /energy answers for the whole host.
-            stats = HostStats(EnergyStats(max_tenants=options.max_tenants))
+            stats = self._joining = HostStats(EnergyStats(max_tenants=options.max_tenants))
         self.stats = stats
         #: Told at once that a request was answered (its figure settles later), where the
         #: statistics keep answers in place: a worker killed meanwhile loses none.
@@ -352,6 +354,8 @@ class EnergyMiddleware:
         self._started = True
         # The records' ring is made on the store's own thread: served from its first answer.
         await anyio.to_thread.run_sync(self.records.wait_ready, self.options.startup_timeout)
+        if self._joining is not None:  # so are the server's statistics, on theirs
+            await anyio.to_thread.run_sync(self._joining.wait_ready, self.options.startup_timeout)
         try:
             await self.ledgers.start(
                 list(self.router.nodes.values()),

@@ -154,6 +154,11 @@ class EnergyEndpoint:
         data.setdefault("shared", False)
         data.setdefault("shared_reason", "statistics of this process (an EnergyStats given as stats=)")
         data.setdefault("server", None)
+        records = self.records
+        # Records by id are shared (or not) on their own: a full place can fail one and not the other.
+        data["records_shared"] = records.shared if records is not None else False
+        data["records_reason"] = (records.reason if records is not None
+                                  else "this endpoint keeps no records")
         view = self.stats.view() if hasattr(self.stats, "view") else self.stats
         rates = view.node_rates() if hasattr(view, "node_rates") else {}
         nodes = data["nodes"]

@@ -57,6 +57,8 @@ from .tail import AREA, Generation
 log = logging.getLogger("giul_asgi.stats")
 
 _instances = itertools.count()  # two HostStats in one process write two rows
+#: How long a reader waits for a fresh HostStats to join its server's place (seconds).
+JOIN_WAIT_S = 5.0
 
 #: A worker writes its state for the others at most this share of its time (a 50th).
 FLUSH_SHARE = 50.0
@@ -102,8 +104,9 @@ class HostStats:
             raise ConfigError(f"flush_s={flush_s!r} must be positive", remedy="use 1.0")
         self.stats = stats if stats is not None else EnergyStats()
         self.flush_s = float(flush_s)
-        #: Which server's statistics these are (found, or given: a test's workers).
-        self.server = server if server is not None else server_identity()
+        #: Which server's statistics these are (found, or given: a test's workers); None until
+        #: the writer thread has found it.
+        self.server: ServerId | None = server
         #: Why nothing is shared (None while shared).
         self.shared_reason: str | None = None
         self.folder: ServerFolder | None = None
@@ -117,6 +120,26 @@ class HostStats:
         self._live = 0
         self._overflow_said = False
         self.write_errors = 0
+        self._ready = threading.Event()  # the place is joined (or found unusable)
+        self._early: list[tuple[str, float, tuple[Any, ...]]] = []  # answered while joining
+        # Starlette builds the middleware, and so these, on the event loop: the place is
+        # found and the first row written on the writer's own thread, never on the loop.
+        self._thread = threading.Thread(target=self._start, args=(directory, area),
+                                        name="giul-host-stats", daemon=True)
+        self._thread.start()
+
+    def _start(self, directory: str | os.PathLike[str] | None, area: int) -> None:
+        try:
+            self._join(directory, area)
+        finally:
+            self._ready.set()
+        if self.folder is not None:
+            atexit.register(self.close)
+            self._run()
+
+    def _join(self, directory: str | os.PathLike[str] | None, area: int) -> None:
+        if self.server is None:
+            self.server = server_identity()
         place = resolve(directory)
         log_unshared(place)
         if place.path is None:
@@ -124,23 +147,28 @@ class HostStats:
             return
         try:
             root = place.path / "stats"
-            self.folder = ServerFolder(root, self.server, tag=str(next(_instances)),
-                                       place=place.path, step_s=self.stats.step_s, area=area)
+            folder = ServerFolder(root, self.server, tag=str(next(_instances)),
+                                  place=place.path, step_s=self.stats.step_s, area=area)
             remove_dead_servers(root, self.server.key)
         except OSError as exc:
             self._unshare(f"cannot write the statistics in {place.path}: {exc.strerror or exc}", exc)
             return
+        with self._tail_lock:  # answers made while joining go in place now, in order
+            self.folder, early, self._early = folder, self._early, []
+        for id, t, six in early:
+            self._write_answer(id, t, six)
         self.stats.journal = self._journal
-        self.flush()
-        if self.folder is None:
-            return
-        self._thread = threading.Thread(target=self._run, name="giul-host-stats", daemon=True)
-        self._thread.start()
-        atexit.register(self.close)
+        self._flush()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the server's statistics are joined (or found unusable); lifespan
+        startup waits on it off the loop, so the first request is counted for the server."""
+        return self._ready.wait(timeout)
 
     @property
     def shared(self) -> bool:
         """Whether the other workers' statistics are merged into this one's answers."""
+        self._ready.wait(JOIN_WAIT_S)
         return self.folder is not None
 
     @property
@@ -170,29 +198,42 @@ class HostStats:
                  outcome: str, status: int | None, tenant: str | None) -> None:
         """The middleware answered a request (its figure settles later): written in place,
         so that it is counted even if this worker dies before it settles. Never raises."""
-        folder = self.folder
-        if folder is None or not isinstance(id, str):
+        if not isinstance(id, str):
             return
         try:
             t = time.time()
             six = (route, node, tier, outcome, status, tenant)
-            part = self._encoded.get(six)
-            if part is None:
-                part = self._encode(six)
-            data = b'["a",%b,%b,%b]' % (_id_json(id), repr(t).encode(), part)
-            with self._tail_lock:
-                pending = self._pending
-                pending[id] = [t, *six]
-                if len(pending) > MAX_PENDING:
-                    del pending[next(iter(pending))]
-                kept = folder.tail.append_json(data)
-                full = folder.tail.fill() > 0.5
-            if full:
-                self._due.set()
-            if not kept:
-                self._overflowed()
+            if self.folder is None:
+                if not self._ready.is_set():  # still joining: written in place once joined
+                    with self._tail_lock:
+                        if self.folder is None and len(self._early) < MAX_PENDING:
+                            self._early.append((id, t, six))
+                            return
+                if self.folder is None:
+                    return
+            self._write_answer(id, t, six)
         except Exception:
             log.debug("an answer could not be written in place", exc_info=True)
+
+    def _write_answer(self, id: str, t: float, six: tuple[Any, ...]) -> None:
+        folder = self.folder
+        if folder is None:
+            return
+        part = self._encoded.get(six)
+        if part is None:
+            part = self._encode(six)
+        data = b'["a",%b,%b,%b]' % (_id_json(id), repr(t).encode(), part)
+        with self._tail_lock:
+            pending = self._pending
+            pending[id] = [t, *six]
+            if len(pending) > MAX_PENDING:
+                del pending[next(iter(pending))]
+            kept = folder.tail.append_json(data)
+            full = folder.tail.fill() > 0.5
+        if full:
+            self._due.set()
+        if not kept:
+            self._overflowed()
 
     def _journal(self, counted: list[tuple[Key, Settled]], step: int) -> None:
         """Under the statistics' lock: the figures just counted, written in place."""
@@ -276,6 +317,10 @@ class HostStats:
     def flush(self) -> None:
         """Cut and write this worker's row now (atomically), if anything changed since the
         last one; then fold the workers that died."""
+        self._ready.wait(JOIN_WAIT_S)
+        self._flush()
+
+    def _flush(self) -> None:
         with self._flush_lock:
             folder = self.folder
             if folder is None:
@@ -283,7 +328,7 @@ class HostStats:
             changes = self.stats.records
             if changes != self._written or self._due.is_set() or not folder.rows.path.exists():
                 self._due.clear()
-                row = {"server": self.server.key, "state": self.stats.state(cut=self._cut),
+                row = {"server": folder.server.key, "state": self.stats.state(cut=self._cut),
                        "nodes": {name: [list(s) for s in samples]
                                  for name, samples in _samples(self.stats).items()}}
                 try:
@@ -306,7 +351,7 @@ class HostStats:
             if self._stop.is_set():
                 return
             spent = time.thread_time()
-            self.flush()
+            self._flush()
             # A write costs what the state holds (about 0.5 s of CPU at 1e6 records over
             # 200 keys): the next waits FLUSH_SHARE times as long, so sharing the statistics
             # costs a worker at most 1/FLUSH_SHARE of a core; the tail keeps every request
@@ -326,6 +371,7 @@ class HostStats:
     # -- reading --------------------------------------------------------------------------
     def workers(self) -> int:
         """Live worker processes sharing these statistics, this one included."""
+        self._ready.wait(JOIN_WAIT_S)
         folder = self.folder
         if folder is None:
             return 1
@@ -401,6 +447,7 @@ class HostStats:
 
     def view(self) -> EnergyStats:
         """The whole server's statistics: this worker's live state merged with the others'."""
+        self._ready.wait(JOIN_WAIT_S)
         folder = self.folder
         if folder is None:
             return self.stats
@@ -417,7 +464,7 @@ class HostStats:
         out["workers"] = 1 + self._live if self.folder is not None else 1
         out["shared"] = self.folder is not None
         out["shared_reason"] = self.shared_reason
-        out["server"] = self.server.key
+        out["server"] = self.server.key if self.server is not None else None
         return out
 
 
