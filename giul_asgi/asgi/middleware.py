@@ -43,8 +43,8 @@ from .startup import fails_the_startup, failure_line
 
 if TYPE_CHECKING:
     from ..serve.access import Guard
-    from ..stats import HostStats
     from ..serve.endpoint import EnergyEndpoint
+    from ..stats import HostStats
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
