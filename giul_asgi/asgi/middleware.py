@@ -164,6 +164,9 @@ class EnergyMiddleware:
             # nothing can be shared, saying so): /energy answers for the whole host.
             stats = HostStats(EnergyStats(max_tenants=options.max_tenants))
         self.stats = stats
+        #: Told at once that a request was answered (its figure settles later), where the
+        #: statistics keep answers in place: a worker killed meanwhile loses none.
+        self._answered = getattr(stats, "answered", None)
         #: Every settled figure by request id, for /energy/requests/{id}.
         self.records = records if records is not None else RecordStore()
         sink_list = list(sinks)
@@ -263,6 +266,10 @@ class EnergyMiddleware:
             meter_var.reset(token)
             exchange.close()
             try:
+                if self._answered is not None:
+                    self._answered(meter.id, meter.route, meter.node,
+                                   meter.tier.name if meter.tier is not None else None,
+                                   outcome, exchange.status, meter.tenant)
                 meter.report(self.listeners, outcome, exchange.status)
             except Exception:  # a bug of ours costs the record, never the answer
                 log.exception("giul-asgi could not file this request's figure")

@@ -170,15 +170,31 @@ class Cell:
 
     @classmethod
     def from_state(cls, state: Sequence[Any]) -> Cell:
+        """A cell from another worker's :meth:`state`. Raises ValueError on one that makes
+        no sense (a count that is not a whole number at least 0, such as a float, NaN, a
+        string or a bool; a bin out of range; fewer requests than known figures)."""
+        if not isinstance(state, list) or len(state) != 11 or not isinstance(state[8], list):
+            raise ValueError("a cell of another shape")
         cell = cls()
         (cell.requests, cell.known, cell.nj, cell.tokens, cell.tok_nj, cell.tok_tokens, cell.us,
-         cell.contended) = (int(x) for x in state[:8])
+         cell.contended) = (_count(x) for x in state[:8])
         flat = state[8]
-        cell.bins = {int(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-        cell.carbon_known, cell.carbon_ng = int(state[9]), int(state[10])
+        if len(flat) % 2:
+            raise ValueError("a cell's bins of odd length")
+        cell.bins = {_count(flat[i]): _count(flat[i + 1]) for i in range(0, len(flat), 2)}
+        cell.carbon_known, cell.carbon_ng = _count(state[9]), _count(state[10])
         if any(not 0 <= k < 3 * BINS for k in cell.bins):
             raise ValueError("a bin out of range")
+        if cell.known > cell.requests or cell.contended > cell.requests \
+                or cell.carbon_known > cell.requests:
+            raise ValueError("a cell counts more figures than requests")
         return cell
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value
 
 
 def summary(cell: Cell, quantiles_of: Quantiles, statuses: Mapping[str, int],
