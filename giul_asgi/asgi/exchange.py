@@ -47,7 +47,7 @@ class Exchange:
     """One request: the app's messages in, the responder chosen from its start, the figure."""
 
     __slots__ = (
-        "_block", "_closed", "choose", "disconnected", "downstream", "energy", "lane", "meter",
+        "_block", "_closed", "also", "choose", "disconnected", "downstream", "energy", "lane", "meter",
         "responder", "root_path", "route_app", "scope", "server_receive", "settle_timeout", "status",
     )
 
@@ -71,6 +71,8 @@ class Exchange:
         self.energy: Energy | None = None
         self._block: bytes | None = None
         self._closed = False
+        #: Headers the answer's start carries beside the figure's (its budget's remaining).
+        self.also: tuple[tuple[bytes, bytes], ...] = ()
 
     # -- the app's side ----------------------------------------------------------------------
     async def receive(self) -> Message:
