@@ -181,8 +181,9 @@ class Budgets:
             if used >= limit and hard:
                 used = self._refuse(i, key, used)
             slots.append((i, key))
-            if (limit - used) / limit < share:
-                tightest, left_at, share = i, limit - used, (limit - used) / limit
+            left = limit - used
+            if left / limit < share or (left / limit == share and left < left_at):
+                tightest, left_at, share = i, left, left / limit
         if tightest < 0:
             return _NOTHING
         return tuple(slots), ((REMAINING, header_number(left_at if left_at > 0 else 0.0)),
