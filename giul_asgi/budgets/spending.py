@@ -284,6 +284,7 @@ class Budgets:
         server = self._server if self._server is not None else server_identity()
         try:
             self.folder = ServerSpending(place.path, server, tag=f"b{next(_instances)}")
+            self._dirty = True  # a row at once, spent or not: the others count this worker
         except OSError as exc:
             self._unshare(f"cannot write the budgets in {place.path}: {exc.strerror or exc}")
             return
