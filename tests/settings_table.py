@@ -2,7 +2,7 @@
 
 Each setting is documented once, where it is declared: the middleware's parameters in
 ``EnergyMiddleware.__init__``'s signature, its settings as :class:`Options` fields, and
-:class:`Node`, :class:`Tier` and :class:`Route` fields. This module reads those comments
+:class:`Node`, :class:`Tier`, :class:`Route` and :class:`Budget` fields. This module reads those comments
 (as Sphinx's autodoc does) and renders one markdown table per place a setting is given;
 tests/test_settings_table.py keeps README.md's copy, between the ``settings`` markers, in
 step, and ``GIUL_WRITE_DOCS=1`` writes it anew.
@@ -20,6 +20,7 @@ from typing import Any
 
 from giul_asgi.asgi.middleware import EnergyMiddleware
 from giul_asgi.asgi.options import Options
+from giul_asgi.budgets import Budget
 from giul_asgi.config import Node, Route, Tier
 
 START = "<!-- settings: generated from the code's #: comments by tests/settings_table.py -->"
@@ -99,7 +100,8 @@ def render() -> str:
              *_table("`EnergyMiddleware(app, ...)`", _middleware_rows()), "",
              *_table("`Node(...)`, `[[node]]`", _dataclass_rows(Node)), "",
              *_table("`Tier(...)`, `[[tier]]`", _dataclass_rows(Tier)), "",
-             *_table("`Route(...)`, `[[route]]`", _dataclass_rows(Route)),
+             *_table("`Route(...)`, `[[route]]`", _dataclass_rows(Route)), "",
+             *_table("`Budget(...)`", _dataclass_rows(Budget)),
              END]
     return "\n".join(lines)
 
@@ -107,5 +109,5 @@ def render() -> str:
 def missing_docs() -> list[str]:
     """Settings declared without a ``#:`` comment."""
     rows = [("EnergyMiddleware", r) for r in _middleware_rows()]
-    rows += [(cls.__name__, r) for cls in (Node, Tier, Route) for r in _dataclass_rows(cls)]
+    rows += [(cls.__name__, r) for cls in (Node, Tier, Route, Budget) for r in _dataclass_rows(cls)]
     return [f"{owner}.{name}" for owner, (name, _, doc) in rows if not doc]

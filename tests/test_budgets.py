@@ -24,7 +24,7 @@ from server import serve
 
 from giul_asgi import Budget, ConfigError, EnergyMiddleware, Ledgers, Node, Route, Tier
 from giul_asgi.budgets import Budgets, OverBudget
-from giul_asgi.budgets.shared import DEAD, ROW_SCHEMA
+from giul_asgi.budgets.shared import DEAD, ROW_SCHEMA, framed, unframed
 from giul_asgi.energy import Energy
 from giul_asgi.hostshare.rows import process_start
 from giul_asgi.hostshare.server import ServerId
@@ -333,12 +333,11 @@ def test_other_workers_rows_count_and_a_dead_one_counts_until_its_period_ends(tm
     folder = budgets.folder.folder
     day = int(clock.t // 86400)
     parent = os.getppid()  # a live process that is not this one: a live worker's row
-    (folder / f"{parent}-{process_start(parent)}-b0.json").write_text(json.dumps(
-        {"schema": ROW_SCHEMA, "refused": [],
-         "spent": [["tenant/day/J", "t", day, 60.0], ["tenant/day/J", "t", day - 1, 500.0]]}))
-    (folder / "4194303-1-b0.json").write_text(json.dumps(  # no such process: a dead worker's
-        {"schema": ROW_SCHEMA, "spent": [["tenant/day/J", "t", day, 30.0], ["elsewhere", "t", day, 9.0]],
-         "refused": [["tenant/day/J", "t", day, 2]]}))
+    live = folder / f"{parent}-{process_start(parent)}-b0.json"
+    live.write_bytes(row(["tenant/day/J", "t", day, 60.0], ["tenant/day/J", "t", day - 1, 500.0]))
+    (folder / "4194303-1-b0.json").write_bytes(row(  # no such process: a dead worker's
+        ["tenant/day/J", "t", day, 30.0], ["elsewhere", "t", day, 9.0],
+        refused=[["tenant/day/J", "t", day, 2]]))
     (folder / "77-1-b0.json").write_text("{not json")  # skipped, said once
     budgets.tick()
     assert budgets.spent == {(0, "t"): 90.0}  # today's, of this configuration's budgets
@@ -350,17 +349,30 @@ def test_other_workers_rows_count_and_a_dead_one_counts_until_its_period_ends(tm
         budgets.admit("t", "/", None)
     budgets._last_fold = 0.0
     clock.t += 2.0
-    budgets.tick()  # folds the dead worker's row into dead.json
+    budgets.tick(read=True)  # folds the dead worker's row into dead.json
     assert not (folder / "4194303-1-b0.json").exists() and (folder / DEAD).exists()
     assert budgets.spent == {(0, "t"): 105.0}
-    mine = json.loads(budgets.folder.rows.path.read_text())
+    data = unframed(budgets.folder.rows.path.read_bytes())
+    assert data is not None
+    mine = json.loads(data)
     assert mine["spent"] == [["tenant/day/J", "t", day, 15.0]]
     assert mine["refused"] == [["tenant/day/J", "t", day, 1]]
     assert budgets.snapshot()["items"][0]["keys"]["t"]["refused"] == 3
     assert budgets.exceeded() == {("tenant/day/J", "t"): 1}
+    # a write half done (the frame's sum disagrees): what was read before stands
+    live.write_bytes(row(["tenant/day/J", "t", day, 70.0])[:-3])
+    budgets.tick(read=True)
+    assert budgets.spent == {(0, "t"): 105.0}
+    live.write_bytes(row(["tenant/day/J", "t", day, 70.0]))
+    budgets.tick(read=True)
+    assert budgets.spent == {(0, "t"): 115.0}
     clock.t = (day + 1) * 86400.0 + 1.0
     budgets.tick()
     assert budgets.spent == {}  # a new day: the dead worker's spending is over with its period
+
+
+def row(*spent: list[Any], refused: list[list[Any]] | None = None) -> bytes:
+    return framed(json.dumps({"schema": ROW_SCHEMA, "spent": list(spent), "refused": refused or []}).encode())
 
 
 def _wait(found: Any, timeout: float = 10.0) -> Any:

@@ -1,13 +1,15 @@
 """A hard budget kept by four real uvicorn workers: what was allowed is what was admitted.
 
-Four clients, each on a connection of its own (so each stays with one worker), ask for
-0.25 s of work on the simulated card, and wait 0.2 s between answers, as clients paced by
-their own users do; they start 0.11 s apart, so a worker often admits a request just after
-another worker counted one. Team ``team-a`` may spend ``LIMIT`` joules. Each worker counts its own
-requests and reads the others' every 25 ms: the server admits requests until the team's
-spending reaches the limit, and then none. Without the shared count each worker would admit
-the whole limit (about four times as much); with it, the spending admitted passes the limit
-by less than one request per worker (those in flight when it was crossed).
+Four clients, each on a connection of its own to a worker of its own where the kernel lets
+it (a connection stays with the worker that accepted it), ask for 0.15 s of work on the
+simulated card and wait 0.3 s between answers, as clients paced by their own users do; they
+start 0.11 s apart, so a worker often admits a request just after another worker counted
+one, and one or two are in flight at any time. Team ``team-a`` may spend ``LIMIT`` joules.
+Each worker counts its own requests and reads the others' every 50 ms: the server admits
+requests until the team's spending reaches the limit, and then none. Without the shared
+count each worker would admit the whole limit (about four times as much); with it, the
+spending admitted passes the limit by less than one request per worker (those in flight
+when it was crossed, and what their first figures had not yet said).
 
 The check is on the figures themselves: each admitted request's settled figure (fetched by
 its id), whose sum the server's own ``/energy`` must report as spent, to rounding.
@@ -34,6 +36,8 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 LIMIT = 1000.0
 WORKERS = 4
+#: Each request's work, and each client's pause between an answer and its next request (s).
+WORK_S, PAUSE_S = 0.15, 0.3
 
 
 def free_port() -> int:
@@ -42,21 +46,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def client_loop(base: str, answers: list[dict[str, Any]], lock: threading.Lock, delay: float) -> None:
-    """One client: requests on one connection until three in a row are refused."""
+def client_loop(client: httpx.Client, answers: list[dict[str, Any]], lock: threading.Lock,
+                delay: float) -> None:
+    """One client: requests on its connection until three in a row are refused."""
     refused = 0
-    with httpx.Client(base_url=base, timeout=30, headers={"x-team": "team-a"}) as client:
-        client.get("/work", params={"seconds": 0}, headers={"x-team": "warm"})  # its connection
-        time.sleep(delay)
+    time.sleep(delay)
+    try:
         while refused < 3:
-            r = client.get("/work", params={"seconds": 0.25})
+            r = client.get("/work", params={"seconds": WORK_S}, headers={"x-team": "team-a"})
             answer = {"status": r.status_code, "headers": dict(r.headers), "at": time.time()}
             if r.status_code == 200:
                 answer["pid"] = r.json()["pid"]
             with lock:
                 answers.append(answer)
             refused = refused + 1 if r.status_code == 429 else 0
-            time.sleep(0.2)
+            time.sleep(PAUSE_S)
+    finally:
+        client.close()
 
 
 def test_four_workers_admit_the_allowed_joules_within_one_request_per_worker(tmp_path: Path) -> None:
@@ -75,10 +81,12 @@ def test_four_workers_admit_the_allowed_joules_within_one_request_per_worker(tmp
         _warm_up(base, proc, log)
         answers: list[dict[str, Any]] = []
         lock = threading.Lock()
+        clients = _connections(base)
         with ThreadPoolExecutor(WORKERS) as pool:
-            # started apart (a request's work and a pause: 0.45 s, over four clients), so that
-            # a worker admits one while another's answer has just been counted
-            for f in [pool.submit(client_loop, base, answers, lock, 0.11 * i) for i in range(WORKERS)]:
+            # started apart (a request's work and a pause, over four clients), so that a
+            # worker admits one while another's answer has just been counted
+            gap = (WORK_S + PAUSE_S) / WORKERS
+            for f in [pool.submit(client_loop, c, answers, lock, gap * i) for i, c in enumerate(clients)]:
                 f.result()
         admitted = [a for a in answers if a["status"] == 200]
         refused = [a for a in answers if a["status"] == 429]
@@ -104,7 +112,9 @@ def test_four_workers_admit_the_allowed_joules_within_one_request_per_worker(tmp
         assert abs(state["spent"] - total) <= 1e-6 * total, (state, total)  # the server's sum is exact
         assert total >= LIMIT, (total, LIMIT)  # refused only once the limit was spent
         assert total - LIMIT < WORKERS * largest, (total, LIMIT, largest)  # within one a worker
-        assert abs(first - total) < 0.25 * total, (first, total)  # the first figures (about 0.9 of it)
+        # the first figures said (in the answers' headers) are the same spending, less the
+        # ramp-down tails the card had not reported yet (0.79-0.84 of it at 0.15 s requests)
+        assert 0.6 * total < first < 1.2 * total, (first, total)
         assert state["refused"] >= len(refused)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -128,6 +138,33 @@ def _warm_up(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
                 served[client.get("/work", params={"seconds": 0.05}).json()["pid"]] += 1
         except httpx.HTTPError:
             time.sleep(0.2)
+
+
+def _connections(base: str) -> list[httpx.Client]:
+    """A client per worker where the kernel lets us: idle workers all wait on the one listener
+    and the last to wait takes the next connection, so a connection that lands on a worker
+    already taken is closed and another one opened, for a few seconds at most (then the
+    clients share the workers they found)."""
+    found: dict[int, httpx.Client] = {}
+    spare: list[httpx.Client] = []
+    deadline = time.monotonic() + 8
+    while len(found) < WORKERS and time.monotonic() < deadline:
+        client = httpx.Client(base_url=base, timeout=30)
+        pid = client.get("/work", params={"seconds": 0}, headers={"x-team": "warm"}).json()["pid"]
+        if pid in found:
+            if len(spare) < WORKERS:
+                spare.append(client)
+            else:
+                client.close()
+            time.sleep(0.03)
+        else:
+            found[pid] = client
+    clients = list(found.values())
+    while len(clients) < WORKERS:
+        clients.append(spare.pop())
+    for client in spare:
+        client.close()
+    return clients
 
 
 def _settled(base: str, ids: list[str]) -> dict[str, dict[str, Any]]:

@@ -5,7 +5,11 @@
 a restart starts from its own) holds, and never anything else:
 
 - ``<pid>-<start>-<n>.json``: a worker's *row*, what it spent per (budget, key, period) in
-  the periods not over yet (and its refusals), replaced atomically by its budgets' thread;
+  the periods not over yet (and its refusals). Its budgets' thread rewrites it in place, in
+  one ``pwrite`` on a descriptor it keeps (a row replaced by a new file took ten system
+  calls, each a hand-over of the GIL that cost a busy worker's loop tens of microseconds):
+  a frame ``GIULB1 <crc32> <length>`` then the JSON, so a reader that catches a write half
+  done sees the sum disagree and keeps what it read before;
 - ``dead.json``: every dead worker's spending in those periods, folded into one row with the
   names folded (kept :data:`FORGET_S` after their files went, so a reader that listed a row
   just before it was folded never counts it twice);
@@ -15,13 +19,15 @@ a restart starts from its own) holds, and never anything else:
 - ``server.json``: which server this is and the process that keeps it, so the next server's
   start removes this folder once every worker and the keeper are gone.
 
-A dead worker's spending counts until its period ends (a worker killed with -9 does not give
-its tenants their joules back); the next live worker to look folds it within a second. So
-the folder holds at most ``live workers + 4`` files and, for a moment, the workers that died
-since the last look. Every file is opened through :func:`~giul_asgi.hostshare.place.open_file`
-(``O_NOFOLLOW``, a regular file of this user's with one link) and nothing read is trusted: a
-row that is not JSON, or holds a number that is not finite and >= 0, is skipped and said once.
-Nothing here runs on a request's path: the budgets' thread calls it.
+``dead.json`` and ``crossed.json`` are replaced whole (a new file, then a rename), and read
+again when their inode changes. A dead worker's spending counts until its period ends (a
+worker killed with -9 does not give its tenants their joules back); the next live worker to
+look folds it within a second. So the folder holds at most ``live workers + 5`` files and,
+for a moment, the workers that died since the last look. Every file is opened through
+:func:`~giul_asgi.hostshare.place.open_file` (``O_NOFOLLOW``, a regular file of this user's
+with one link) and nothing read is trusted: a row that is not JSON, or holds a number that
+is not finite and >= 0, is skipped and said once. Nothing here runs on a request's path: the
+budgets' thread calls it.
 """
 
 from __future__ import annotations
@@ -32,14 +38,16 @@ import json
 import logging
 import math
 import os
+import re
 import time
+import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..hostshare.place import make_dir, open_file
-from ..hostshare.rows import Rows, replace
+from ..hostshare.rows import Rows, alive, parse, replace
 from ..hostshare.server import ServerId
 from ..stats.folder import remove_dead_servers
 
@@ -57,7 +65,14 @@ CROSSED_LOCK = ".crossed.lock"
 FORGET_S = 60.0
 #: The most (budget, key) pairs ``crossed.json`` keeps counts for; past it, ``<other>``.
 MAX_CROSSED = 10_000
+#: How often the folder is listed (new workers, rows removed, the dead row and crossings
+#: replaced; seconds): in between, the rows held open are read again, one ``pread`` each.
+SCAN_S = 0.25
+#: The largest row read (a row of 10,000 keys is about 600 KB).
+MAX_ROW = 8 << 20
 OTHER = "<other>"
+#: A row's frame: magic, the CRC-32 of the JSON, its length; then the JSON.
+_FRAME = re.compile(rb"GIULB1 ([0-9a-f]{8}) ([0-9]{1,9})\n")
 
 #: (budget name, key, period index) -> joules or grams spent
 Spent = dict[tuple[str, str, int], float]
@@ -69,10 +84,25 @@ class Found:
 
     spent: Spent
     refused: Spent
-    #: live workers besides this one
+    #: live workers besides this one (looked up when the rows listed change, and at each fold)
     live: int
-    #: dead workers (folded or not) whose rows count
-    dead: int
+    #: whether anything changed since the last read (else all of this is what it was)
+    changed: bool = True
+    #: how many times each (budget, key) was crossed, server-wide
+    crossed: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Other:
+    """Another worker's row, as held open."""
+
+    fd: int
+    inode: int
+    who: tuple[int, str | None]
+    raw: bytes = b""
+    data: dict[str, Any] | None = None
+    #: whether its writer ran when last looked up (None: not looked up yet)
+    alive: bool | None = None
 
 
 def dump(data: Any) -> bytes:
@@ -100,6 +130,26 @@ def as_entries(spent: Spent) -> list[list[Any]]:
     return [[name, key, period, value] for (name, key, period), value in spent.items()]
 
 
+def framed(data: bytes) -> bytes:
+    """A row as written: its frame, then its JSON."""
+    return b"GIULB1 %08x %d\n" % (zlib.crc32(data), len(data)) + data
+
+
+def unframed(raw: bytes) -> bytes | None:
+    """A row's JSON, or None while a write is half done (the sum disagrees); raises
+    ValueError for what is no row at all."""
+    match = _FRAME.match(raw)
+    if match is None:
+        if raw.startswith(b"GIULB1 ") or not raw:
+            return None  # the frame itself half written
+        raise ValueError("not a budgets row")
+    start, length = match.end(), int(match.group(2))
+    data = raw[start:start + length]
+    if len(data) < length or zlib.crc32(data) != int(match.group(1), 16):
+        return None
+    return data
+
+
 def _add(into: Spent, more: Spent, since: dict[str, int]) -> None:
     """Add ``more``'s entries of periods not over yet (``since``: each budget's current
     period; a budget not in it, another configuration's, is left out)."""
@@ -107,6 +157,20 @@ def _add(into: Spent, more: Spent, since: dict[str, int]) -> None:
         current = since.get(slot[0])
         if current is not None and slot[2] >= current:
             into[slot] = into.get(slot, 0.0) + value
+
+
+def _row(raw: Any, schema: str) -> dict[str, Any]:
+    """A row's content as dicts (raises ValueError for one that makes no sense)."""
+    if not isinstance(raw, dict) or raw.get("schema") != schema:
+        raise ValueError("not a budgets row of this version")
+    data: dict[str, Any] = {"spent": dict(entries(raw.get("spent", []))),
+                            "refused": dict(entries(raw.get("refused", [])))}
+    if schema == DEAD_SCHEMA:
+        folded = raw.get("folded")
+        if not isinstance(folded, dict):
+            raise ValueError("no folded names")
+        data["folded"] = folded
+    return data
 
 
 class ServerSpending:
@@ -122,102 +186,172 @@ class ServerSpending:
             replace(self.folder / SERVER, dump({"key": server.key, "how": server.how,
                                                 "keeper": list(server.keeper)}))
         remove_dead_servers(self.root, server.key)  # earlier runs' folders, once all are gone
-        self._cache: dict[str, tuple[tuple[int, int, int], Any]] = {}
-        self._stamp: int | None = None
+        self._fd = open_file(self.rows.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        self._others: dict[str, _Other] = {}
+        self._whole: dict[str, tuple[int, dict[str, Any] | None]] = {}  # dead.json, crossed.json
+        self._found: Found | None = None
+        self._scanned = -math.inf
         self._said: set[str] = set()
 
     # -- this worker ------------------------------------------------------------------------
     def write(self, spent: Spent, refused: Spent) -> None:
-        """Replace this worker's row (raises OSError: the place is full or gone)."""
-        self.rows.write(dump({"schema": ROW_SCHEMA, "pid": os.getpid(),
-                              "spent": as_entries(spent), "refused": as_entries(refused)}))
+        """Rewrite this worker's row in place (raises OSError: the place is full or gone)."""
+        blob = framed(dump({"schema": ROW_SCHEMA, "pid": os.getpid(),
+                            "spent": as_entries(spent), "refused": as_entries(refused)}))
+        if os.pwrite(self._fd, blob, 0) != len(blob):
+            raise OSError(28, "the row was cut short (is the place full?)")
+
+    def close(self) -> None:
+        """Let go of the files (this worker's row stays: its spending counts until folded)."""
+        for fd in [self._fd, *(o.fd for o in self._others.values())]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._others.clear()
 
     # -- the others ---------------------------------------------------------------------------
-    def changed(self) -> bool:
-        """Whether a file in the folder was replaced, made or removed since the last
-        :meth:`read` (a row is replaced by a rename, which changes the folder's time)."""
-        try:
-            stamp = os.stat(self.folder).st_mtime_ns
-        except OSError:
-            return True
-        return stamp != self._stamp
-
-    def read(self, since: dict[str, int]) -> Found:
-        """The other workers' spending in the periods from ``since`` on (budget name ->
-        its current period), live and dead, and the dead row's (read last: a worker folded
-        meanwhile is counted there, never twice, never not at all)."""
-        with contextlib.suppress(OSError):
-            self._stamp = os.stat(self.folder).st_mtime_ns
+    def read(self, since: dict[str, int], *, again: bool = False, alive_too: bool = False) -> Found:
+        """The other workers' spending in the periods from ``since`` on (budget name -> its
+        current period), live and dead, the dead row's and the crossings, from one listing
+        of the folder (every :data:`SCAN_S`) and one ``pread`` of each row. A worker folded
+        meanwhile is in the dead row (read after its row), never twice, never not at all.
+        ``again``: sum anew (a new period); ``alive_too``: look up which writers still run."""
+        changed = again or self._found is None
+        now = time.monotonic()
+        if changed or alive_too or now - self._scanned >= SCAN_S:
+            self._scanned = now
+            changed |= self._scan()
+        else:  # the rows held open (one removed meanwhile still reads as it was: counted once)
+            for name, other in list(self._others.items()):
+                changed |= self._pread(name, other.inode, other.who)
+        if not changed and not alive_too and self._found is not None:
+            self._found.changed = False
+            return self._found
         spent: Spent = {}
         refused: Spent = {}
-        live = dead = 0
-        me = os.getpid()
-        names: dict[str, bool] = {}
-        rows = []
-        for row in self.rows.others():
-            if row.pid == me:
-                continue  # another middleware of this process: not another worker
-            data = self._parsed(row.path)
-            if data is not None:
-                rows.append((row.name, data, row.alive()))
-                names[row.name] = True
-        for name in [n for n in self._cache if n not in names and n != DEAD]:
-            del self._cache[name]
-        dead_row = self._parsed(self.folder / DEAD, schema=DEAD_SCHEMA)
+        dead_row = self._whole.get(DEAD, (0, None))[1]
         folded = dead_row.get("folded", {}) if dead_row is not None else {}
-        for name, data, alive in rows:
-            if name in folded:
+        live = 0
+        for name, other in sorted(self._others.items()):
+            if other.data is None or name in folded:
                 continue
-            _add(spent, data["spent"], since)
-            _add(refused, data["refused"], since)
-            live += alive
-            dead += not alive
+            _add(spent, other.data["spent"], since)
+            _add(refused, other.data["refused"], since)
+            if alive_too or other.alive is None:
+                other.alive = alive(*other.who)
+            live += other.alive
         if dead_row is not None:
             _add(spent, dead_row["spent"], since)
             _add(refused, dead_row["refused"], since)
-            dead += len(folded)
-        return Found(spent, refused, live, dead)
+        crossed_row = self._whole.get(CROSSED, (0, None))[1]
+        crossed = crossed_row["counts"] if crossed_row is not None else {}
+        self._found = Found(spent, refused, live, True, dict(crossed))
+        return self._found
 
-    def _parsed(self, path: Path, schema: str = ROW_SCHEMA) -> dict[str, Any] | None:
-        """A row's content as dicts, parsed only when it changed; None when it is gone or
-        makes no sense (said once)."""
+    def _scan(self) -> bool:
+        """List the folder: rows come and go, the dead row and crossings are replaced; read
+        each row. Whether anything changed."""
+        me, mine = os.getpid(), self.rows.name
+        listed: dict[str, tuple[int, tuple[int, str | None] | None]] = {}
+        with os.scandir(self.folder) as listing:
+            for entry in listing:
+                name = entry.name
+                who = parse(name, ".json") if name not in (DEAD, CROSSED, SERVER) else None
+                if name == mine or (who is None and name not in (DEAD, CROSSED)) \
+                        or (who is not None and who[0] == me):
+                    continue  # ours, another middleware of this process's, or no row
+                listed[name] = (entry.inode(), who)
+        changed = False
+        for name in [n for n in self._others if n not in listed]:
+            with contextlib.suppress(OSError):
+                os.close(self._others.pop(name).fd)
+            changed = True
+        for name, (inode, who) in listed.items():
+            if who is not None:
+                changed |= self._pread(name, inode, who)
+        for name in (DEAD, CROSSED):
+            changed |= self._whole_file(name, listed.get(name, (None, None))[0])
+        return changed
+
+    def _pread(self, name: str, inode: int, who: tuple[int, str | None]) -> bool:
+        """Read another worker's row again; whether what it says changed."""
+        other = self._others.get(name)
+        if other is not None and other.inode != inode:  # removed and made anew
+            with contextlib.suppress(OSError):
+                os.close(other.fd)
+            other = None
+        if other is None:
+            try:
+                fd = open_file(self.folder / name, os.O_RDONLY)
+            except FileNotFoundError:
+                return False  # folded and removed meanwhile: the dead row has it
+            except OSError as exc:
+                self._odd(name, f"{type(exc).__name__}: {exc}")
+                return False
+            other = self._others[name] = _Other(fd, inode, who)
         try:
-            fd = open_file(path, os.O_RDONLY)
+            size = max(4096, 2 * len(other.raw))
+            raw = os.pread(other.fd, size, 0)
+            while len(raw) == size and size < MAX_ROW:
+                size *= 4
+                raw = os.pread(other.fd, size, 0)
+        except OSError as exc:
+            self._odd(name, f"{type(exc).__name__}: {exc}")
+            return False
+        if raw == other.raw:
+            return False
+        try:
+            data = unframed(raw)
+            if data is None:
+                return False  # a write half done: what was read before stands, until the next
+            parsed = _row(json.loads(data, parse_constant=_no_constant), ROW_SCHEMA)
+        except (ValueError, TypeError) as exc:
+            self._odd(name, str(exc))
+            parsed = None
+        other.raw, other.data = raw, parsed
+        return True
+
+    def _whole_file(self, name: str, inode: int | None) -> bool:
+        """Read a file replaced whole (dead.json, crossed.json) when its inode changed;
+        whether it changed."""
+        kept = self._whole.get(name)
+        if inode is None:
+            return self._whole.pop(name, None) is not None
+        if kept is not None and kept[0] == inode:
+            return False
+        data = self._read_whole(name)
+        if data is None and kept is not None and kept[0] == -1:
+            return False
+        self._whole[name] = (inode if data is not None else -1, data)
+        return True
+
+    def _read_whole(self, name: str) -> dict[str, Any] | None:
+        try:
+            fd = open_file(self.folder / name, os.O_RDONLY)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            self._odd(path.name, f"{type(exc).__name__}: {exc}")
+            self._odd(name, f"{type(exc).__name__}: {exc}")
             return None
         try:
-            st = os.fstat(fd)
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-            kept = self._cache.get(path.name)
-            if kept is not None and kept[0] == stamp:
-                return dict(kept[1])
             chunks = []
             while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
         except OSError as exc:
-            self._odd(path.name, f"{type(exc).__name__}: {exc}")
+            self._odd(name, f"{type(exc).__name__}: {exc}")
             return None
         finally:
             os.close(fd)
         try:
             raw = json.loads(b"".join(chunks), parse_constant=_no_constant)
-            if not isinstance(raw, dict) or raw.get("schema") != schema:
-                raise ValueError("not a budgets row of this version")
-            data: dict[str, Any] = {"spent": dict(entries(raw.get("spent", []))),
-                                    "refused": dict(entries(raw.get("refused", [])))}
-            if schema == DEAD_SCHEMA:
-                folded = raw.get("folded")
-                if not isinstance(folded, dict):
-                    raise ValueError("no folded names")
-                data["folded"] = folded
-        except (ValueError, TypeError) as exc:
-            self._odd(path.name, str(exc))
+            if name == DEAD:
+                return _row(raw, DEAD_SCHEMA)
+            if not isinstance(raw, dict) or raw.get("schema") != CROSSED_SCHEMA:
+                raise ValueError("not a crossings file of this version")
+            return {"last": {(str(n), str(k)): int(p) for n, k, p in raw["last"]},
+                    "counts": {(str(n), str(k)): int(c) for n, k, c in raw["counts"]}}
+        except (ValueError, TypeError, KeyError) as exc:
+            self._odd(name, str(exc))
             return None
-        self._cache[path.name] = (stamp, data)
-        return dict(data)
 
     def _odd(self, name: str, why: str) -> None:
         if name in self._said or len(self._said) > 1000:
@@ -231,7 +365,7 @@ class ServerSpending:
         """Fold the dead workers' rows into the dead row and remove them; returns how many.
         Skipped while another worker folds."""
         dead = [r for r in self.rows.others() if r.pid != os.getpid() and not r.alive()]
-        if not dead and not (self.folder / DEAD).exists():
+        if not dead and not self._dead_row_due(since):
             return 0
         try:
             lock = open_file(self.folder / FOLD_LOCK, os.O_RDWR | os.O_CREAT)
@@ -243,7 +377,7 @@ class ServerSpending:
             except OSError:
                 return 0  # another worker folds now
             dead = [r for r in self.rows.others() if r.pid != os.getpid() and not r.alive()]
-            old = self._parsed(self.folder / DEAD, schema=DEAD_SCHEMA)
+            old = self._read_whole(DEAD)
             spent: Spent = {}
             refused: Spent = {}
             folded: dict[str, Any] = {}
@@ -264,7 +398,7 @@ class ServerSpending:
             for row in dead:
                 if row.name in folded:
                     continue
-                data = self._parsed(row.path)
+                data = self._dead_worker(row.path)
                 if data is not None:
                     _add(spent, data["spent"], since)
                     _add(refused, data["refused"], since)
@@ -281,16 +415,53 @@ class ServerSpending:
         finally:
             os.close(lock)
 
+    def _dead_worker(self, path: Path) -> dict[str, Any] | None:
+        """A dead worker's last whole row (it writes no more: a half-done write stays so)."""
+        try:
+            fd = open_file(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            raw = os.pread(fd, MAX_ROW, 0)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:
+            data = unframed(raw)
+            if data is None:
+                kept = self._others.get(path.name)
+                return kept.data if kept is not None else None  # what was read before it died
+            return _row(json.loads(data, parse_constant=_no_constant), ROW_SCHEMA)
+        except (ValueError, TypeError) as exc:
+            self._odd(path.name, str(exc))
+            return None
+
+    def _dead_row_due(self, since: dict[str, int]) -> bool:
+        """Whether the dead row needs rewriting with no one newly dead: names to age or
+        forget, or spending of periods that are over."""
+        row = self._whole.get(DEAD, (0, None))[1]
+        if row is None:
+            return False
+        now = time.time()
+        if any(gone is None or not isinstance(gone, int | float) or now - gone > FORGET_S
+               for gone in row["folded"].values()):
+            return True
+        return any(slot[2] < since.get(slot[0], slot[2] + 1)
+                   for table in (row["spent"], row["refused"]) for slot in table)
+
     # -- crossings ----------------------------------------------------------------------------
-    def claim(self, name: str, key: str, period: int) -> bool:
-        """Whether this worker is the first to see (budget ``name``, ``key``) crossed in
-        ``period``; if so the crossing is counted (raises OSError where it cannot be)."""
+    def claim(self, name: str, key: str, period: int) -> dict[tuple[str, str], int] | None:
+        """The crossings counted, server-wide, with this one, if this worker is the first to
+        see (budget ``name``, ``key``) crossed in ``period``; None if another was (raises
+        OSError where it cannot be counted)."""
         lock = open_file(self.folder / CROSSED_LOCK, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            last, counts = self._crossings()
+            found = self._read_whole(CROSSED)
+            last, counts = (found["last"], found["counts"]) if found is not None else ({}, {})
             if last.get((name, key), -1) >= period:
-                return False
+                return None
             if (name, key) not in counts and len(counts) >= MAX_CROSSED:
                 key = OTHER
             last[(name, key)] = period
@@ -300,33 +471,9 @@ class ServerSpending:
                 "last": [[n, k, p] for (n, k), p in last.items()],
                 "counts": [[n, k, c] for (n, k), c in counts.items()],
             }))
-            return True
+            return dict(counts)
         finally:
             os.close(lock)
 
-    def crossings(self) -> dict[tuple[str, str], int]:
-        """How many times each (budget, key) was crossed, server-wide, since the server started."""
-        return self._crossings()[1]
 
-    def _crossings(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-        try:
-            fd = open_file(self.folder / CROSSED, os.O_RDONLY)
-        except FileNotFoundError:
-            return {}, {}
-        try:
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        try:
-            raw = json.loads(b"".join(chunks), parse_constant=_no_constant)
-            last = {(str(n), str(k)): int(p) for n, k, p in raw["last"]}
-            counts = {(str(n), str(k)): int(c) for n, k, c in raw["counts"]}
-        except (ValueError, TypeError, KeyError) as exc:
-            self._odd(CROSSED, str(exc))
-            return {}, {}
-        return last, counts
-
-
-__all__ = ["CROSSED", "DEAD", "FORGET_S", "Found", "ServerSpending", "Spent"]
+__all__ = ["CROSSED", "DEAD", "FORGET_S", "Found", "ServerSpending", "Spent", "framed", "unframed"]

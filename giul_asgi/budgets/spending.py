@@ -48,10 +48,13 @@ from .shared import ServerSpending, Spent
 
 log = logging.getLogger("giul_asgi.budgets")
 
-#: How often the budgets' thread looks whether another worker wrote (seconds).
-EVERY_S = 0.025
+#: How often the budgets' thread sums the other workers' rows (seconds; four times as
+#: long once nothing has changed for a second).
+EVERY_S = 0.05
 #: The least time between two rows of this worker (a busy worker writes at most this often).
-MIN_GAP_S = 0.01
+MIN_GAP_S = 0.025
+#: With nothing changed for this long, the thread looks four times less often.
+QUIET_S = 1.0
 #: How often dead workers' rows are folded (seconds).
 FOLD_S = 1.0
 #: First figures kept waiting for their settled figure, at most (the oldest are forgotten).
@@ -118,6 +121,15 @@ def _number(value: float) -> str:
     return header_number(value).decode()
 
 
+def _left(value: float) -> bytes:
+    """What is left, as a header: the wire's number, in whole units from 999,999 on (as
+    the wire writes them too, but cut rather than rounded: never more than is left, and a
+    third of the time it takes)."""
+    if value >= 999999.0:
+        return b"%d" % value
+    return header_number(value) if value > 0 else b"0"
+
+
 class Budgets:
     """The budgets of one middleware: admission, spending, the shared sum, their state.
 
@@ -163,6 +175,8 @@ class Budgets:
         self._crossed_seen: set[tuple[int, str, int]] = set()
         self._crossed: dict[tuple[str, str], int] = {}  # server-wide counts (this worker's alone unshared)
         self._last_fold = 0.0
+        self._last_read = -math.inf
+        self._last_change = 0.0
         self._failed_said = False
 
     # -- the request's path ---------------------------------------------------------------------
@@ -186,8 +200,7 @@ class Budgets:
                 tightest, left_at, share = i, left, left / limit
         if tightest < 0:
             return _NOTHING
-        return tuple(slots), ((REMAINING, header_number(left_at if left_at > 0 else 0.0)),
-                              (NAME, self._names[tightest]))
+        return tuple(slots), ((REMAINING, _left(left_at)), (NAME, self._names[tightest]))
 
     def _refuse(self, i: int, key: str, used: float) -> float:
         """Raise OverBudget, unless the period the dictionary counts has just ended (the
@@ -220,7 +233,8 @@ class Budgets:
                 if len(pending) > MAX_PENDING:
                     del pending[next(iter(pending))]
             self._dirty = True
-        self._wake.set()
+        if not self._wake.is_set():  # once a round, not once a request
+            self._wake.set()
 
     def _add(self, i: int, key: str, period: int, value: float) -> None:
         """Count ``value`` (under the lock)."""
@@ -261,7 +275,7 @@ class Budgets:
                         changed = True
             if changed:
                 self._dirty = True
-        if changed:
+        if changed and not self._wake.is_set():
             self._wake.set()
 
     # -- the budgets' thread ----------------------------------------------------------------
@@ -310,15 +324,18 @@ class Budgets:
         self._final_write()
 
     def _wait(self) -> float:
-        """Until the next look: ``every_s``, or the next period's start if sooner."""
-        now = self._clock()
+        """Until the next sum (``every_s``, four times that when all is quiet), or the next
+        period's start if sooner; a close wakes the thread before (to write its row)."""
+        mono, now = time.monotonic(), self._clock()
+        every = self._every_s if mono - self._last_change < QUIET_S else 4 * self._every_s
         ends = min((c + 1) * p for c, p in zip(self._current, self._period_s, strict=True))
-        return max(0.0, min(self._every_s, ends - now + 0.0005))
+        return max(0.0, min(every - (mono - self._last_read), ends - now + 0.0005))
 
-    def tick(self) -> None:
-        """One round: write this worker's row, sum the others' when they changed, swap the
-        dictionary, count crossings, fold the dead now and then."""
-        now = self._clock()
+    def tick(self, *, read: bool = False) -> None:
+        """One round: write this worker's row if it changed, sum the others' rows every
+        ``every_s`` (or now: ``read``), swap the dictionary, count crossings, fold the dead
+        now and then."""
+        now, mono = self._clock(), time.monotonic()
         current = [int(now // p) for p in self._period_s]
         with self._lock:
             rolled = current != self._current
@@ -329,19 +346,27 @@ class Budgets:
             refused = self._named(self._refused) if own is not None else None
         folder = self.folder
         since = {b.name: current[i] for i, b in enumerate(self.budgets) if b.name is not None}
+        if dirty or rolled:
+            self._last_change = mono
         if folder is not None:
             try:
                 if own is not None and refused is not None:
                     folder.write(own, refused)
-                if rolled or folder.changed():
-                    found = folder.read(since)
-                    self._others = self._indexed(found.spent)
-                    self._others_refused = self._indexed(found.refused)
-                    self.workers = 1 + found.live
-                    self._crossed = folder.crossings()
-                if now - self._last_fold > FOLD_S:
-                    self._last_fold = now
-                    folder.fold(since)
+                every = self._every_s * (4 if mono - self._last_change >= QUIET_S else 1)
+                fold = mono - self._last_fold > FOLD_S
+                if read or rolled or fold or mono - self._last_read >= 0.9 * every:
+                    self._last_read = mono
+                    found = folder.read(since, again=rolled, alive_too=fold)
+                    if found.changed:
+                        self._last_change = mono
+                        self._others = self._indexed(found.spent)
+                        self._others_refused = self._indexed(found.refused)
+                        self.workers = 1 + found.live
+                        self._crossed = found.crossed
+                if fold:
+                    self._last_fold = mono
+                    if folder.fold(since):
+                        self._last_read = -math.inf  # the folder changed: sum it next round
             except OSError as exc:
                 self._unshare(f"cannot write or read the budgets in {folder.folder}: "
                               f"{exc.strerror or exc}")
@@ -392,9 +417,10 @@ class Budgets:
             name = budget.name or ""
             if folder is not None:
                 try:
-                    if not folder.claim(name, key, current[i]):
+                    crossed = folder.claim(name, key, current[i])
+                    if crossed is None:
                         continue
-                    self._crossed = folder.crossings()
+                    self._crossed = crossed
                 except OSError as exc:
                     log.warning("budget %r: cannot count its crossing in %s: %s", name, folder.folder,
                                 exc.strerror or exc)
@@ -411,7 +437,9 @@ class Budgets:
     def _unshare(self, reason: str) -> None:
         """From now on, this worker's budgets are its own: said once, loudly."""
         self.shared_reason = reason
-        self.folder = None
+        folder, self.folder = self.folder, None
+        if folder is not None:
+            folder.close()
         self._others, self._others_refused = {}, {}
         self.workers = 1
         log.warning("budgets are this worker's alone from now on: %s -> free space in the place, or "
@@ -427,6 +455,9 @@ class Budgets:
             own, refused = self._named(self._own), self._named(self._refused)
         with contextlib.suppress(OSError):
             folder.write(own, refused)  # the row stays: a dead worker's spending counts
+        folder.close()
+        self.folder = None
+        self.shared_reason = "stopped (the server shut down)"
 
     def close(self) -> None:
         """Stop the thread; this worker's last counts are written (its row stays, folded
