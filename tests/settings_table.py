@@ -5,7 +5,8 @@ Each setting is documented once, where it is declared: the middleware's paramete
 :class:`Node`, :class:`Tier`, :class:`Route` and :class:`Budget` fields. This module reads those comments
 (as Sphinx's autodoc does) and renders one markdown table per place a setting is given;
 tests/test_settings_table.py keeps README.md's copy, between the ``settings`` markers, in
-step, and ``GIUL_WRITE_DOCS=1`` writes it anew.
+step, and ``GIUL_WRITE_DOCS=1`` writes it anew. A :class:`Budget`'s table (its fields are
+given inside ``budgets=[...]``) is kept the same way in docs/configuration.md, Budgets.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from giul_asgi.config import Node, Route, Tier
 
 START = "<!-- settings: generated from the code's #: comments by tests/settings_table.py -->"
 END = "<!-- /settings -->"
+BUDGET_START = "<!-- settings: Budget, generated from the code's #: comments by tests/settings_table.py -->"
 
 
 def _comments(lines: list[str], lineno: int) -> str:
@@ -100,10 +102,15 @@ def render() -> str:
              *_table("`EnergyMiddleware(app, ...)`", _middleware_rows()), "",
              *_table("`Node(...)`, `[[node]]`", _dataclass_rows(Node)), "",
              *_table("`Tier(...)`, `[[tier]]`", _dataclass_rows(Tier)), "",
-             *_table("`Route(...)`, `[[route]]`", _dataclass_rows(Route)), "",
-             *_table("`Budget(...)`", _dataclass_rows(Budget)),
+             *_table("`Route(...)`, `[[route]]`", _dataclass_rows(Route)),
              END]
     return "\n".join(lines)
+
+
+def render_budget() -> str:
+    """docs/configuration.md's table of a Budget's fields (given inside ``budgets=[...]``:
+    the README's table points there), between its own markers."""
+    return "\n".join([BUDGET_START, *_table("`Budget(...)`", _dataclass_rows(Budget)), END])
 
 
 def missing_docs() -> list[str]:

@@ -122,7 +122,8 @@ class EnergyMiddleware:
         endpoint_guard: Guard | None = None,
         #: Who a request is for: a header name (hashed, never kept) or ``scope -> str | None``.
         tenant: TenantSetting = None,
-        #: Energy budgets per tenant, route or tier and period (``Budget(...)``, below): soft or hard.
+        #: Energy budgets per tenant, route or tier and period, soft or hard (``Budget(...)``:
+        #: its fields in docs/configuration.md, Budgets).
         budgets: Iterable[Budget] = (),
         **settings: Any,
     ) -> None:
