@@ -7,8 +7,9 @@
     ledger live on the busy simulated card, a tenant resolved on every request), without a
     budget and with one (soft, hard never reached, three at once): interleaved repeats, the
     added microseconds over the variant without one (same repeat), medians.
-(c) The budgets' thread while requests run back to back: its CPU per request and per second
-    (it writes this worker's row and sums the others' in the server's folder, here alone).
+(c) The budgets' thread while requests run back to back, in a fresh process: its CPU per
+    request and per second (it writes this worker's row and sums the others' in the
+    server's folder, here alone).
 
     python benchmarks/budgets.py            # all three
     python benchmarks/budgets.py --quick    # fewer repeats, for a smoke run
@@ -148,6 +149,18 @@ async def thread_cost(seconds: float) -> tuple[int, float, float]:
     return count, spent.cpu_s / count * 1e6, spent.cpu_s / took * 1e3
 
 
+def _fresh_thread_cost(seconds: float) -> tuple[int, float, float]:
+    """:func:`thread_cost` in a fresh process (this one holds (b)'s middlewares, whose
+    budgets' threads would be counted too)."""
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, __file__, "--thread-only", str(seconds)], check=True,
+                         capture_output=True, text=True).stdout
+    count, per_request, per_second = json.loads(out.strip().splitlines()[-1])
+    return int(count), float(per_request), float(per_second)
+
+
 def _load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min)"
@@ -156,7 +169,14 @@ def _load() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--thread-only", type=float, default=None, metavar="SECONDS",
+                        help="only (c), as JSON (how (c) runs in a fresh process)")
     args = parser.parse_args()
+    if args.thread_only is not None:
+        import json
+
+        print(json.dumps(asyncio.run(thread_cost(args.thread_only))))
+        return
     repeats, n, seconds = (3, 300, 1.0) if args.quick else (21, 500, 5.0)
     start_load = _load()
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -180,7 +200,7 @@ def main() -> None:
             print(f"| {name} | ({own_wall:.1f}) | ({own_cpu:.1f}) |")
         else:
             print(f"| {name} | {wall_added[name]:.2f} | {cpu_added[name]:.2f} |")
-    count, per_request, per_second = asyncio.run(thread_cost(seconds))
+    count, per_request, per_second = _fresh_thread_cost(seconds)
     print(f"\n## (c) the budgets' thread, {count} requests back to back over {seconds:g} s\n")
     print("| CPU us per request | CPU ms per second |\n|---:|---:|")
     print(f"| {per_request:.2f} | {per_second:.1f} |")

@@ -244,7 +244,7 @@ class ServerSpending:
             _add(refused, dead_row["refused"], since)
         crossed_row = self._whole.get(CROSSED, (0, None))[1]
         crossed = crossed_row["counts"] if crossed_row is not None else {}
-        self._found = Found(spent, refused, live, True, dict(crossed))
+        self._found = Found(spent, refused, live, changed, dict(crossed))
         return self._found
 
     def _scan(self) -> bool:
