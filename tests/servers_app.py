@@ -42,4 +42,4 @@ async def work(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 app = EnergyMiddleware(work, nodes=[Node(os.environ.get("SERVERS_NODE", "gpu"), reader="simulated")],
-                       exclude=["/who"])
+                       exclude=["/who"], metrics_path="/metrics")

@@ -7,6 +7,7 @@ one restarted, are different servers; and each one's ``/energy`` counts its own 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from giul_asgi.hostshare.server import identify, listening_sockets, server_identity
 
@@ -210,3 +212,102 @@ def test_a_worker_killed_under_load_loses_no_answered_request(tmp_path: Path) ->
         seen = totals_once_still(base, answered)
     assert answered > 100
     assert all(answered <= n <= answered + failed + 6 for n in seen), (answered, failed, seen)
+
+
+def scraped_requests(base: str) -> float:
+    """``giul_requests_total`` summed over its series, from ``/metrics``."""
+    with httpx.Client(base_url=base, timeout=30) as client:
+        text = client.get("/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "giul_requests_total")
+
+
+def stats_files(place: Path) -> list[str]:
+    """Every file under the place's ``stats/``, whatever the layout."""
+    root = place / "stats"
+    return [str(f.relative_to(root)) for f in root.rglob("*") if not f.is_dir()]
+
+
+def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    place = tmp_path / "place"
+    log = tmp_path / "server.log"
+    cmd = command("gunicorn", port, 2, "--max-requests", "30")
+    with server(cmd, environment(place), log) as proc:
+        wait_up(base, proc, log, workers=2)
+        stop, lock = threading.Event(), threading.Lock()
+        counts = {"answered": 0, "failed": 0}
+        threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        polls: list[int] = []
+        scrapes: list[float] = []
+        most_files = 0
+        try:
+            deadline = time.monotonic() + 25
+            while counts["answered"] < 300 and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):  # a worker recycled under it
+                    polls.append(get(base, "/energy", window="all")["totals"]["requests"])
+                    scrapes.append(scraped_requests(base))
+                most_files = max(most_files, len(stats_files(place)))
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        answered = counts["answered"]
+        final = totals_once_still(base, answered)
+        time.sleep(2.5)  # the last recycled workers are folded
+        settled_files = stats_files(place)
+    assert answered >= 120, counts  # four lifetimes of a worker at least
+    assert polls == sorted(polls), polls
+    assert scrapes == sorted(scrapes), scrapes
+    assert all(n >= answered for n in final), (answered, final)
+    # two files a live worker (row, tail), the dead row, server.json, tenants, the lock;
+    # and for a moment the workers that died since the last fold
+    assert most_files <= 2 * 2 + 4 + 2 * 4, most_files
+    assert len(settled_files) <= 2 * 2 + 4, settled_files
+
+
+def test_two_orphaned_single_process_servers_count_their_own(tmp_path: Path) -> None:
+    """Started in the background by a shell that exits (as supervisord, an entrypoint or
+    systemd leave them: their parent is PID 1 or a subreaper, the same for both)."""
+    env = environment(tmp_path / "place")
+    ports = free_port(), free_port()
+    bases = [f"http://127.0.0.1:{p}" for p in ports]
+    log = tmp_path / "server.log"
+    pids = []
+    for port in ports:
+        line = " ".join(command("uvicorn", port))
+        done = subprocess.run(["sh", "-c", f"{line} >>{log} 2>&1 & echo $!"], env=env, cwd=TESTS,
+                              capture_output=True, text=True, check=True, timeout=30)
+        pids.append(int(done.stdout.strip()))
+    try:
+        parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                   for pid in pids}
+        assert len(parents) == 1 and os.getpid() not in parents, parents  # one parent, not us
+        keys = []
+        for base in bases:
+            deadline = time.monotonic() + 40
+            while True:
+                try:
+                    keys.append(get(base, "/who")["key"])
+                    break
+                except httpx.HTTPError:
+                    assert time.monotonic() < deadline, log.read_text()[-3000:]
+                    time.sleep(0.2)
+        for _ in range(5):
+            get(bases[0], "/work")
+        get(bases[1], "/work")
+        counted = [settled(base, n)["totals"]["requests"] for base, n in zip(bases, (5, 1), strict=True)]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(1.0)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert keys[0] != keys[1]
+    assert counted == [5, 1], counted

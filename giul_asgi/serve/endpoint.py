@@ -140,6 +140,9 @@ class EnergyEndpoint:
         self._observe(totals)
         data: dict[str, Any] = self.stats.snapshot(window, route=route, node=node, tenant=tenant)
         data.setdefault("workers", 1)
+        data.setdefault("shared", False)
+        data.setdefault("shared_reason", "statistics of this process (an EnergyStats given as stats=)")
+        data.setdefault("server", None)
         view = self.stats.view() if hasattr(self.stats, "view") else self.stats
         rates = view.node_rates() if hasattr(view, "node_rates") else {}
         nodes = data["nodes"]

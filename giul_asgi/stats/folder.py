@@ -10,11 +10,13 @@ holds, and never anything else:
   (each kept :data:`FORGET_S` after its files went, so a reader that listed them meanwhile
   never counts them twice);
 - ``server.json``: which server this is and the process that keeps it (its master);
+- ``tenants.txt``: the tenants that keep their own label in the merged statistics, the
+  first ``2 x max_tenants`` admitted by any worker (:meth:`ServerFolder.admit`);
 - ``.fold.lock``: whoever folds holds it (``flock``); the others go on.
 
 A dead worker (gunicorn's ``--max-requests``, a kill) is folded by the next live worker to
 look, within its ``flush_s``, and its two files removed. So the folder holds at most
-``2 x live workers + 3`` files, and for a moment the workers that died since the last look:
+``2 x live workers + 4`` files, and for a moment the workers that died since the last look:
 its bytes are the live workers' tails (``2 x tail.AREA`` each) and the rows (each bounded
 as :meth:`EnergyStats.bound` says, whatever the number of requests or of dead workers).
 
@@ -43,6 +45,7 @@ from typing import Any
 from ..hostshare.place import make_dir, open_file
 from ..hostshare.rows import Row, Rows, alive, parse, replace
 from ..hostshare.server import ServerId
+from .labels import NONE, OTHER
 from .tail import AREA, SUFFIX, Changed, Generation, Tail, TailReader
 
 log = logging.getLogger("giul_asgi.stats")
@@ -50,9 +53,12 @@ log = logging.getLogger("giul_asgi.stats")
 DEAD = "dead.json"
 SERVER = "server.json"
 LOCK = ".fold.lock"
+TENANTS = "tenants.txt"
 DEAD_SCHEMA = "giul-asgi/stats-dead/1"
 _said: set[tuple[str, str]] = set()  # (folder, file) said skipped, once a process
 _said_lock = threading.Lock()
+#: A server folder this young is never removed (its first files may not be there yet).
+YOUNG_S = 60.0
 #: How long a folded name is remembered after its files are removed (seconds).
 FORGET_S = 60.0
 
@@ -112,6 +118,7 @@ class ServerFolder:
         self._rows: dict[str, tuple[tuple[int, int, int], Any]] = {}
         self._tails: dict[str, TailReader] = {}
         self._dead: tuple[tuple[int, int, int], Any] | None = None
+        self._lock = threading.Lock()  # the caches: /energy, /metrics and the writer look at once
 
     # -- saying once what is skipped -----------------------------------------------------------
     def odd(self, name: str, why: str) -> None:
@@ -149,7 +156,12 @@ class ServerFolder:
 
     def find(self) -> Found:
         """The other workers' rows and tails, and the dead row (read last: a worker it
-        folded meanwhile is counted there, never twice, never not at all)."""
+        folded meanwhile is counted there, never twice, never not at all). Copies: any
+        thread may read them while another looks again."""
+        with self._lock:
+            return self._find()
+
+    def _find(self) -> Found:
         others: list[Other] = []
         seen: set[str] = set()
         me = os.getpid()
@@ -197,7 +209,7 @@ class ServerFolder:
             for g in gens:
                 if g.bad:
                     self.odd(row.name[: -len(".json")] + SUFFIX, f"{g.bad} entries that make no sense")
-            return Other(row.name, data, gens, row.alive())
+            return Other(row.name, data, [g.snapshot() for g in gens], row.alive())
         return None
 
     def _dead_row(self) -> dict[str, Any] | None:
@@ -226,16 +238,54 @@ class ServerFolder:
             return None
         return dict(data)
 
+    # -- the tenants that keep a label ---------------------------------------------------------
+    def admit(self, names: set[str], most: int) -> set[str]:
+        """Of ``names``, the tenants that keep their own label in this server's merged
+        statistics: the first ``most`` ever admitted by any worker (``tenants.txt``, lines
+        appended, never removed), so every worker's answer labels them alike, now and later,
+        and a tenant's counters never move to ``<other>`` and back."""
+        path = self.folder / TENANTS
+        register = self._register(path)
+        admitted = set(register[:most])
+        listed = set(register)
+        new = sorted(n for n in names if n not in listed and "\n" not in n and n not in (NONE, OTHER))
+        if new and len(register) < most:
+            try:
+                fd = open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                try:
+                    os.write(fd, "".join(f"{n}\n" for n in new[: most - len(register)]).encode())
+                finally:
+                    os.close(fd)
+            except OSError:
+                return admitted & names  # full, or not ours: the new ones count under <other>
+            admitted = set(self._register(path)[:most])  # the order appends landed in decides
+        return admitted & names
+
+    def _register(self, path: Path) -> list[str]:
+        try:
+            fd = open_file(path, os.O_RDONLY)
+        except OSError:
+            return []
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        text = b"".join(chunks).decode("utf-8", "replace")
+        return [line for line in text.split("\n")[:-1] if line]  # a line being written is not one yet
+
     # -- folding the dead ---------------------------------------------------------------------
     def fold(self, merge: Callable[[dict[str, Any] | None, list[Other]], dict[str, Any]]) -> int:
         """Fold the dead workers into the dead row (``merge(dead row, dead workers)`` makes
         the new one) and remove their files; returns how many. Skipped while another worker
         folds."""
-        found = self.find()
-        dead = [o for o in found.others if not o.alive]
-        folded = found.dead.get("folded", {}) if found.dead is not None else {}
-        stale = [n for n in folded if self._gone(n)]
-        if not dead and not stale:
+        me = os.getpid()
+        with self._lock:  # a look by name first: the live workers' rows are not read here
+            gone = [r for r in self.rows.others() if r.pid != me and not r.alive()]
+            last = self._dead_row()
+        folded = last.get("folded", {}) if last is not None else {}
+        if not [r for r in gone if r.name not in folded] and not [n for n in folded if self._gone(n)]:
             return 0
         try:
             lock = open_file(self.folder / LOCK, os.O_RDWR | os.O_CREAT)
@@ -246,7 +296,7 @@ class ServerFolder:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return 0  # another worker folds now
-            found = self.find()  # again, under the lock: what the last folder left
+            found = self.find()  # under the lock: what the last folder left
             dead = [o for o in found.others if not o.alive]
             now = time.time()
             folded = dict(found.dead.get("folded", {})) if found.dead is not None else {}
@@ -314,6 +364,8 @@ def remove_dead_servers(root: Path, ours: str) -> int:
             continue
         if entry.name == ours or not entry.is_dir(follow_symlinks=False):
             continue
+        if time.time() - info.st_mtime < YOUNG_S:
+            continue  # a server starting now: its files are being made
         if _server_dead(Path(entry.path)):
             removed += _remove_folder(Path(entry.path))
     return removed
@@ -352,5 +404,5 @@ def _remove_folder(folder: Path) -> int:
     return 1
 
 
-__all__ = ["DEAD", "DEAD_SCHEMA", "FORGET_S", "LOCK", "SERVER", "Found", "Other", "ServerFolder",
+__all__ = ["DEAD", "DEAD_SCHEMA", "FORGET_S", "LOCK", "SERVER", "TENANTS", "Found", "Other", "ServerFolder",
            "dump", "load", "remove_dead_servers"]

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -106,12 +108,14 @@ class HostStats:
         self.shared_reason: str | None = None
         self.folder: ServerFolder | None = None
         self._pending: dict[str, list[Any]] = {}  # answered, not settled yet: id -> labels
+        self._encoded: dict[tuple[Any, ...], bytes] = {}  # labels -> their JSON, made once
         self._tail_lock = threading.Lock()
         self._written = -1
         self._stop = threading.Event()
         self._due = threading.Event()  # the tail is filling: a row now
         self._flush_lock = threading.Lock()
         self._live = 0
+        self._overflow_said = False
         self.write_errors = 0
         place = resolve(directory)
         log_unshared(place)
@@ -170,16 +174,23 @@ class HostStats:
         if folder is None or not isinstance(id, str):
             return
         try:
-            labels = [time.time(), route, node, tier, outcome, status, tenant]
+            t = time.time()
+            six = (route, node, tier, outcome, status, tenant)
+            part = self._encoded.get(six)
+            if part is None:
+                part = self._encode(six)
+            data = b'["a",%b,%b,%b]' % (_id_json(id), repr(t).encode(), part)
             with self._tail_lock:
                 pending = self._pending
-                pending[id] = labels
+                pending[id] = [t, *six]
                 if len(pending) > MAX_PENDING:
                     del pending[next(iter(pending))]
-                folder.tail.append(["a", id, *labels])
+                kept = folder.tail.append_json(data)
                 full = folder.tail.fill() > 0.5
             if full:
                 self._due.set()
+            if not kept:
+                self._overflowed()
         except Exception:
             log.debug("an answer could not be written in place", exc_info=True)
 
@@ -189,17 +200,43 @@ class HostStats:
         if folder is None:
             return
         tail = folder.tail
+        encoded = self._encoded
+        entries = []
+        for key, s in counted:
+            e = s.energy
+            part = encoded.get(key)
+            if part is None:
+                part = self._encode(key)
+            entries.append((e.id, b'["s",%b,%d,%b,%b,%b,%b,%b,%b]' % (
+                _id_json(e.id), step, part, _number(e.joules), _number(e.tokens), _number(e.seconds),
+                _number(e.contended), _number(e.carbon_grams))))
+        kept = True
         with self._tail_lock:
             pending = self._pending
-            for key, s in counted:
-                e = s.energy
-                if e.id is not None:
-                    pending.pop(e.id, None)
-                tail.append(["s", e.id, step, *key, _finite(e.joules), e.tokens,
-                             _finite(e.seconds), e.contended, _finite(e.carbon_grams)])
+            for id, data in entries:
+                if id is not None:
+                    pending.pop(id, None)
+                kept = tail.append_json(data) and kept
             full = tail.fill() > 0.5
         if full:
             self._due.set()
+        if not kept:
+            self._overflowed()
+
+    def _overflowed(self) -> None:
+        if self._overflow_said:
+            return
+        self._overflow_said = True
+        log.warning("this worker's tail is full (the row writer cannot keep up): requests answered "
+                    "until its next row would be lost if it were killed now; they still count")
+
+    def _encode(self, labels: tuple[Any, ...]) -> bytes:
+        """Labels as the inside of a JSON list, kept (a bounded number) for the next entry."""
+        encoded = self._encoded
+        if len(encoded) >= 4096:
+            encoded.clear()
+        part = encoded[labels] = json.dumps(list(labels), separators=(",", ":"))[1:-1].encode()
+        return part
 
     def _cut(self) -> dict[str, Any]:
         """Under the statistics' lock, as the row's state is taken: the tail's next
@@ -279,8 +316,11 @@ class HostStats:
     def close(self) -> None:
         """Stop the writer and write the final row (the worker's counts stay on disk, to be
         folded once it is gone)."""
+        if self._stop.is_set():
+            return  # closed already (by its owner, then at exit)
         self._stop.set()
         self._due.set()
+        atexit.unregister(self.close)
         self.flush()
 
     # -- reading --------------------------------------------------------------------------
@@ -311,15 +351,50 @@ class HostStats:
             merged.merge_cells(_unsettled(cut.get("pending"), other.gens, merged.step_s))
         return True
 
+    def _merge_dead(self, merged: EnergyStats, dead: dict[str, Any] | None,
+                    samples: list[dict[str, list[Sample]]]) -> None:
+        if dead is None or dead.get("state") is None:
+            return
+        try:
+            nodes = _parse_samples(dead.get("nodes", {}))
+            merged.merge_state(dead["state"])
+            samples.append(nodes)
+        except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError,
+                OverflowError) as exc:
+            if self.folder is not None:
+                self.folder.odd("dead.json", f"{type(exc).__name__}: {exc}")
+
+    def _merged(self, dead: dict[str, Any] | None, others: list[Other],
+                own: dict[str, Any] | None) -> tuple[EnergyStats, list[dict[str, list[Sample]]], int]:
+        """``dead`` (the dead row), ``others`` and ``own`` (this worker's state) merged, in an
+        order every worker takes alike (the dead row, then the rows by name), the tenants
+        labelled as the server's register says; and the node samples, and the live others."""
+        merged = self.stats.empty_like()
+        folder = self.folder
+        if folder is not None:
+            names = _tenants(dead.get("state") if dead is not None else None)
+            for other in others:
+                names |= _tenants(other.row.get("state"))
+                names |= {k[6] for g in other.gens for (k, _) in g.cells}
+            names |= _tenants(own)
+            merged.labels.allowed_tenants = folder.admit(names, self.stats.tenants.max_labels)
+        samples: list[dict[str, list[Sample]]] = []
+        self._merge_dead(merged, dead, samples)
+        mine = folder.rows.name if folder is not None else ""
+        live = 0
+        for other in sorted(others, key=lambda o: o.name):
+            if own is not None and mine < other.name:
+                merged.merge_state(own)
+                own = None
+            if self._merge_other(merged, other, samples) and other.alive:
+                live += 1
+        if own is not None:
+            merged.merge_state(own)
+        return merged, samples, live
+
     def _fold(self, dead: dict[str, Any] | None, others: list[Other]) -> dict[str, Any]:
         """The new dead row: the last one and ``others`` (dead workers) merged."""
-        merged = self.stats.empty_like()
-        samples: list[dict[str, list[Sample]]] = []
-        if dead is not None and dead.get("state") is not None:
-            merged.merge_state(dead["state"])
-            samples.append(_parse_samples(dead.get("nodes", {})))
-        for other in others:
-            self._merge_other(merged, other, samples)
+        merged, samples, _ = self._merged(dead, others, None)
         nodes = _merge_samples(samples, merged.step_s)
         return {"state": merged.state(),
                 "nodes": {name: [list(s) for s in items] for name, items in nodes.items()}}
@@ -329,22 +404,9 @@ class HostStats:
         folder = self.folder
         if folder is None:
             return self.stats
-        merged = self.stats.empty_like()
-        merged.merge_state(self.stats.state())
-        samples: list[dict[str, list[Sample]]] = [_samples(self.stats)]
         found = folder.find()
-        live = 0
-        for other in found.others:
-            if self._merge_other(merged, other, samples) and other.alive:
-                live += 1
-        if found.dead is not None and found.dead.get("state") is not None:
-            try:
-                merged.merge_state(found.dead["state"])
-                samples.append(_parse_samples(found.dead.get("nodes", {})))
-            except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError,
-                    OverflowError) as exc:
-                folder.odd("dead.json", f"{type(exc).__name__}: {exc}")
-        self._live = live
+        merged, samples, self._live = self._merged(found.dead, found.others, self.stats.state())
+        samples.append(_samples(self.stats))
         merged_samples = _merge_samples(samples, self.stats.step_s)
         with merged._lock:
             merged._nodes.samples = merged_samples
@@ -359,9 +421,37 @@ class HostStats:
         return out
 
 
-def _finite(value: Any) -> Any:
-    """A figure as JSON may carry it (NaN and infinities as null)."""
-    return value if not isinstance(value, float) or math.isfinite(value) else None
+def _tenants(state: Any) -> set[str]:
+    """The tenant labels in a state (its keys' last name), where it has any."""
+    try:
+        return {str(row[6]) for row in state["keys"]}
+    except (TypeError, KeyError, IndexError):
+        return set()
+
+
+_SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,80}")
+
+
+def _id_json(id: str | None) -> bytes:
+    """A request id as a JSON string (ids are plain: written as they are), or null."""
+    if id is None:
+        return b"null"
+    if _SAFE_ID.fullmatch(id):
+        return b'"%b"' % id.encode()
+    return json.dumps(id).encode()
+
+
+def _number(value: Any) -> bytes:
+    """A figure as JSON may carry it: NaN, infinities and anything not a number as null."""
+    if value is None:
+        return b"null"
+    if value is True or value is False:
+        return b"true" if value else b"false"
+    if type(value) is int:
+        return b"%d" % value
+    if type(value) is float:
+        return repr(value).encode() if math.isfinite(value) else b"null"
+    return b"null"
 
 
 def _unsettled(pending: Any, gens: list[Generation], step_s: float) -> list[tuple[Key, int, Cell]]:

@@ -75,7 +75,10 @@ class Tail:
 
     def append(self, entry: list[Any]) -> bool:
         """Write one entry in the current area; False when it is full (see :attr:`overflow`)."""
-        data = json.dumps(entry, separators=(",", ":")).encode()
+        return self.append_json(json.dumps(entry, separators=(",", ":")).encode())
+
+    def append_json(self, data: bytes) -> bool:
+        """Write one entry already made (a JSON list) in the current area."""
         index = self.gen % 2
         start = index * self.area + _HEAD.size + self._used
         end = start + _LEN.size + len(data)
@@ -137,6 +140,11 @@ class Generation:
     answered: dict[str, list[Any]] = field(default_factory=dict)
     #: entries that made no sense (skipped)
     bad: int = 0
+
+    def snapshot(self) -> Generation:
+        """A copy that later reads leave as it is (another thread may merge it)."""
+        return Generation(self.offset, {k: c.copy() for k, c in self.cells.items()},
+                          set(self.settled), dict(self.answered), self.bad)
 
 
 class TailReader:
