@@ -375,6 +375,20 @@ def row(*spent: list[Any], refused: list[list[Any]] | None = None) -> bytes:
     return framed(json.dumps({"schema": ROW_SCHEMA, "spent": list(spent), "refused": refused or []}).encode())
 
 
+def test_where_nothing_can_be_shared_the_budgets_are_the_workers_own_and_say_why(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    budgets = Budgets([Budget(joules=10.0, hard=True)], directory=str(tmp_path / "a-file"))
+    budgets.setup()
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(20.0, "measured", id="x"))
+    budgets.tick()
+    with pytest.raises(OverBudget):  # its own spending, at once
+        budgets.admit("t", "/", None)
+    state = budgets.snapshot()
+    assert state["shared"] is False and "not a directory" in state["shared_reason"]
+    assert state["workers"] == 1
+
+
 def _wait(found: Any, timeout: float = 10.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:

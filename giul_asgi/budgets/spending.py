@@ -9,14 +9,14 @@ happens elsewhere:
   this worker's next admission sees it at once (a lock held for a few additions: no I/O);
 - **when the figure settles**, on the node's reader thread (:mod:`giul_asgi.listeners`),
   the difference between the settled and the first figure is added the same way;
-- **on the budgets' thread**, about every :data:`EVERY_S` (and soon after a close), this
-  worker's counts are written as its row in the server's folder (:mod:`.shared`) and, when
-  the folder changed, every other worker's rows (live and dead) are summed; the dictionary
-  is then rebuilt as their sum plus this worker's counts and swapped in whole. The thread
+- **on the budgets' thread**, this worker's counts are written as its row in the server's
+  folder (:mod:`.shared`) soon after a close (at most every :data:`MIN_GAP_S`), and every
+  :data:`EVERY_S` every other worker's rows (live and dead) are summed; the dictionary is
+  then rebuilt as their sum plus this worker's counts and swapped in whole. The thread
   wakes at each period's end, so a new period's dictionary is in place within milliseconds.
 
-So a worker sees its own spending at once and the others' within about ``EVERY_S`` plus the
-time to write a row (tens of milliseconds): a hard budget admits what was left, plus the
+So a worker sees its own spending at once and the others' within about ``MIN_GAP_S +
+EVERY_S`` (tens of milliseconds): a hard budget admits what was left, plus the
 requests in flight when it was crossed (each is admitted while under budget) and those the
 other workers admitted within that lag. A figure that is unknown, or <= 0 (a failed
 measurement, never a free request), spends nothing: a reader that fails never refuses anyone.
@@ -379,7 +379,8 @@ class Budgets:
                     spent[(i, key)] = spent.get((i, key), 0.0) + value
             self.spent = spent
             self._current = current
-        self._crossings(spent, current)
+            totals = list(spent.items())  # the loop adds to ``spent`` from now on
+        self._crossings(totals, current)
 
     def _prune(self, current: list[int]) -> None:
         """Forget this worker's counts of periods that are over (under the lock)."""
@@ -404,10 +405,10 @@ class Budgets:
                 out[(i, key)] = out.get((i, key), 0.0) + value
         return out
 
-    def _crossings(self, spent: dict[tuple[int, str], float], current: list[int]) -> None:
+    def _crossings(self, totals: list[tuple[tuple[int, str], float]], current: list[int]) -> None:
         """Log and count each (budget, key) that reached its limit this period, once
         server-wide: whichever worker claims it first."""
-        for (i, key), value in spent.items():
+        for (i, key), value in totals:
             budget = self.budgets[i]
             slot = (i, key, current[i])
             if value < budget.limit or slot in self._crossed_seen:
@@ -477,8 +478,8 @@ class Budgets:
         """Each budget's state this period: limit, spent, remaining per key (the
         ``max_keys`` that spent most), when the period ends."""
         now = self._clock()
-        spent = self.spent
-        with self._lock:
+        with self._lock:  # the loop adds to the dictionary: a copy, not a view
+            spent = dict(self.spent)
             refused = dict(self._others_refused)
             for (i, key, period), n in self._refused.items():
                 if period == self._current[i]:
