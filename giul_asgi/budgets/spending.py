@@ -111,8 +111,9 @@ class OverBudget(Exception):
                (b"retry-after", b"%d" % self.retry_after), (REMAINING, b"0"),
                (NAME, header_value(self.budget.name))]
         if self.retry_after > 60:
-            # OpenAI's clients retry a 429 at once unless told not to (they wait out a
-            # Retry-After of a minute at most): retrying before the period ends is refused.
+            # OpenAI's clients retry a 429 after a short backoff unless told not to (older
+            # ones wait out a Retry-After of a minute at most, then back off by seconds):
+            # retrying before the period ends is refused again.
             out.append((b"x-should-retry", b"false"))
         return out
 
