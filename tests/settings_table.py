@@ -2,10 +2,11 @@
 
 Each setting is documented once, where it is declared: the middleware's parameters in
 ``EnergyMiddleware.__init__``'s signature, its settings as :class:`Options` fields, and
-:class:`Node`, :class:`Tier` and :class:`Route` fields. This module reads those comments
+:class:`Node`, :class:`Tier`, :class:`Route` and :class:`Budget` fields. This module reads those comments
 (as Sphinx's autodoc does) and renders one markdown table per place a setting is given;
 tests/test_settings_table.py keeps README.md's copy, between the ``settings`` markers, in
-step, and ``GIUL_WRITE_DOCS=1`` writes it anew.
+step, and ``GIUL_WRITE_DOCS=1`` writes it anew. A :class:`Budget`'s table (its fields are
+given inside ``budgets=[...]``) is kept the same way in docs/configuration.md, Budgets.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Any
 
 from giul_asgi.asgi.middleware import EnergyMiddleware
 from giul_asgi.asgi.options import Options
+from giul_asgi.budgets import Budget
 from giul_asgi.config import Node, Route, Tier
 
 START = "<!-- settings: generated from the code's #: comments by tests/settings_table.py -->"
 END = "<!-- /settings -->"
+BUDGET_START = "<!-- settings: Budget, generated from the code's #: comments by tests/settings_table.py -->"
 
 
 def _comments(lines: list[str], lineno: int) -> str:
@@ -104,8 +107,14 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def render_budget() -> str:
+    """docs/configuration.md's table of a Budget's fields (given inside ``budgets=[...]``:
+    the README's table points there), between its own markers."""
+    return "\n".join([BUDGET_START, *_table("`Budget(...)`", _dataclass_rows(Budget)), END])
+
+
 def missing_docs() -> list[str]:
     """Settings declared without a ``#:`` comment."""
     rows = [("EnergyMiddleware", r) for r in _middleware_rows()]
-    rows += [(cls.__name__, r) for cls in (Node, Tier, Route) for r in _dataclass_rows(cls)]
+    rows += [(cls.__name__, r) for cls in (Node, Tier, Route, Budget) for r in _dataclass_rows(cls)]
     return [f"{owner}.{name}" for owner, (name, _, doc) in rows if not doc]

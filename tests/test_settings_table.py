@@ -32,6 +32,19 @@ def test_the_readme_holds_the_generated_table() -> None:
     assert current == table, "README.md's settings table is out of step: GIUL_WRITE_DOCS=1 rewrites it"
 
 
+def test_the_configuration_page_holds_the_budget_table() -> None:
+    page = README.parent / "docs" / "configuration.md"
+    text = page.read_text()
+    start, end = text.find(settings_table.BUDGET_START), text.find(settings_table.END)
+    assert start >= 0 and end > start, f"{page} lacks the markers {settings_table.BUDGET_START!r}"
+    table = settings_table.render_budget()
+    current = text[start:end + len(settings_table.END)]
+    if current != table and os.environ.get("GIUL_WRITE_DOCS") == "1":
+        page.write_text(text[:start] + table + text[end + len(settings_table.END):])
+        current = table
+    assert current == table, "configuration.md's Budget table is out of step: GIUL_WRITE_DOCS=1 rewrites it"
+
+
 def test_a_setting_without_a_comment_is_found() -> None:
     import dataclasses
 

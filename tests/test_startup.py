@@ -71,12 +71,13 @@ CASES = {
     "undeclared": ("routes=[Route('/v1/*', node='gpu2')]", ["node 'gpu2'", "nodes=[...]"]),
     "prometheus": ("metrics_path='/metrics'", ["prometheus-client", "giul-asgi[prometheus]"]),
     "token": ("token='x' * 32", ["token=", "endpoint_token="]),
+    "budget": ("budgets=[Budget(joules=5e6, hard=True)]", ["counts per tenant", "tenant='x-api-key'"]),
 }
 
 
 def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
     """``app.py`` in ``tmp_path``: the framework's app with the middleware added ``way``."""
-    text = HEAD[framework] + "from giul_asgi import EnergyMiddleware, Node, Route\n"
+    text = HEAD[framework] + "from giul_asgi import Budget, EnergyMiddleware, Node, Route\n"
     if way == "add_middleware":
         text += f"app.add_middleware(EnergyMiddleware, {NODE}, {setting})\n"
     else:
@@ -127,6 +128,7 @@ def assert_one_line(out: str, words: list[str]) -> None:
     ("undeclared", "fastapi", "wrapped"),
     ("prometheus", "fastapi", "add_middleware"),
     ("token", "starlette", "wrapped"),
+    ("budget", "fastapi", "add_middleware"),
 ])
 def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
     tmp_path: Path, case: str, framework: str, way: str,

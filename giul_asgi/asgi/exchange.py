@@ -47,8 +47,8 @@ class Exchange:
     """One request: the app's messages in, the responder chosen from its start, the figure."""
 
     __slots__ = (
-        "_block", "_closed", "choose", "disconnected", "downstream", "energy", "keep", "lane", "meter",
-        "responder", "root_path", "route_app", "scope", "server_receive", "settle_timeout", "status",
+        "_block", "_closed", "also", "choose", "disconnected", "downstream", "energy", "keep", "lane",
+        "meter", "responder", "root_path", "route_app", "scope", "server_receive", "settle_timeout", "status",
     )
 
     def __init__(
@@ -75,6 +75,8 @@ class Exchange:
         self.keep = keep
         self._block: bytes | None = None
         self._closed = False
+        #: Headers the answer's start carries beside the figure's (its budget's remaining).
+        self.also: tuple[tuple[bytes, bytes], ...] = ()
 
     # -- the app's side ----------------------------------------------------------------------
     async def receive(self) -> Message:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio.to_thread
 
 from .. import logs
+from ..budgets import Budget, Budgets, OverBudget, check_budgets
 from ..config import Node, Route, Tier
 from ..context import meter_var
 from ..errors import ConfigError, GiulError
@@ -126,6 +127,9 @@ class EnergyMiddleware:
         endpoint_guard: Guard | None = None,
         #: Who a request is for: a header name (hashed, never kept) or ``scope -> str | None``.
         tenant: TenantSetting = None,
+        #: Energy budgets per tenant, route or tier and period, soft or hard (``Budget(...)``:
+        #: its fields in docs/configuration.md, Budgets).
+        budgets: Iterable[Budget] = (),
         **settings: Any,
     ) -> None:
         self.app = app
@@ -188,6 +192,16 @@ class EnergyMiddleware:
         self.otel = otel
         #: Where settled figures go, in batches, from the reader thread.
         self.listeners = Listeners([stats, self.records, *sink_list])
+        #: What each key spent this period, server-wide (None: no budgets, nothing done).
+        self.budgets: Budgets | None = None
+        budget_list = check_budgets(
+            budgets, tenants=self._tenant is not None, tiers=self.router.tiers,
+            routes=self.router.labels(),
+            carbon=any(n.carbon is not None or n.carbon_g_per_kwh is not None for n in node_list),
+        )
+        if budget_list:
+            self.budgets = Budgets(budget_list, directory=node_list[0].workers_dir)
+            self.listeners = Listeners([*self.listeners, self.budgets])
         self.endpoint = self._endpoint(endpoint_token, endpoint_guard)
         self._choose = functools.partial(
             choose, options=options, formats=Formats(FORMATS[options.energy_format]))
@@ -217,7 +231,7 @@ class EnergyMiddleware:
         return EnergyEndpoint(
             stats=self.stats, ledgers=self.ledgers, path=options.energy_path or "/energy",
             metrics_path=options.metrics_path, token=token, guard=guard, records=self.records,
-            token_name="endpoint_token", guard_name="endpoint_guard",
+            token_name="endpoint_token", guard_name="endpoint_guard", budgets=self.budgets,
         )
 
     def _serves(self, path: str) -> bool:
@@ -259,12 +273,22 @@ class EnergyMiddleware:
         )
         if self._tenant is not None:
             meter.tenant = self._tenant(scope)
+        budgets = self.budgets
+        if budgets is not None:  # one lookup per budget; over a hard one, refused here
+            try:
+                slots, budget_headers = budgets.admit(
+                    meter.tenant, target.label, target.tier.name if target.tier is not None else None)
+            except OverBudget as over:
+                await _refuse(over, send)
+                return
         meter.open()
         exchange = Exchange(
             scope, receive, send, meter, choose=self._choose,
             settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
             keep=self.records.put,
         )
+        if budgets is not None:
+            exchange.also = budget_headers
         span = self.otel.current_span() if self.otel is not None else None
         outcome = "incomplete"
         token = meter_var.set(meter)
@@ -279,6 +303,8 @@ class EnergyMiddleware:
             meter_var.reset(token)
             exchange.close()
             try:
+                if budgets is not None:  # its first figure counts now: the next admission sees it
+                    budgets.spend(slots, exchange.figure())
                 if self._answered is not None:
                     self._answered(meter.id, meter.route, meter.node,
                                    meter.tier.name if meter.tier is not None else None,
@@ -356,6 +382,8 @@ class EnergyMiddleware:
         await anyio.to_thread.run_sync(self.records.wait_ready, self.options.startup_timeout)
         if self._joining is not None:  # so are the server's statistics, on theirs
             await anyio.to_thread.run_sync(self._joining.wait_ready, self.options.startup_timeout)
+        if self.budgets is not None:
+            self.budgets.start()
         try:
             await self.ledgers.start(
                 list(self.router.nodes.values()),
@@ -385,6 +413,8 @@ class EnergyMiddleware:
         # is logged once by the ledger and figures say unknown, never a 500 from us.
         self._learn_app(scope)
         self._started = True
+        if self.budgets is not None:
+            self.budgets.start()
         for node in self.router.nodes.values():
             self.ledgers.get(node).ensure_started()
 
@@ -392,11 +422,21 @@ class EnergyMiddleware:
         """Stop the readers and settle every figure, then flush the sinks (lifespan
         shutdown does this): no settled record is lost on a clean shutdown."""
         await self.ledgers.aclose(timeout=self.options.startup_timeout)
+        if self.budgets is not None:  # after the ledgers: the last figures have settled
+            await anyio.to_thread.run_sync(self.budgets.close)
         self.records.close()  # what is queued for the other workers is written
         for sink in self.sinks:
             aclose = getattr(sink, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+async def _refuse(over: OverBudget, send: Send) -> None:
+    """A request over a hard budget: 429, ``Retry-After``, OpenAI's error shape; the app
+    never sees it (and it opens no window: it cost the card nothing)."""
+    body = over.body()
+    await send({"type": "http.response.start", "status": 429, "headers": over.headers(body)})
+    await send({"type": "http.response.body", "body": body})
 
 
 #: The settings the middleware takes itself, beside Options' fields (suggested for a typo).

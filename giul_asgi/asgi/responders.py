@@ -186,7 +186,7 @@ class Responder:
             if self.trailers:
                 message["trailers"] = True
         base = headers if headers is not None else message.get("headers", ())
-        message["headers"] = [*base, *extra, *self.applied]
+        message["headers"] = [*base, *extra, *self.applied, *self.exchange.also]
         self.started = True
         await self.downstream(message)
 

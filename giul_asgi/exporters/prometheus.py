@@ -72,9 +72,11 @@ class EnergyCollector(Collector):
     :class:`~giul_asgi.stats.HostStats` (then the counters are the whole host's).
     """
 
-    def __init__(self, stats: Any, ledgers: Iterable[Any] | None = None) -> None:
+    def __init__(self, stats: Any, ledgers: Iterable[Any] | None = None, *, budgets: Any = None) -> None:
         self.stats = stats
         self.ledgers = ledgers
+        #: The middleware's budgets (``giul_asgi.budgets.Budgets``), or None.
+        self.budgets = budgets
 
     def collect(self) -> Iterator[Metric]:
         view = self.stats.view() if hasattr(self.stats, "view") else self.stats
@@ -114,6 +116,19 @@ class EnergyCollector(Collector):
         yield carbon_family(view)
         yield from node_families(ledger_totals(self.ledgers), view)
         yield from reader_families(self.ledgers)
+        if self.budgets is not None:
+            yield budget_family(self.budgets)
+
+
+def budget_family(budgets: Any) -> Metric:
+    """How many times each budget was crossed per key since the server started: once per
+    (budget, key, period), whichever worker saw it first (counted server-wide)."""
+    exceeded = CounterMetricFamily(
+        "giul_budget_exceeded", "Times a key reached its energy budget in a period (once per "
+        "period, server-wide).", labels=["budget", "key"])
+    for (name, key), count in sorted(budgets.exceeded().items()):
+        exceeded.add_metric([name, key], count)
+    return exceeded
 
 
 def allocated_family(view: Any) -> Metric:
@@ -203,5 +218,5 @@ def prometheus_text(collector: Collector) -> bytes:
     return generate_latest(registry)
 
 
-__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "allocated_family", "carbon_family", "node_families",
-           "prometheus_text", "reader_families"]
+__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "allocated_family", "budget_family", "carbon_family",
+           "node_families", "prometheus_text", "reader_families"]

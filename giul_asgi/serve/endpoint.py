@@ -76,7 +76,7 @@ class EnergyEndpoint:
         self, *, stats: Any, ledgers: Iterable[Any] | None, path: str = "/energy",
         metrics_path: str | None = None, token: str | None = None, guard: Guard | None = None,
         records: RecordStore | None = None, refresh_s: float = 5.0,
-        token_name: str = "token", guard_name: str = "guard",
+        token_name: str = "token", guard_name: str = "guard", budgets: Any = None,
     ) -> None:
         for name, value in (("path", path), ("metrics_path", metrics_path)):
             if value is not None and (not isinstance(value, str) or not value.startswith("/")
@@ -90,6 +90,8 @@ class EnergyEndpoint:
         self.path = path
         self.metrics_path = metrics_path
         self.records = records
+        #: The middleware's budgets (``giul_asgi.budgets.Budgets``), or None.
+        self.budgets = budgets
         self.refresh_s = refresh_s
         self._collector: Any = None
         if metrics_path is not None:
@@ -183,13 +185,14 @@ class EnergyEndpoint:
             nodes[name] = {**nodes[name], "ledger": ledger}
         for section in nodes.values():
             section.setdefault("ledger", None)
+        data["budgets"] = self.budgets.snapshot() if self.budgets is not None else None
         return data
 
     def metrics_text(self) -> bytes:
         from ..exporters.prometheus import EnergyCollector, prometheus_text
 
         if self._collector is None:
-            self._collector = EnergyCollector(self.stats, self.ledgers)
+            self._collector = EnergyCollector(self.stats, self.ledgers, budgets=self.budgets)
         self._observe(list(ledger_totals(self.ledgers)))
         return prometheus_text(self._collector)
 
