@@ -183,13 +183,16 @@ def test_rows_that_make_no_sense_are_skipped_and_said_once(tmp_path: Path, caplo
         (folder / f"{other}-7-z.json").write_text(
             '{"state": {"cut": {"gen": 1}}, "nodes": {"gpu": [[NaN, 1, 2, 3, 4]]}}')
         (folder / f"{other}-8-z.json").write_text("[1, 2]")
+        row = list(good["keys"][0])
+        row[7] = [row[7][0], row[7][1], 10**400, *row[7][3:]]  # valid JSON, no float holds it
+        plant(9, {**good, "keys": [row]})  # (a hostile tester: /energy answered 500 for good)
         with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
             for _ in range(3):
                 snap = me.snapshot("all")
                 assert snap["totals"]["requests"] == 1 and snap["totals"]["joules"]["sum"] == 3.0
                 me.view().counters()
         said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
-        for n in range(1, 9):
+        for n in range(1, 10):
             assert sum(f"{other}-{n}-z.json" in m for m in said) == 1, (n, said)
         assert snap["dropped"] == 0 and all(math.isfinite(c[3]) for c in me.view().counters())
     finally:

@@ -26,7 +26,10 @@ from .sketch import BINS, BINS_PER_DECADE, JPT, KEYS, LOWEST_EXP, SEC, J, count,
 NJ = 1e9  # nanojoules a joule
 NG = 1e9  # nanograms a gram
 US = 1e6  # microseconds a second
-_INF = math.inf
+#: A figure past this (J, or g) is no request's (1e15 J: 280 GWh): a damaged record, not counted.
+_MAX = 1e15
+#: A count past this in another worker's row is damage, not a count (any float holds it).
+MAX_COUNT = 2**128
 _log10 = math.log10
 _ceil = math.ceil
 _FIRST = LOWEST_EXP * BINS_PER_DECADE  # sketch.bin_of, inlined in add(): three calls a record
@@ -64,11 +67,11 @@ class Cell:
             allocated: float | None = None) -> None:
         """Count one request. Checks everything before it changes anything, so a record that
         raises (a field of the wrong type) leaves the cell as it was."""
-        if not 0.0 <= seconds < _INF:
+        if not 0.0 <= seconds < _MAX:
             seconds = 0.0
-        if carbon is not None and not 0.0 <= carbon < _INF:
+        if carbon is not None and not 0.0 <= carbon < _MAX:
             carbon = None
-        if allocated is not None and not 0.0 < allocated < _INF:
+        if allocated is not None and not 0.0 < allocated < _MAX:
             allocated = None
         s = seconds if seconds > 1e-6 else 1e-6
         k = _ceil(_log10(s) * BINS_PER_DECADE) - _FIRST
@@ -76,7 +79,7 @@ class Cell:
         if tokens is not None and not (isinstance(tokens, int) and tokens > 0):
             tokens = None
         bins = self.bins
-        if joules is not None and 0.0 < joules < _INF:
+        if joules is not None and 0.0 < joules < _MAX:
             nj = int(joules * NJ + 0.5)
             k = _ceil(_log10(joules) * BINS_PER_DECADE) - _FIRST
             kj = KEYS[0 if k < 0 else (_TOP if k > _TOP else k)]
@@ -213,7 +216,7 @@ class Cell:
 
 
 def _count(value: Any) -> int:
-    if type(value) is not int or value < 0:
+    if type(value) is not int or not 0 <= value < MAX_COUNT:
         raise ValueError(f"{value!r} is not a count")
     return value
 
