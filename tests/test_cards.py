@@ -23,9 +23,9 @@ import pytest
 
 from giul_asgi.config import Node
 from giul_asgi.hostshare import card_key
-from giul_asgi.hostshare.keys import folder_name
 from giul_asgi.hostshare import place as place_module
 from giul_asgi.hostshare.cards import SEAT_BYTES, CardTable, SeatBooks, Unusable, ledgers_on
+from giul_asgi.hostshare.keys import folder_name
 from giul_asgi.meter import Meter
 from giul_asgi.spans import CardSpan, Coverage, Gap
 
