@@ -298,10 +298,31 @@ def test_a_period_ends_on_the_epoch_and_the_next_starts_empty(tmp_path: Path) ->
     assert budgets.spent == {}
     budgets.spend(slots, Energy(30.0, "measured", id="r3"))
     assert budgets.spent == {(0, "t"): 30.0}
-    assert dict(budgets.admit("t", "/", None)[1])[b"x-energy-budget-remaining"] == b"70"
+    slots, headers = budgets.admit("t", "/", None)
+    assert dict(headers)[b"x-energy-budget-remaining"] == b"70"
+    budgets.spend(slots, Energy(None, "unknown", id="r4"))  # its reservation goes with it
     budgets.tick()
     assert budgets.spent == {(0, "t"): 30.0}
     assert budgets.snapshot()["items"][0]["period_end"] == 1002 * 60.0
+
+
+def test_a_hard_budget_reserves_a_request_s_usual_cost_while_it_runs() -> None:
+    """A hostile tester opened 40 requests at once on one key: all were admitted, and the
+    key spent 2.5x its hard budget. Each admission now reserves the key's usual cost until
+    its own figure replaces it, so requests admitted together see each other."""
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=clock)
+    budgets.setup()
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(20.0, "measured", id="r0", settled=True))  # usual: 20 J
+    admitted = []
+    with pytest.raises(OverBudget):
+        for _ in range(40):  # in flight together: none has closed
+            admitted.append(budgets.admit("t", "/", None)[0])
+    assert len(admitted) == 4  # 20 spent + 4 x 20 reserved reaches 100
+    for k, slots in enumerate(admitted):
+        budgets.spend(slots, Energy(25.0, "measured", id=f"r{k + 1}", settled=True))
+    assert budgets.spent == {(0, "t"): pytest.approx(120.0)}  # the figures, no reservation left
 
 
 def test_a_settled_figure_corrects_the_first_and_an_unknown_one_spends_nothing() -> None:

@@ -68,12 +68,18 @@ _FIELD = {"tenant": 0, "route": 1, "tier": 2}
 REMAINING = b"x-energy-budget-remaining"
 NAME = b"x-energy-budget"
 #: A request's slots: the (budget index, key) pairs it counts under.
-Slots = tuple[tuple[int, str], ...]
+#: Each budget a request counts in: (budget index, key, period admitted in, joules or grams
+#: reserved for it at admission: a hard budget's usual cost of a request).
+Slots = tuple[tuple[int, str, int, float], ...]
 #: What :meth:`Budgets.admit` hands back: the slots, and the headers to add.
 Admitted = tuple[Slots, tuple[tuple[bytes, bytes], ...]]
 _NOTHING: Admitted = ((), ())
 
 _instances = itertools.count()
+
+
+#: How much each new figure moves a hard budget's usual cost of a request.
+USUAL_WEIGHT = 0.2
 
 
 class OverBudget(Exception):
@@ -179,6 +185,9 @@ class Budgets:
         self._last_read = -math.inf
         self._last_change = 0.0
         self._failed_said = False
+        #: A hard budget's usual cost of one request (its figures' moving mean): reserved at
+        #: admission, so requests admitted together cannot all pass the limit.
+        self._usual = [0.0] * len(self.budgets)
 
     # -- the request's path ---------------------------------------------------------------------
     def admit(self, tenant: str | None, route: str, tier: str | None) -> Admitted:
@@ -186,7 +195,7 @@ class Budgets:
         budget. One dictionary lookup per budget that applies."""
         values = (tenant or NONE, route, tier or NONE)
         spent = self.spent
-        slots: list[tuple[int, str]] = []
+        slots: list[tuple[int, str, int, float]] = []
         tightest, left_at, share = -1, 0.0, 2.0
         for i, field, only, limit, hard in self._plan:
             key = values[field]
@@ -195,7 +204,13 @@ class Budgets:
             used = spent.get((i, key), 0.0)
             if used >= limit and hard:
                 used = self._refuse(i, key, used)
-            slots.append((i, key))
+            reserve = self._usual[i] if hard else 0.0
+            period = self._current[i]
+            if reserve > 0:  # counted as spent until the request's own figure replaces it
+                with self._lock:
+                    self._add(i, key, period, reserve)
+                    self._dirty = True
+            slots.append((i, key, period, reserve))
             left = limit - used
             if left / limit < share or (left / limit == share and left < left_at):
                 tightest, left_at, share = i, left, left / limit
@@ -224,10 +239,14 @@ class Budgets:
         j, g = energy.joules, energy.carbon_grams
         now = self._clock()
         with self._lock:
-            for i, key in slots:
+            for i, key, period, reserved in slots:
                 value = j if self._joules[i] else g
+                if reserved:  # the reservation gives way to the figure
+                    self._add(i, key, period, -reserved)
                 if value is not None and value > 0:
                     self._add(i, key, int(now // self._period_s[i]), value)
+                    usual = self._usual[i]
+                    self._usual[i] = value if usual == 0.0 else usual + USUAL_WEIGHT * (value - usual)
             if energy.id is not None and not energy.settled:
                 pending = self._pending
                 pending[energy.id] = (slots, now, j, g)
@@ -266,7 +285,7 @@ class Budgets:
                 if entry is None:
                     continue
                 slots, t, j, g = entry
-                for i, key in slots:
+                for i, key, _, _ in slots:
                     first, last = (j, energy.joules) if self._joules[i] else (g, energy.carbon_grams)
                     if last is None or not last > 0:
                         continue  # unknown at the end: the first figure stands
