@@ -168,12 +168,18 @@ def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
     latest = view.node_power() if view is not None and hasattr(view, "node_power") else {}
     for t in totals:
         node = str(getattr(t, "node", "") or "<none>")
+        # The host's card: the same books from every worker. A card each worker has alone
+        # (in-process) is a series per worker (``process``), so a scrape answered by another
+        # worker never reads as a counter going down (a hostile tester's 264 falls in 70).
+        process = getattr(t, "process", None)
+        labels = {"node": node} if process is None else {"node": node, "process": str(process)}
         for field, family in (*counters.items(), *gauges.items()):
             value = getattr(t, field, None)
             if isinstance(value, bool):
                 value = float(value)
             if isinstance(value, int | float):
-                family.add_metric([node], float(value))
+                suffix = "_total" if family.type == "counter" else ""
+                family.add_sample(family.name + suffix, labels, float(value))
         if latest.get(node) is not None:
             power.add_metric([node], latest[node])
     yield from counters.values()

@@ -56,6 +56,10 @@ BOOKS_EVERY_S = 0.05
 DECIDE_AFTER_S = 0.03
 
 
+_PID = [str(os.getpid())]  # this process's, renewed in a forked child
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, str(os.getpid())))
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerTotals:
     """The books of one node since its ledger was built, and its reader's health."""
@@ -94,6 +98,10 @@ class LedgerTotals:
     idle_charged_j: float = 0.0
     idle_in_flight_j: float = 0.0
     idle_unattributed_j: float = 0.0
+    #: Whose books these are where the card is this process's alone (an in-process card, or
+    #: nothing could be shared): its pid, so each worker's counters are a series of their
+    #: own; None for the host's card, the same books from every process.
+    process: str | None = None
 
     @property
     def conservation_error_j(self) -> float:
@@ -717,7 +725,7 @@ class Ledger:
         mine = self._own_totals()
         table = self.table
         if table is None:
-            return mine
+            return replace(mine, process=_PID[0])
         try:
             books = table.host(self._seat_books())
         except ValueError:  # the table closed under this call (the ledger is stopping)
