@@ -311,13 +311,23 @@ class NvmlReader:
             )
 
     def read(self) -> Reading:
+        """The node's GPUs summed, stamped when the first driver call began.
+
+        The driver reads its register inside the C call, which ctypes makes with the GIL
+        let go; the call returns when this thread has the GIL back, which beside an event
+        loop running Python flat out is a loop slice or more later (2 ms median, seconds at
+        worst: benchmarks/gil_race.py). A stamp taken after the call would place every value
+        that late, and a step seen by it before the step happened; taken before, it is off
+        by the Python of the wrapper and the driver's own time (tens of us). A multi-GPU
+        node's later boards are read after the earlier calls came back: the stamp is the
+        first board's."""
+        t = self.clock()
         try:
             total_milli: float = 0
             for handle in self._handles:
                 total_milli += self._read_one(handle)
         except Exception as exc:
             return Reading(t=self.clock(), error=describe(exc))
-        t = self.clock()
         if self.kind == "counter":
             return Reading(t=t, joules=int(total_milli) / 1000.0)
         return Reading(t=t, watts=float(total_milli) / 1000.0)
