@@ -33,6 +33,14 @@ flagged contended; readings per 100 ms period.
     python benchmarks/attribution.py                     # the whole matrix, both paths
     python benchmarks/attribution.py --quick             # fewer requests per scenario
     python benchmarks/attribution.py --only saturated --runs 10 --path nvml
+    python benchmarks/attribution.py --only saturated --runs 10 --path nvml --pace uniform,steps
+
+``--pace`` runs each chosen scenario under each of the reader thread's busy paces, interleaved
+(``uniform``: ten reads a counter period at random phases, the GIL's switch interval left
+alone, as before issue 22; ``steps``: two reads around each step once the tape knows them,
+giul_asgi.ledger.pace, and the switch interval lowered where the reader is kept waiting,
+giul_asgi.ledger.switch; ``steps-only``: the steps' pace alone); ``--root`` imports giul_asgi
+from another tree in the children (a checkout of main, say), to compare with it.
 """
 
 from __future__ import annotations
@@ -452,12 +460,20 @@ def runs_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def child(index: int, path: str, seed: int, quick: bool, run_no: int) -> dict[str, Any]:
-    """One scenario on one path, in this (fresh) process: what the parent tabulates."""
+def child(index: int, path: str, seed: int, quick: bool, run_no: int,
+          pace: str | None = None) -> dict[str, Any]:
+    """One scenario on one path (and pace), in this (fresh) process: what the parent tabulates."""
     scenario = scenarios(quick)[index]
+    if pace is not None:
+        import giul_asgi.ledger.poller
+
+        if pace == "steps-only":  # the steps' pace, the GIL's switch interval left alone
+            os.environ["GIUL_ASGI_SWITCH_INTERVAL"] = "off"
+        giul_asgi.ledger.poller.PACE = pace.removesuffix("-only")  # type: ignore[attr-defined]
     row = asyncio.run(run(scenario, seed=seed, path=path))
     return {
-        "index": index, "name": scenario.name, "path": path, "seed": seed, "run": run_no,
+        "index": index, "name": scenario.name, "path": path if pace is None else f"{path} {pace}",
+        "seed": seed, "run": run_no,
         "n": len(row.outcomes), "cells": row.cells(), "faults": row.measured_while_failing(),
         "contended_count": row.contended_count(), "fault": scenario.fault, "upstream": scenario.upstream,
         "saturate": scenario.saturate, "wall_s": row.wall_s,
@@ -474,12 +490,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs of each chosen scenario (new seeds)")
     parser.add_argument("--child", nargs=4, type=int, metavar=("INDEX", "PATH", "SEED", "RUN"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--pace", help="uniform, steps or both (comma): the reader's busy pace")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parent.parent),
+                        help="the tree whose giul_asgi the children import")
     parser.add_argument("--child-path", help=argparse.SUPPRESS)
+    parser.add_argument("--child-pace", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         index, _, seed, run_no = args.child
-        print(json.dumps(child(index, args.child_path, seed, args.quick, run_no)))
+        print(json.dumps(child(index, args.child_path, seed, args.quick, run_no, args.child_pace)))
         return
+    paces: list[str | None] = [p for p in args.pace.split(",") if p] if args.pace else [None]
     paths = [p for p in args.path.split(",") if p]
     load_start = os.getloadavg()
     results: list[dict[str, Any]] = []
@@ -487,16 +508,18 @@ def main() -> None:
         for i, scenario in enumerate(scenarios(args.quick)):
             if args.only and args.only not in scenario.name:
                 continue
-            for path in paths:  # the paths interleaved, scenario by scenario
+            for path, pace in itertools.product(paths, paces):  # interleaved, scenario by scenario
                 seed = i + 1000 * (run_no - 1)
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", str(i), "0", str(seed), str(run_no),
-                     "--child-path", path, *(["--quick"] if args.quick else [])],
+                     "--child-path", path, *(["--child-pace", pace] if pace else []),
+                     *(["--quick"] if args.quick else [])],
                     capture_output=True, text=True, check=True,
-                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                    env={**os.environ, "PYTHONPATH": args.root},
                 )
                 results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-                print(f"  run {run_no} {scenario.name} [{path}]: {results[-1]['wall_s']:.1f} s",
+                done = results[-1]
+                print(f"  run {run_no} {scenario.name} [{done['path']}]: {done['wall_s']:.1f} s",
                       file=sys.stderr)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# attribution.py, {stamp}, {platform.node()} ({os.cpu_count()} CPUs (nproc), "

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..readers.base import LoadDriven, Process, ProcessLister, Reader, Reading
+from .pace import StepPace
+from .switch import SWITCH
 
 log = logging.getLogger("giul_asgi.poller")
 
@@ -55,6 +57,12 @@ IDLE_S = 1.0
 #: or wake: closed windows settle once the counter has stepped past their ramp-down.
 LINGER_PERIODS = 5
 LINGER_MIN_S = 0.5
+#: The busy pace of a stepped counter: ``steps`` reads around each step once the tape knows
+#: them (:mod:`.pace`), and lowers the GIL's switch interval where a busy loop keeps the
+#: thread from its reads (:mod:`.switch`); ``uniform`` reads ``READS_PER_PERIOD`` times a
+#: period at random phases and leaves the interval alone, as before (benchmarks' A/B:
+#: ``attribution.py --pace``).
+PACE = "steps"
 
 
 class Sink(Protocol):
@@ -76,6 +84,11 @@ class Sink(Protocol):
     def ingest(self, reading: Reading) -> None: ...
 
     def note_processes(self, processes: list[Process] | None) -> None: ...
+
+    def next_step(self) -> tuple[float, float, float] | None:
+        """When the card's counter should step next, its spread and period (s); None where
+        it cannot say (see :meth:`Tape.next_step`). Asked on the reader thread only."""
+        ...
 
 
 @dataclass(slots=True)
@@ -204,6 +217,19 @@ class Poller:
             self.health.last_error = getattr(reader, "reason", "no reader for this node")
             self._announce(None)
             return
+        SWITCH.join()
+        try:
+            self._loop(reader)
+        finally:
+            SWITCH.leave()
+        self.health.state = "stopped"
+        try:
+            self._call("closing the reader", reader.close)
+        except Exception as exc:
+            log.warning("closing the reader of node %r: %s", self.name, exc)
+
+    def _loop(self, reader: Reader) -> None:
+        """Read at the node's pace until stopped, then once more."""
         hint = getattr(reader, "poll_s", None)
         per = READS_PER_PERIOD if reader.kind == "counter" else 4
         poll_s = float(hint) if hint else max(0.005, min(reader.period / per, 1.0))
@@ -215,11 +241,21 @@ class Poller:
         due = [0.0] * len(self.chores)
         self._active_until = self._clock() + linger
         shared_idle = max(poll_s, reader.period)
+        paced = reader.kind == "counter" and not hint
+        pace = StepPace()
+        reads = False
         while not self._stop.is_set():
-            reads = self._turn()
-            if reads:
+            # Read first, then the table's work: a read waits on nothing else once the
+            # thread is awake (on a busy loop every call that lets the GIL go costs a wait
+            # for it back), so it lands where the pace put it.
+            read = reads
+            if read:
                 self._read(reader)
-            else:
+            reads = self._turn()
+            if reads and not read:
+                read = True
+                self._read(reader)
+            elif not reads:
                 self._follow_health()
             now = self._clock()
             if reads and lists and now >= next_look:
@@ -230,17 +266,14 @@ class Poller:
                     due[i] = self._clock() + every
                     self._chore(chore)
             # Jittered reads bracket the counter's steps at varied phases, so the tape
-            # learns where they fall to well under a poll.
+            # learns where they fall to well under a poll; once it has, reads go around them.
+            busy_wait = poll_s * jitter.uniform(0.5, 1.5)
+            if paced and reads and PACE == "steps":
+                busy_wait = pace.wait(self._clock(), self._next_step(), busy_wait)
             shared = self._shared is not None and self._shared()
-            self._pause(poll_s * jitter.uniform(0.5, 1.5), min(idle_s, shared_idle) if shared else idle_s,
-                        linger)
+            self._pause(busy_wait, min(idle_s, shared_idle) if shared else idle_s, linger)
         if self._turn():
             self._read(reader)  # the last reading settles what closed since the one before
-        self.health.state = "stopped"
-        try:
-            self._call("closing the reader", reader.close)
-        except Exception as exc:
-            log.warning("closing the reader of node %r: %s", self.name, exc)
 
     def _pause(self, busy_wait: float, idle_wait: float, linger: float) -> None:
         """Wait for the next read: the busy pace while windows need it, else doze."""
@@ -255,7 +288,10 @@ class Poller:
             if now < self._active_until:
                 self._dozing = False
                 self.health.idle = False
-                self._alarm.wait(busy_wait)
+                if not self._alarm.wait(busy_wait) and PACE == "steps":
+                    # How late the thread came back: beside a loop that keeps the GIL it is
+                    # the GIL's hand-over, and the switch interval bounds it (.switch).
+                    SWITCH.note(self._clock() - now - busy_wait, self.name)
             else:
                 self.health.idle = True
                 self._alarm.wait(idle_wait)
@@ -263,6 +299,13 @@ class Poller:
             self._dozing = False
             if not self._stop.is_set():
                 self._alarm.clear()
+
+    def _next_step(self) -> tuple[float, float, float] | None:
+        try:
+            return self._sink.next_step()
+        except Exception:  # a bug in the schedule must not stop the reading: plain pace
+            log.exception("node %r: the counter's schedule failed", self.name)
+            return None
 
     def _turn(self) -> bool:
         try:
