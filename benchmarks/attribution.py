@@ -39,8 +39,8 @@ flagged contended; readings per 100 ms period.
 (``uniform``: ten reads a counter period at random phases, the GIL's switch interval left
 alone, as before issue 22; ``steps``: two reads around each step once the tape knows them,
 giul_asgi.ledger.pace, and the switch interval lowered where the reader is kept waiting,
-giul_asgi.ledger.switch; ``steps-only``: the steps' pace alone); ``--root`` imports giul_asgi
-from another tree in the children (a checkout of main, say), to compare with it.
+giul_asgi.ledger.switch; ``steps-only``: the steps' pace alone; ``main``: whatever the tree
+at ``--main-root`` does, a checkout of main, say: its giul_asgi, this tree's benchmarks).
 """
 
 from __future__ import annotations
@@ -464,7 +464,9 @@ def child(index: int, path: str, seed: int, quick: bool, run_no: int,
           pace: str | None = None) -> dict[str, Any]:
     """One scenario on one path (and pace), in this (fresh) process: what the parent tabulates."""
     scenario = scenarios(quick)[index]
-    if pace is not None:
+    if pace == "main":
+        pass  # the tree's own poller, as it is
+    elif pace is not None:
         import giul_asgi.ledger.poller
 
         if pace == "steps-only":  # the steps' pace, the GIL's switch interval left alone
@@ -490,9 +492,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs of each chosen scenario (new seeds)")
     parser.add_argument("--child", nargs=4, type=int, metavar=("INDEX", "PATH", "SEED", "RUN"),
                         help=argparse.SUPPRESS)
-    parser.add_argument("--pace", help="uniform, steps or both (comma): the reader's busy pace")
-    parser.add_argument("--root", default=str(Path(__file__).resolve().parent.parent),
-                        help="the tree whose giul_asgi the children import")
+    parser.add_argument("--pace", help="uniform, steps, steps-only, main (comma): the reader's busy pace")
+    parser.add_argument("--main-root", help="the tree whose giul_asgi the children of --pace main import")
     parser.add_argument("--child-path", help=argparse.SUPPRESS)
     parser.add_argument("--child-pace", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -510,12 +511,16 @@ def main() -> None:
                 continue
             for path, pace in itertools.product(paths, paces):  # interleaved, scenario by scenario
                 seed = i + 1000 * (run_no - 1)
+                root = str(Path(__file__).resolve().parent.parent)
+                if pace == "main":
+                    if not args.main_root:
+                        parser.error("--pace main needs --main-root")
+                    root = args.main_root
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", str(i), "0", str(seed), str(run_no),
                      "--child-path", path, *(["--child-pace", pace] if pace else []),
                      *(["--quick"] if args.quick else [])],
-                    capture_output=True, text=True, check=True,
-                    env={**os.environ, "PYTHONPATH": args.root},
+                    capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": root},
                 )
                 results.append(json.loads(out.stdout.strip().splitlines()[-1]))
                 done = results[-1]
@@ -531,7 +536,7 @@ def main() -> None:
     saturated = [r for r in results if r["saturate"]]
     if saturated:
         print(f"\nThe saturated loop, run by run ({SLICE_S * 1000:g} ms slices of Python with "
-              "`await asyncio.sleep(0)` between; the poller asks for 10 readings a period; the "
+              "`await asyncio.sleep(0)` between; the uniform pace, main's, asks for 10 readings a period, the steps' 2; the "
               "reader's blocks are its voluntary switches, /proc/self/task/TID/status: every sleep, "
               "wait for the GIL or a lock):\n")
         print(runs_table(saturated))

@@ -21,7 +21,7 @@ import pytest
 from giul_asgi.config import Node
 from giul_asgi.energy import Energy
 from giul_asgi.ledger import Ledger
-from giul_asgi.ledger.switch import ENV, INTERVAL_S, LOOK, Switch, configured
+from giul_asgi.ledger.switch import ENV, INTERVAL_S, LOOK, OVERDUE_S, Switch, configured
 from giul_asgi.meter import Meter
 from giul_asgi.readers.base import Reading
 from giul_asgi.readers.nvml import NvmlReader
@@ -135,6 +135,19 @@ def test_the_switch_interval_is_lowered_on_evidence_and_put_back(caplog: pytest.
     assert interval.puts == [INTERVAL_S]  # once
     switch.leave()
     assert interval.value == 0.005 and switch.lowered is None
+
+
+def test_one_read_long_overdue_is_evidence_alone() -> None:
+    interval = Interval()
+    switch = Switch(interval.get, interval.put, env={})
+    switch.join()
+    switch.overdue(0.01, "n")  # a window opens while the reader is a little late: not yet
+    assert interval.puts == []
+    switch.overdue(2 * OVERDUE_S, "n")  # kept from the GIL: it cannot say so itself
+    assert interval.puts == [INTERVAL_S] and switch.decided
+    other = Switch(interval.get, interval.put, env={})
+    other.note(2 * OVERDUE_S, "n")
+    assert other.decided
 
 
 def test_the_switch_interval_is_left_alone_when_turned_off_or_already_short() -> None:

@@ -158,6 +158,8 @@ class Poller:
         self._alarm = threading.Event()
         self._dozing = False
         self._woken = False
+        #: When the thread should be back from its busy wait (None: not waiting, or dozing).
+        self._due: float | None = None
         self._active_until = 0.0
         self._thread = threading.Thread(target=self._run, name=f"giul-reader-{name}", daemon=True)
         self._watch = threading.Thread(target=self._watchdog, name=f"giul-watch-{name}", daemon=True)
@@ -174,10 +176,16 @@ class Poller:
 
     def wake(self) -> None:
         """A window is opening: keep (or go back to) the busy pace. Cheap: two attribute
-        writes, and an Event.set only when the thread dozes."""
+        writes, and an Event.set only when the thread dozes; until the switch interval is
+        decided (.switch), a look at whether the thread is overdue: a thread kept from the
+        GIL cannot say so itself."""
         self._woken = True
         if self._dozing:
             self._alarm.set()
+        elif not SWITCH.decided:
+            due = self._due
+            if due is not None:
+                SWITCH.overdue(self._clock() - due, self.name)
 
     def stop(self, timeout: float | None = None) -> bool:
         """Ask the reader to stop (after one last read) and wait at most ``timeout``."""
@@ -288,7 +296,11 @@ class Poller:
             if now < self._active_until:
                 self._dozing = False
                 self.health.idle = False
-                if not self._alarm.wait(busy_wait) and PACE == "steps":
+                steps = PACE == "steps"
+                self._due = now + busy_wait if steps else None
+                woken = self._alarm.wait(busy_wait)
+                self._due = None
+                if not woken and steps:
                     # How late the thread came back: beside a loop that keeps the GIL it is
                     # the GIL's hand-over, and the switch interval bounds it (.switch).
                     SWITCH.note(self._clock() - now - busy_wait, self.name)

@@ -13,9 +13,10 @@ most). Reading fewer times (:mod:`.pace`) makes fewer such waits; only the inter
 each.
 
 Nothing narrower than the process exists, so the fix is the process's, and it is made only
-where it is needed: once a reader's reads land more than ``LATE_S`` after their time in
-``TRIGGER`` of its last ``LOOK`` reads while windows are open, the interval goes to
-``INTERVAL_S`` (1 ms), said in one log line, and back to what it was when the last reader
+where it is needed: once a busy reader's read lands more than ``OVERDUE_S`` after its time,
+or more than ``LATE_S`` in ``TRIGGER`` of its last ``LOOK``, or a window opens while the
+reader is that overdue (a reader kept from the GIL cannot say so itself), the interval goes
+to ``INTERVAL_S`` (1 ms), said in one log line, and back to what it was when the last reader
 stops, unless something else changed it meanwhile. An interval already as short is left
 alone. A process whose loop lets its reader read keeps CPython's setting. What it costs:
 where several threads want the GIL at once, they change hands every 1 ms rather than 5.
@@ -43,6 +44,8 @@ LATE_S = 0.005
 #: Late reads among the last ``LOOK`` that are evidence enough.
 TRIGGER = 2
 LOOK = 8
+#: A read this late is evidence enough alone (s).
+OVERDUE_S = 0.05
 
 
 def configured(env: Mapping[str, str] = os.environ) -> float | None:
@@ -101,13 +104,23 @@ class Switch:
         """The interval this set, while it holds (None: CPython's or the user's)."""
         return self._set
 
+    @property
+    def decided(self) -> bool:
+        """Lowered, found short enough already, or turned off: nothing more to watch."""
+        return self._decided
+
     def note(self, late_s: float, node: str) -> None:
         """A busy reader's read came ``late_s`` after its time. Cheap once decided."""
         if self._decided:
             return
         late = self._late
         late.append(late_s > LATE_S)
-        if sum(late) >= TRIGGER:
+        if late_s > OVERDUE_S or sum(late) >= TRIGGER:
+            self._lower(node, late_s)
+
+    def overdue(self, late_s: float, node: str) -> None:
+        """A window opens while the node's reader is ``late_s`` past its time."""
+        if not self._decided and late_s > OVERDUE_S:
             self._lower(node, late_s)
 
     def _lower(self, node: str, late_s: float) -> None:
@@ -134,4 +147,4 @@ class Switch:
 #: The process's one: the interval is the process's.
 SWITCH = Switch()
 
-__all__ = ["ENV", "INTERVAL_S", "SWITCH", "Switch", "configured"]
+__all__ = ["ENV", "INTERVAL_S", "LATE_S", "OVERDUE_S", "SWITCH", "Switch", "configured"]
