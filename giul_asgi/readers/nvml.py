@@ -265,6 +265,7 @@ class NvmlReader:
         prefer = opts.choice("prefer", PREFER, "auto")
         self._proc_root = Path(opts.text("proc_root", "/proc") or "/proc")
         self.mig_slices = opts.ints("mig_slices")
+        self._nested: tuple[bool | None] | None = None  # in a nested PID namespace (once known)
         self.spec = spec
         self._nvml = nvml = load_nvml(nvml)
         self.clock: Callable[[], float] = clock or spec.clock
@@ -336,7 +337,8 @@ class NvmlReader:
         """The compute processes on the node's boards; None when NVML cannot list them.
 
         NVML gives host PIDs. Inside a container (a nested PID namespace) ``/proc/<pid>`` is
-        another process or none, so names are left out there rather than guessed.
+        another process or none, so names are left out there rather than guessed. Which it is
+        is looked up once: a process never changes PID namespace.
         """
         try:
             pids: set[int] = set()
@@ -344,7 +346,11 @@ class NvmlReader:
                 pids |= compute_pids(self._nvml, handle, probe.mig)
         except Exception:
             return None
-        nested = nested_pid_namespace(self._proc_root)
+        if not pids:
+            return []
+        if self._nested is None:
+            self._nested = (nested_pid_namespace(self._proc_root),)
+        nested = self._nested[0]
         return [
             Process(pid, None if nested else process_name(pid, self._proc_root))
             for pid in sorted(pids)
