@@ -13,8 +13,13 @@ simulated card, JSON requests in a tight loop, alternating processes: median 199
 added per request without the hop; with one thread, four reads a period instead of ten
 measured the same within noise (176 against 179), so the reads stay frequent.
 
-Idle costs nothing: reading ten times a counter period only matters while a window is open
-or waiting to settle (``busy``). Once the node has been quiet for ``LINGER_PERIODS``
+While a window is open or waiting to settle (``busy``), a stepped counter is read ten times a
+period until the tape knows when it steps, then just before and just after each step
+(:mod:`.pace`): two wake-ups a period, each a wait for the GIL beside a busy loop, rather
+than ten; the thread reads as soon as it wakes, before the table's work. Where a loop still
+keeps it from its reads, the process's GIL switch interval is lowered (:mod:`.switch`).
+
+Idle costs nothing: the busy pace only matters while a window is open or waiting to settle. Once the node has been quiet for ``LINGER_PERIODS``
 periods the thread dozes, reading once per ``idle_s`` (the counter's own period where the
 node watches for a foreign load, else ``IDLE_S``), and :meth:`Poller.wake` (a window
 opened) brings it back at once. benchmarks/idle.py measures what that saves.
