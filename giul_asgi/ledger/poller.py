@@ -11,7 +11,7 @@ One thread reads and books, rather than a poller handing each read to a worker: 
 event loop every thread that wakes must win the GIL back from it. Measured on a busy
 simulated card, JSON requests in a tight loop, alternating processes: median 199 -> 178 us
 added per request without the hop; with one thread, four reads a period instead of ten
-measured the same within noise (176 against 179), so the reads stay frequent.
+measured the same within noise (176 against 179).
 
 While a window is open or waiting to settle (``busy``), a stepped counter is read ten times a
 period until the tape knows when it steps, then just before and just after each step
@@ -19,8 +19,8 @@ period until the tape knows when it steps, then just before and just after each 
 than ten; the thread reads as soon as it wakes, before the table's work. Where a loop still
 keeps it from its reads, the process's GIL switch interval is lowered (:mod:`.switch`).
 
-Idle costs nothing: the busy pace only matters while a window is open or waiting to settle. Once the node has been quiet for ``LINGER_PERIODS``
-periods the thread dozes, reading once per ``idle_s`` (the counter's own period where the
+Idle costs nothing: once the node has been quiet for ``LINGER_PERIODS`` periods the thread
+dozes, reading once per ``idle_s`` (the counter's own period where the
 node watches for a foreign load, else ``IDLE_S``), and :meth:`Poller.wake` (a window
 opened) brings it back at once. benchmarks/idle.py measures what that saves.
 

@@ -52,6 +52,11 @@ WIDE_SHARE = 0.25
 #: Brackets a line rests on before the reader is paced by it: a line from the first four
 #: reads' brackets was seen 3% off the period, and a pace on it read before steps long past.
 PACE_BRACKETS = 8
+#: Brackets in a row placed by the line, too wide to teach it, after which it is not trusted:
+#: the reader goes back to its plain pace, and every bracket teaches the line again, until
+#: one narrow enough has. A line a fraction of a ms a period off, read around where it puts
+#: the steps, would drift from them with nothing to put it right.
+STALE_LINE = 4
 
 
 
@@ -65,7 +70,7 @@ class StepClock:
     least-squares line through the brackets' middles gives the period to a fraction of a
     millisecond and where the newest step fell, far closer than its own bracket says. Once
     the line is learnt, a bracket wider than ``WIDE_SHARE`` of a period is placed by it and
-    teaches it nothing.
+    teaches it nothing (``STALE_LINE`` in a row at most).
     """
 
     def __init__(self) -> None:
@@ -73,6 +78,7 @@ class StepClock:
         self._reads = deque[bool](maxlen=64)  # True for a read that saw a change
         self.period: float | None = None
         self._line: tuple[float, float] | None = None  # a step on the learnt line, its +-
+        self._placed = 0  # brackets in a row the line placed without learning from them
 
     def saw(self, changed: bool) -> None:
         self._reads.append(changed)
@@ -96,10 +102,13 @@ class StepClock:
         if self.every_read:
             self._brackets.append((a, b))
             return b, 0.0
-        if period is not None and line is not None and b - a > WIDE_SHARE * period:
+        if (period is not None and line is not None and b - a > WIDE_SHARE * period
+                and self._placed < STALE_LINE):
+            self._placed += 1
             at = self._last_on_line(b, period, line)
             clamped = min(max(at, a + 1e-6), b)
             return clamped, min((b - a) / 2, max(line[1], abs(clamped - at), 0.0005))
+        self._placed = 0
         self._brackets.append((a, b))
         half = (b - a) / 2
         mids = [(x + y) / 2 for x, y in self._brackets]
@@ -146,10 +155,11 @@ class StepClock:
 
     def next_after(self, t: float) -> tuple[float, float] | None:
         """The first step the learnt line puts after ``t``, and how far a step strays from
-        the line (s); None before the line rests on ``PACE_BRACKETS`` brackets, or where the
-        counter moves at every read."""
+        the line (s); None before the line rests on ``PACE_BRACKETS`` brackets, while it is
+        not trusted (``STALE_LINE``), or where the counter moves at every read."""
         period, line = self.period, self._line
-        if period is None or line is None or self.every_read or len(self._brackets) < PACE_BRACKETS:
+        if (period is None or line is None or self.every_read or len(self._brackets) < PACE_BRACKETS
+                or self._placed >= STALE_LINE):
             return None
         anchor, spread = line
         return anchor + period * (math.floor((t - anchor) / period) + 1), spread
