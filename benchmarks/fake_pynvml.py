@@ -250,7 +250,9 @@ class Gpu:
             self._mj = math.floor(card.energy(now) * 1000.0)
         elif now >= self._until:  # the register may have stepped: read the card at its last step
             step = card.last_step(now)
-            self._mj = math.floor(card.energy(step) * 1000.0)
+            # A card read within its first phase last stepped before it was made (the model's
+            # negative past); a driver's counter is never below zero (a uint64 in C).
+            self._mj = max(0, math.floor(card.energy(step) * 1000.0))
             self._until = step + card.period - 2 * card.step_jitter
         return self._mj
 

@@ -134,13 +134,12 @@ class TrueCard:
         return self.idle_w * (t - self.t0) + jobs_j + foreign_j
 
     def last_step(self, t: float) -> float:
-        """When the counter last stepped at or before ``t`` (jittered around k x period);
-        the card's making, before its first step (whose energy is nothing, never less)."""
+        """When the counter last stepped at or before ``t`` (jittered around k x period)."""
         k = math.floor((t - self.t0 - self._phase) / self.period)
         for kk in (k + 1, k, k - 1):
             step = self.t0 + self._phase + kk * self.period + self._jitter(kk)
             if step <= t:
-                return max(step, self.t0)
+                return step
         return self.t0
 
     def _jitter(self, k: int) -> float:
