@@ -41,6 +41,14 @@ flagged contended; readings per 100 ms period.
     python benchmarks/attribution.py --quick             # fewer requests per scenario
     python benchmarks/attribution.py --only saturated --runs 10 --path nvml
     python benchmarks/attribution.py --only "mixed phases"   # the three splits side by side
+    python benchmarks/attribution.py --only saturated --runs 10 --path nvml --pace uniform,steps
+
+``--pace`` runs each chosen scenario under each of the reader thread's busy paces, interleaved
+(``uniform``: ten reads a counter period at random phases, the GIL's switch interval left
+alone, as before issue 22; ``steps``: two reads around each step once the tape knows them,
+giul_asgi.ledger.pace, and the switch interval lowered where the reader is kept waiting,
+giul_asgi.ledger.switch; ``steps-only``: the steps' pace alone; ``main``: whatever the tree
+at ``--main-root`` does, a checkout of main, say: its giul_asgi, this tree's benchmarks).
 """
 
 from __future__ import annotations
@@ -554,12 +562,22 @@ def phases_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def child(index: int, path: str, seed: int, quick: bool, run_no: int) -> dict[str, Any]:
-    """One scenario on one path, in this (fresh) process: what the parent tabulates."""
+def child(index: int, path: str, seed: int, quick: bool, run_no: int,
+          pace: str | None = None) -> dict[str, Any]:
+    """One scenario on one path (and pace), in this (fresh) process: what the parent tabulates."""
     scenario = scenarios(quick)[index]
+    if pace == "main":
+        pass  # the tree's own poller, as it is
+    elif pace is not None:
+        import giul_asgi.ledger.poller
+
+        if pace == "steps-only":  # the steps' pace, the GIL's switch interval left alone
+            os.environ["GIUL_ASGI_SWITCH_INTERVAL"] = "off"
+        giul_asgi.ledger.poller.PACE = pace.removesuffix("-only")  # type: ignore[attr-defined]
     row = asyncio.run(run(scenario, seed=seed, path=path))
     return {
-        "index": index, "name": scenario.name, "path": path, "seed": seed, "run": run_no,
+        "index": index, "name": scenario.name, "path": path if pace is None else f"{path} {pace}",
+        "seed": seed, "run": run_no,
         "n": len(row.outcomes), "cells": row.cells(), "faults": row.measured_while_failing(),
         "contended_count": row.contended_count(), "fault": scenario.fault, "upstream": scenario.upstream,
         "saturate": scenario.saturate, "wall_s": row.wall_s,
@@ -576,12 +594,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs of each chosen scenario (new seeds)")
     parser.add_argument("--child", nargs=4, type=int, metavar=("INDEX", "PATH", "SEED", "RUN"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--pace", help="uniform, steps, steps-only, main (comma): the reader's busy pace")
+    parser.add_argument("--main-root", help="the tree whose giul_asgi the children of --pace main import")
     parser.add_argument("--child-path", help=argparse.SUPPRESS)
+    parser.add_argument("--child-pace", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         index, _, seed, run_no = args.child
-        print(json.dumps(child(index, args.child_path, seed, args.quick, run_no)))
+        print(json.dumps(child(index, args.child_path, seed, args.quick, run_no, args.child_pace)))
         return
+    paces: list[str | None] = [p for p in args.pace.split(",") if p] if args.pace else [None]
     paths = [p for p in args.path.split(",") if p]
     load_start = os.getloadavg()
     results: list[dict[str, Any]] = []
@@ -589,16 +611,22 @@ def main() -> None:
         for i, scenario in enumerate(scenarios(args.quick)):
             if args.only and args.only not in scenario.name:
                 continue
-            for path in paths:  # the paths interleaved, scenario by scenario
+            for path, pace in itertools.product(paths, paces):  # interleaved, scenario by scenario
                 seed = i + 1000 * (run_no - 1)
+                root = str(Path(__file__).resolve().parent.parent)
+                if pace == "main":
+                    if not args.main_root:
+                        parser.error("--pace main needs --main-root")
+                    root = args.main_root
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", str(i), "0", str(seed), str(run_no),
-                     "--child-path", path, *(["--quick"] if args.quick else [])],
-                    capture_output=True, text=True, check=True,
-                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                     "--child-path", path, *(["--child-pace", pace] if pace else []),
+                     *(["--quick"] if args.quick else [])],
+                    capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": root},
                 )
                 results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-                print(f"  run {run_no} {scenario.name} [{path}]: {results[-1]['wall_s']:.1f} s",
+                done = results[-1]
+                print(f"  run {run_no} {scenario.name} [{done['path']}]: {done['wall_s']:.1f} s",
                       file=sys.stderr)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# attribution.py, {stamp}, {platform.node()} ({os.cpu_count()} CPUs (nproc), "
@@ -610,7 +638,8 @@ def main() -> None:
     saturated = [r for r in results if r["saturate"]]
     if saturated:
         print(f"\nThe saturated loop, run by run ({SLICE_S * 1000:g} ms slices of Python with "
-              "`await asyncio.sleep(0)` between; the poller asks for 10 readings a period; the "
+              "`await asyncio.sleep(0)` between; the uniform pace, main's, asks for 10 readings a "
+              "period, the steps' 2; the "
               "reader's blocks are its voluntary switches, /proc/self/task/TID/status: every sleep, "
               "wait for the GIL or a lock):\n")
         print(runs_table(saturated))

@@ -514,6 +514,13 @@ class Ledger:
             for window in settled:
                 note(("z", id(window), window.share, window.fill_j))
 
+    def next_step(self) -> tuple[float, float, float] | None:
+        """When the card's counter should step next (the reader thread's pace): the tape's
+        :meth:`~.tape.Tape.next_step`. Read without the lock: only the reader thread, which
+        asks, feeds the tape."""
+        tape = self.tape
+        return tape.next_step() if tape is not None else None
+
     def read_now(self) -> Reading:
         """Read the card here and now (blocking) and book it: for sync meters only."""
         if self.reader is None:

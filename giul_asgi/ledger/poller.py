@@ -11,11 +11,16 @@ One thread reads and books, rather than a poller handing each read to a worker: 
 event loop every thread that wakes must win the GIL back from it. Measured on a busy
 simulated card, JSON requests in a tight loop, alternating processes: median 199 -> 178 us
 added per request without the hop; with one thread, four reads a period instead of ten
-measured the same within noise (176 against 179), so the reads stay frequent.
+measured the same within noise (176 against 179).
 
-Idle costs nothing: reading ten times a counter period only matters while a window is open
-or waiting to settle (``busy``). Once the node has been quiet for ``LINGER_PERIODS``
-periods the thread dozes, reading once per ``idle_s`` (the counter's own period where the
+While a window is open or waiting to settle (``busy``), a stepped counter is read ten times a
+period until the tape knows when it steps, then just before and just after each step
+(:mod:`.pace`): two wake-ups a period, each a wait for the GIL beside a busy loop, rather
+than ten; the thread reads as soon as it wakes, before the table's work. Where a loop still
+keeps it from its reads, the process's GIL switch interval is lowered (:mod:`.switch`).
+
+Idle costs nothing: once the node has been quiet for ``LINGER_PERIODS`` periods the thread
+dozes, reading once per ``idle_s`` (the counter's own period where the
 node watches for a foreign load, else ``IDLE_S``), and :meth:`Poller.wake` (a window
 opened) brings it back at once. benchmarks/idle.py measures what that saves.
 
@@ -39,6 +44,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..readers.base import LoadDriven, Process, ProcessLister, Reader, Reading
+from .pace import StepPace
+from .switch import SWITCH
 
 log = logging.getLogger("giul_asgi.poller")
 
@@ -55,6 +62,12 @@ IDLE_S = 1.0
 #: or wake: closed windows settle once the counter has stepped past their ramp-down.
 LINGER_PERIODS = 5
 LINGER_MIN_S = 0.5
+#: The busy pace of a stepped counter: ``steps`` reads around each step once the tape knows
+#: them (:mod:`.pace`), and lowers the GIL's switch interval where a busy loop keeps the
+#: thread from its reads (:mod:`.switch`); ``uniform`` reads ``READS_PER_PERIOD`` times a
+#: period at random phases and leaves the interval alone, as before (benchmarks' A/B:
+#: ``attribution.py --pace``).
+PACE = "steps"
 
 
 class Sink(Protocol):
@@ -76,6 +89,11 @@ class Sink(Protocol):
     def ingest(self, reading: Reading) -> None: ...
 
     def note_processes(self, processes: list[Process] | None) -> None: ...
+
+    def next_step(self) -> tuple[float, float, float] | None:
+        """When the card's counter should step next, its spread and period (s); None where
+        it cannot say (see :meth:`Tape.next_step`). Asked on the reader thread only."""
+        ...
 
 
 @dataclass(slots=True)
@@ -145,6 +163,8 @@ class Poller:
         self._alarm = threading.Event()
         self._dozing = False
         self._woken = False
+        #: When the thread should be back from its busy wait (None: not waiting, or dozing).
+        self._due: float | None = None
         self._active_until = 0.0
         self._thread = threading.Thread(target=self._run, name=f"giul-reader-{name}", daemon=True)
         self._watch = threading.Thread(target=self._watchdog, name=f"giul-watch-{name}", daemon=True)
@@ -161,10 +181,16 @@ class Poller:
 
     def wake(self) -> None:
         """A window is opening: keep (or go back to) the busy pace. Cheap: two attribute
-        writes, and an Event.set only when the thread dozes."""
+        writes, and an Event.set only when the thread dozes; until the switch interval is
+        decided (.switch), a look at whether the thread is overdue: a thread kept from the
+        GIL cannot say so itself."""
         self._woken = True
         if self._dozing:
             self._alarm.set()
+        elif not SWITCH.decided:
+            due = self._due
+            if due is not None:
+                SWITCH.overdue(self._clock() - due, self.name)
 
     def stop(self, timeout: float | None = None) -> bool:
         """Ask the reader to stop (after one last read) and wait at most ``timeout``."""
@@ -204,6 +230,19 @@ class Poller:
             self.health.last_error = getattr(reader, "reason", "no reader for this node")
             self._announce(None)
             return
+        SWITCH.join()
+        try:
+            self._loop(reader)
+        finally:
+            SWITCH.leave()
+        self.health.state = "stopped"
+        try:
+            self._call("closing the reader", reader.close)
+        except Exception as exc:
+            log.warning("closing the reader of node %r: %s", self.name, exc)
+
+    def _loop(self, reader: Reader) -> None:
+        """Read at the node's pace until stopped, then once more."""
         hint = getattr(reader, "poll_s", None)
         per = READS_PER_PERIOD if reader.kind == "counter" else 4
         poll_s = float(hint) if hint else max(0.005, min(reader.period / per, 1.0))
@@ -215,11 +254,21 @@ class Poller:
         due = [0.0] * len(self.chores)
         self._active_until = self._clock() + linger
         shared_idle = max(poll_s, reader.period)
+        paced = reader.kind == "counter" and not hint
+        pace = StepPace()
+        reads = False
         while not self._stop.is_set():
-            reads = self._turn()
-            if reads:
+            # Read first, then the table's work: a read waits on nothing else once the
+            # thread is awake (on a busy loop every call that lets the GIL go costs a wait
+            # for it back), so it lands where the pace put it.
+            read = reads
+            if read:
                 self._read(reader)
-            else:
+            reads = self._turn()
+            if reads and not read:
+                read = True
+                self._read(reader)
+            elif not reads:
                 self._follow_health()
             now = self._clock()
             if reads and lists and now >= next_look:
@@ -230,17 +279,17 @@ class Poller:
                     due[i] = self._clock() + every
                     self._chore(chore)
             # Jittered reads bracket the counter's steps at varied phases, so the tape
-            # learns where they fall to well under a poll.
+            # learns where they fall to well under a poll; once it has, reads go around them.
+            # Not while the card is read for other processes: their pieces are decided 30 ms
+            # after their end at the soonest (the ledger's DECIDE_AFTER_S), at a lap, and two
+            # laps a period left them a period late (four workers' first figures 1.1-1.25x).
+            busy_wait = poll_s * jitter.uniform(0.5, 1.5)
             shared = self._shared is not None and self._shared()
-            self._pause(poll_s * jitter.uniform(0.5, 1.5), min(idle_s, shared_idle) if shared else idle_s,
-                        linger)
+            if paced and reads and not shared and PACE == "steps":
+                busy_wait = pace.wait(self._clock(), self._next_step(), busy_wait)
+            self._pause(busy_wait, min(idle_s, shared_idle) if shared else idle_s, linger)
         if self._turn():
             self._read(reader)  # the last reading settles what closed since the one before
-        self.health.state = "stopped"
-        try:
-            self._call("closing the reader", reader.close)
-        except Exception as exc:
-            log.warning("closing the reader of node %r: %s", self.name, exc)
 
     def _pause(self, busy_wait: float, idle_wait: float, linger: float) -> None:
         """Wait for the next read: the busy pace while windows need it, else doze."""
@@ -255,7 +304,14 @@ class Poller:
             if now < self._active_until:
                 self._dozing = False
                 self.health.idle = False
-                self._alarm.wait(busy_wait)
+                steps = PACE == "steps"
+                self._due = now + busy_wait if steps else None
+                woken = self._alarm.wait(busy_wait)
+                self._due = None
+                if not woken and steps:
+                    # How late the thread came back: beside a loop that keeps the GIL it is
+                    # the GIL's hand-over, and the switch interval bounds it (.switch).
+                    SWITCH.note(self._clock() - now - busy_wait, self.name)
             else:
                 self.health.idle = True
                 self._alarm.wait(idle_wait)
@@ -263,6 +319,13 @@ class Poller:
             self._dozing = False
             if not self._stop.is_set():
                 self._alarm.clear()
+
+    def _next_step(self) -> tuple[float, float, float] | None:
+        try:
+            return self._sink.next_step()
+        except Exception:  # a bug in the schedule must not stop the reading: plain pace
+            log.exception("node %r: the counter's schedule failed", self.name)
+            return None
 
     def _turn(self) -> bool:
         try:

@@ -45,6 +45,18 @@ EVERY_READ_SHARE = 0.9
 DEFAULT_MAX_W = 2000.0
 #: Brackets kept for learning the period and phase.
 BRACKETS = 24
+#: Once a line is learnt, a bracket wider than this share of the period teaches it nothing:
+#: its middle may lie half a period from its step (a read that came late: a busy loop held
+#: the GIL), where narrow ones put the line within a fraction of a ms; the line places it.
+WIDE_SHARE = 0.25
+#: Brackets a line rests on before the reader is paced by it: a line from the first four
+#: reads' brackets was seen 3% off the period, and a pace on it read before steps long past.
+PACE_BRACKETS = 8
+#: Brackets in a row placed by the line, too wide to teach it, after which it is not trusted:
+#: the reader goes back to its plain pace, and every bracket teaches the line again, until
+#: one narrow enough has. A line a fraction of a ms a period off, read around where it puts
+#: the steps, would drift from them with nothing to put it right.
+STALE_LINE = 4
 
 
 
@@ -54,9 +66,11 @@ class StepClock:
 
     Each change is seen between two reads, so its step lies in ``(a, b]``. The period is
     first the median gap between consecutive changes; each recent bracket is then numbered
-    by how many periods it lies before the newest, and a least-squares line through the
-    brackets' middles gives the period to a fraction of a millisecond and where the newest
-    step fell, far closer than its own bracket says.
+    by how many periods (the learnt one, once learnt) it lies before the newest, and a
+    least-squares line through the brackets' middles gives the period to a fraction of a
+    millisecond and where the newest step fell, far closer than its own bracket says. Once
+    the line is learnt, a bracket wider than ``WIDE_SHARE`` of a period is placed by it and
+    teaches it nothing (``STALE_LINE`` in a row at most).
     """
 
     def __init__(self) -> None:
@@ -64,6 +78,7 @@ class StepClock:
         self._reads = deque[bool](maxlen=64)  # True for a read that saw a change
         self.period: float | None = None
         self._line: tuple[float, float] | None = None  # a step on the learnt line, its +-
+        self._placed = 0  # brackets in a row the line placed without learning from them
 
     def saw(self, changed: bool) -> None:
         self._reads.append(changed)
@@ -82,18 +97,28 @@ class StepClock:
             # many steps fell in it, the last within a period before the read, where the
             # learnt line puts it. The bracket's middle would put the step, and the span's
             # end, in the silence; nor does so wide a bracket teach the line anything.
-            anchor, spread = line
-            at = anchor + period * math.floor((b - anchor) / period)
-            return min(max(at, b - period, a + 1e-6), b), min(period / 2, spread + period / 20)
-        self._brackets.append((a, b))
+            at = self._last_on_line(b, period, line)
+            return min(max(at, b - period, a + 1e-6), b), min(period / 2, line[1] + period / 20)
         if self.every_read:
+            self._brackets.append((a, b))
             return b, 0.0
+        if (period is not None and line is not None and b - a > WIDE_SHARE * period
+                and self._placed < STALE_LINE):
+            self._placed += 1
+            at = self._last_on_line(b, period, line)
+            clamped = min(max(at, a + 1e-6), b)
+            return clamped, min((b - a) / 2, max(line[1], abs(clamped - at), 0.0005))
+        self._placed = 0
+        self._brackets.append((a, b))
         half = (b - a) / 2
         mids = [(x + y) / 2 for x, y in self._brackets]
         if len(mids) < 4:
             return a + half, half
+        # Numbered by the learnt period once there is one: the gap between two brackets kept
+        # is a period only while every step's bracket is kept, and a paced reader whose read
+        # before a step sees it makes one too wide to keep (every other one, at times).
         gaps = sorted(y - x for x, y in itertools.pairwise(mids) if y > x)
-        rough = gaps[len(gaps) // 2] if gaps else None
+        rough = self.period if self._line is not None else gaps[len(gaps) // 2] if gaps else None
         if not rough or rough <= 0:
             return a + half, half
         newest = mids[-1]
@@ -119,6 +144,25 @@ class StepClock:
         clamped = min(max(at, a + 1e-6), b)
         self._line = (at, spread)
         return clamped, min(half, max(spread, abs(clamped - at), 0.0005))
+
+    @staticmethod
+    def _last_on_line(b: float, period: float, line: tuple[float, float]) -> float:
+        """The latest step on the line that a read at ``b`` may have seen: the last point
+        at or before ``b``, or the next one where a step that strays as far as steps do
+        from the line would fall before ``b`` (the read then saw it early)."""
+        anchor, spread = line
+        return anchor + period * math.floor((b + 3 * spread - anchor) / period)
+
+    def next_after(self, t: float) -> tuple[float, float] | None:
+        """The first step the learnt line puts after ``t``, and how far a step strays from
+        the line (s); None before the line rests on ``PACE_BRACKETS`` brackets, while it is
+        not trusted (``STALE_LINE``), or where the counter moves at every read."""
+        period, line = self.period, self._line
+        if (period is None or line is None or self.every_read or len(self._brackets) < PACE_BRACKETS
+                or self._placed >= STALE_LINE):
+            return None
+        anchor, spread = line
+        return anchor + period * (math.floor((t - anchor) / period) + 1), spread
 
 
 class Tape:
@@ -293,6 +337,17 @@ class Tape:
         self.max_w = max(self.max_w, w0, watts)
         self.end = t
         return [Span(t0, t, total - (self.idle_w or 0.0) * dt, total, 0.0, abs(watts - w0) * sensor)]
+
+    # -- the schedule -------------------------------------------------------------------------
+    def next_step(self) -> tuple[float, float, float] | None:
+        """When the counter should step next: the learnt line's step about a period after
+        the last one booked, how far a step strays from the line, and the period (s). None
+        before a step is booked or a line learnt, on a gauge, or on a counter that moves at
+        every read: the reader then reads at its plain pace."""
+        if self.kind == "power" or self._base_t is None:
+            return None
+        step = self.steps.next_after(self._base_t + self.period / 2)
+        return None if step is None else (*step, self.period)
 
     # -- health ---------------------------------------------------------------------------
     def baseline(self) -> tuple[float, float] | None:
