@@ -19,6 +19,8 @@ import dataclasses
 import functools
 import inspect
 import logging
+import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -174,6 +176,9 @@ class EnergyMiddleware:
             # Shared with the host's other worker processes by default (its own where
             # nothing can be shared, saying so): /energy answers for the whole host.
             stats = self._joining = HostStats(EnergyStats(max_tenants=options.max_tenants))
+            # Dropped without aclose(): the statistics it built stop with it (their last row
+            # written on a thread: whoever collects it, the event loop perhaps, never waits).
+            weakref.finalize(self, _close_on_a_thread, stats)
         self.stats = stats
         #: Told at once that a request was answered (its figure settles later), where the
         #: statistics keep answers in place: a worker killed meanwhile loses none.
@@ -437,6 +442,10 @@ async def _refuse(over: OverBudget, send: Send) -> None:
     body = over.body()
     await send({"type": "http.response.start", "status": 429, "headers": over.headers(body)})
     await send({"type": "http.response.body", "body": body})
+
+
+def _close_on_a_thread(stats: HostStats) -> None:
+    threading.Thread(target=stats.close, name="giul-stats-collected", daemon=True).start()
 
 
 #: The settings the middleware takes itself, beside Options' fields (suggested for a typo).

@@ -8,6 +8,7 @@ process's registry.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 
 import anyio
@@ -17,6 +18,13 @@ from ..errors import ConfigError, GiulError
 from .ledger import Ledger
 
 NULL_NODE = Node("<none>", reader="none")
+
+
+def _stop_on_a_thread(by_name: dict[str, Ledger]) -> None:
+    ledgers = list(by_name.values())
+    if ledgers:
+        threading.Thread(target=lambda: [ledger.stop(1.0) for ledger in ledgers],
+                         name="giul-ledgers-collected", daemon=True).start()
 
 
 class Ledgers:
@@ -31,6 +39,10 @@ class Ledgers:
     def __init__(self) -> None:
         self._by_name: dict[str, Ledger] = {}
         self._lock = threading.Lock()
+        # Collected without aclose() (a middleware dropped, a test's): its readers' threads
+        # would read for ever, so they are stopped, on a thread of their own (whoever
+        # collects it, the event loop perhaps, is never kept waiting).
+        weakref.finalize(self, _stop_on_a_thread, self._by_name)
 
     def get(self, node: Node | None) -> Ledger:
         node = node if node is not None else NULL_NODE
