@@ -22,9 +22,13 @@ NULL_NODE = Node("<none>", reader="none")
 
 def _stop_on_a_thread(by_name: dict[str, Ledger]) -> None:
     ledgers = list(by_name.values())
+
+    def stop() -> None:
+        for ledger in ledgers:
+            ledger.stop(1.0)
+
     if ledgers:
-        threading.Thread(target=lambda: [ledger.stop(1.0) for ledger in ledgers],
-                         name="giul-ledgers-collected", daemon=True).start()
+        threading.Thread(target=stop, name="giul-ledgers-collected", daemon=True).start()
 
 
 class Ledgers:
