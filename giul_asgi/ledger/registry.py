@@ -8,7 +8,6 @@ process's registry.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Iterator
 
 import anyio
@@ -18,17 +17,6 @@ from ..errors import ConfigError, GiulError
 from .ledger import Ledger
 
 NULL_NODE = Node("<none>", reader="none")
-
-
-def _stop_on_a_thread(by_name: dict[str, Ledger]) -> None:
-    ledgers = list(by_name.values())
-
-    def stop() -> None:
-        for ledger in ledgers:
-            ledger.stop(1.0)
-
-    if ledgers:
-        threading.Thread(target=stop, name="giul-ledgers-collected", daemon=True).start()
 
 
 class Ledgers:
@@ -43,10 +31,6 @@ class Ledgers:
     def __init__(self) -> None:
         self._by_name: dict[str, Ledger] = {}
         self._lock = threading.Lock()
-        # Collected without aclose() (a middleware dropped, a test's): its readers' threads
-        # would read for ever, so they are stopped, on a thread of their own (whoever
-        # collects it, the event loop perhaps, is never kept waiting).
-        weakref.finalize(self, _stop_on_a_thread, self._by_name)
 
     def get(self, node: Node | None) -> Ledger:
         node = node if node is not None else NULL_NODE
