@@ -742,7 +742,9 @@ class Ledger:
         idle_given = max(0.0, books.drawn_j - books.measured_j - books.idle_unattributed_j)
         return replace(
             mine, drawn_j=books.drawn_j, idle_unattributed_j=books.idle_unattributed_j,
-            idle_charged_j=max(0.0, idle_given - mine.idle_in_flight_j),
+            # Never below what it showed: a holder killed with windows in flight took their
+            # idle part with it, and the allocated counter fell (a hostile tester: 298.65 -> 296.46).
+            idle_charged_j=self._high("host_idle_charged", max(0.0, idle_given - mine.idle_in_flight_j)),
             measured_j=books.measured_j, charged_j=books.charged_j,
             unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j, foreign_j=books.foreign_j,
             windows_open=books.windows_open, workers=books.workers, estimated_j=books.estimated_j,
