@@ -14,9 +14,10 @@ added per request without the hop; with one thread, four reads a period instead 
 measured the same within noise (176 against 179).
 
 While a window is open or waiting to settle (``busy``), a stepped counter is read ten times a
-period until the tape knows when it steps, then just before and just after each step
-(:mod:`.pace`): two wake-ups a period, each a wait for the GIL beside a busy loop, rather
-than ten; the thread reads as soon as it wakes, before the table's work. Where a loop still
+period until the tape knows when it steps, then every 2 ms across each step from just before
+it until it is seen (:mod:`.pace`): about three wake-ups a period, each a wait for the GIL
+beside a busy loop, rather than ten; the thread reads as soon as it wakes, before the
+table's work. Where a loop still
 keeps it from its reads, the process's GIL switch interval is lowered (:mod:`.switch`).
 
 Idle costs nothing: once the node has been quiet for ``LINGER_PERIODS`` periods the thread
