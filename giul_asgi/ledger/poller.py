@@ -172,8 +172,16 @@ class Poller:
         self.read_seconds_max = 0.0
         self.health = Health(reader_name, target)
         self._announced = False
+        self._switch = False  # this thread holds the GIL's switch interval (.switch)
 
     def start(self) -> None:
+        # The GIL's switch interval before the thread starts (.switch): it is set by the
+        # starting thread, which has the GIL, and NVML's start and probes are a dozen
+        # hand-overs of it that a busy loop could make wait. The plain pace is the old
+        # reader's, which left the interval alone; the thread puts it back as it ends.
+        self._switch = PACE == "steps"
+        if self._switch:
+            SWITCH.join(self.name)
         self._thread.start()
         self._watch.start()
 
@@ -204,16 +212,10 @@ class Poller:
             self._busy_since = None
 
     def _run(self) -> None:
-        # The GIL's switch interval before the reader is built: NVML's start and probes are a
-        # dozen hand-overs of the GIL, each one a busy loop could make wait (.switch). The
-        # plain pace is the old reader's, which left the interval alone.
-        switch = PACE == "steps"
-        if switch:
-            SWITCH.join(self.name)
         try:
             self._run_reader()
         finally:
-            if switch:
+            if self._switch:
                 SWITCH.leave()
 
     def _run_reader(self) -> None:
