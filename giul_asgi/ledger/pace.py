@@ -1,4 +1,4 @@
-"""When the reader thread reads next: around the counter's own steps, once it knows them.
+"""When the reader thread reads next: across the counter's own steps, once it knows them.
 
 A stepped counter (NVML's energy register: every 20-100 ms) holds its value between steps,
 so of all the reads in a period only the last before a step and the first after it say
@@ -6,37 +6,40 @@ anything. Read ten times a period at random phases, as the reader did, the card 
 wake-ups a period, and each is a GIL hand-over that a loop running Python flat out makes
 wait (benchmarks/gil_race.py: 2 ms at the median, seconds at worst). Once the tape has
 learnt the steps' period and phase (:meth:`Tape.next_step`), the reader sleeps until just
-before the next step, reads, and reads again just after it: two reads a period, bracketing
-each step within a few ms, which is what the tape learns the line from and what a window's
-first figure rests on. A step later than that is read for again every half-width for a
-quarter period at most; past it (a counter that stopped, a line gone wrong, a reader held
-off its reads) the plain pace takes over until the next step is booked.
+before the next step and reads every ``STEP_READ_S`` across it until it sees it: about
+three reads a period, bracketing each step within ``STEP_READ_S``, which is what the tape
+learns the line from and what a window's first figure rests on. The reads go where the
+step is, not where the line says it is, so the brackets' middles keep the line honest: a
+pair placed either side of the line's own step would bracket every step inside it and
+teach the line only where it already was. A step still unseen a quarter period after its
+time (a counter that stopped, a line gone wrong, a reader held off its reads) leaves the
+plain pace to read until the next step is booked.
 
 Pure: times in, a wait out, so the schedule is tested without a thread or a clock.
 """
 
 from __future__ import annotations
 
-#: The least half-width of the pair of reads around a predicted step (s).
+#: Between reads across a step (s): the width of the brackets paced reads make.
+STEP_READ_S = 0.002
+#: The least lead of the first read before a predicted step (s).
 MIN_HALF_S = 0.002
-#: The half-width in the line's spreads (how far one step strays from the learnt line).
+#: The lead in the line's spreads (how far one step strays from the learnt line).
 SPREADS = 2.5
 
 
 class StepPace:
-    """Where the next read goes, around the step the tape expects next.
+    """Where the next read goes, across the step the tape expects next.
 
-    ``early`` is how much sooner than its half-width the read before a step goes: a step
+    ``early`` is how much sooner than its lead the first read before a step goes: a step
     already there at that read (it strays further from the line than the line's spread
-    says, the line runs late, or the thread was let back to the GIL late) adds a half-width,
-    and each step caught after it takes an eighth of one off, so about one step in nine is
-    early. Without it a line a few ms late would have every read before a step see it, and
-    a bracket of a period teaches the line nothing (:data:`~.tape.WIDE_SHARE`): it would
-    never be put right."""
+    says, the line runs late, or the thread was let back to the GIL late) adds a lead's
+    worth, and each step caught after it takes an eighth of one off, so about one step in
+    nine is early; the tape weighs the wide bracket such a step leaves by its width."""
 
     def __init__(self) -> None:
         self.early = 0.0
-        self._aimed: tuple[float, bool] | None = None  # (the step aimed at, a read before it)
+        self._aimed: tuple[float, bool] | None = None  # (the step aimed at, the first read before it)
 
     def wait(self, now: float, step: tuple[float, float, float] | None, plain: float) -> float:
         """Seconds to wait before the next read: ``step`` is the next step the tape
@@ -53,13 +56,11 @@ class StepPace:
         if now < at - lead:
             self._aimed = (at, True)
             return at - lead - now
-        self._aimed = (at, False)
-        if now < at + half:
-            return at + half - now
         if now < at + period / 4:
-            return min(half, plain)
+            self._aimed = (at, False)
+            return min(STEP_READ_S, plain)
         self._aimed = None
         return plain
 
 
-__all__ = ["MIN_HALF_S", "SPREADS", "StepPace"]
+__all__ = ["MIN_HALF_S", "SPREADS", "STEP_READ_S", "StepPace"]

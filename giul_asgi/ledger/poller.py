@@ -14,10 +14,11 @@ added per request without the hop; with one thread, four reads a period instead 
 measured the same within noise (176 against 179).
 
 While a window is open or waiting to settle (``busy``), a stepped counter is read ten times a
-period until the tape knows when it steps, then just before and just after each step
-(:mod:`.pace`): two wake-ups a period, each a wait for the GIL beside a busy loop, rather
-than ten; the thread reads as soon as it wakes, before the table's work. Where a loop still
-keeps it from its reads, the process's GIL switch interval is lowered (:mod:`.switch`).
+period until the tape knows when it steps, then every 2 ms across each step from just before
+it until it is seen (:mod:`.pace`): about three wake-ups a period, each a wait for the GIL
+beside a busy loop, rather than ten; the thread reads as soon as it wakes, before the
+table's work. So that a loop cannot keep it from them for long, the process's GIL switch
+interval is 1 ms while readers run (:mod:`.switch`).
 
 Idle costs nothing: once the node has been quiet for ``LINGER_PERIODS`` periods the thread
 dozes, reading once per ``idle_s`` (the counter's own period where the
@@ -62,11 +63,10 @@ IDLE_S = 1.0
 #: or wake: closed windows settle once the counter has stepped past their ramp-down.
 LINGER_PERIODS = 5
 LINGER_MIN_S = 0.5
-#: The busy pace of a stepped counter: ``steps`` reads around each step once the tape knows
-#: them (:mod:`.pace`), and lowers the GIL's switch interval where a busy loop keeps the
-#: thread from its reads (:mod:`.switch`); ``uniform`` reads ``READS_PER_PERIOD`` times a
-#: period at random phases and leaves the interval alone, as before (benchmarks' A/B:
-#: ``attribution.py --pace``).
+#: The busy pace of a stepped counter: ``steps`` reads across each step once the tape knows
+#: them (:mod:`.pace`), with the GIL's switch interval at 1 ms (:mod:`.switch`); ``uniform``
+#: reads ``READS_PER_PERIOD`` times a period at random phases and leaves the interval alone,
+#: as before (benchmarks' A/B: ``attribution.py --pace``).
 PACE = "steps"
 
 
@@ -163,8 +163,6 @@ class Poller:
         self._alarm = threading.Event()
         self._dozing = False
         self._woken = False
-        #: When the thread should be back from its busy wait (None: not waiting, or dozing).
-        self._due: float | None = None
         self._active_until = 0.0
         self._thread = threading.Thread(target=self._run, name=f"giul-reader-{name}", daemon=True)
         self._watch = threading.Thread(target=self._watchdog, name=f"giul-watch-{name}", daemon=True)
@@ -174,23 +172,25 @@ class Poller:
         self.read_seconds_max = 0.0
         self.health = Health(reader_name, target)
         self._announced = False
+        self._switch = False  # this thread holds the GIL's switch interval (.switch)
 
     def start(self) -> None:
+        # The GIL's switch interval before the thread starts (.switch): it is set by the
+        # starting thread, which has the GIL, and NVML's start and probes are a dozen
+        # hand-overs of it that a busy loop could make wait. The plain pace is the old
+        # reader's, which left the interval alone; the thread puts it back as it ends.
+        self._switch = PACE == "steps"
+        if self._switch:
+            SWITCH.join(self.name)
         self._thread.start()
         self._watch.start()
 
     def wake(self) -> None:
         """A window is opening: keep (or go back to) the busy pace. Cheap: two attribute
-        writes, and an Event.set only when the thread dozes; until the switch interval is
-        decided (.switch), a look at whether the thread is overdue: a thread kept from the
-        GIL cannot say so itself."""
+        writes, and an Event.set only when the thread dozes."""
         self._woken = True
         if self._dozing:
             self._alarm.set()
-        elif not SWITCH.decided:
-            due = self._due
-            if due is not None:
-                SWITCH.overdue(self._clock() - due, self.name)
 
     def stop(self, timeout: float | None = None) -> bool:
         """Ask the reader to stop (after one last read) and wait at most ``timeout``."""
@@ -213,6 +213,13 @@ class Poller:
 
     def _run(self) -> None:
         try:
+            self._run_reader()
+        finally:
+            if self._switch:
+                SWITCH.leave()
+
+    def _run_reader(self) -> None:
+        try:
             reader = self._call("building the reader", self._build)
         except Exception as exc:
             self._unavailable(exc)
@@ -230,11 +237,7 @@ class Poller:
             self.health.last_error = getattr(reader, "reason", "no reader for this node")
             self._announce(None)
             return
-        SWITCH.join()
-        try:
-            self._loop(reader)
-        finally:
-            SWITCH.leave()
+        self._loop(reader)
         self.health.state = "stopped"
         try:
             self._call("closing the reader", reader.close)
@@ -304,14 +307,7 @@ class Poller:
             if now < self._active_until:
                 self._dozing = False
                 self.health.idle = False
-                steps = PACE == "steps"
-                self._due = now + busy_wait if steps else None
-                woken = self._alarm.wait(busy_wait)
-                self._due = None
-                if not woken and steps:
-                    # How late the thread came back: beside a loop that keeps the GIL it is
-                    # the GIL's hand-over, and the switch interval bounds it (.switch).
-                    SWITCH.note(self._clock() - now - busy_wait, self.name)
+                self._alarm.wait(busy_wait)
             else:
                 self.health.idle = True
                 self._alarm.wait(idle_wait)
