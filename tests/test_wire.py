@@ -31,7 +31,6 @@ from giul_asgi.wire import (
 )
 from giul_asgi.wire import body as wire_body
 from giul_asgi.wire import sse as wire_sse
-from giul_asgi.wire.sse import EVENT_ENDS, NEVER
 
 BLOCK = b'{"joules":1.5}'
 
@@ -57,9 +56,8 @@ def run(splicer: SSESplicer, pieces: list[bytes], block: bytes | None = BLOCK,
     as it is; others are fed; resume when waiting; close at the end."""
     out = b""
     for piece in pieces:
-        search = splicer.search
-        if search is NEVER or (piece.endswith(EVENT_ENDS) and search(piece) is None):
-            splicer.tail = piece if len(piece) > 3 else splicer.tail[-4:] + piece
+        if splicer.passes(piece):
+            splicer.passed(piece)
             out += piece
             continue
         out += splicer.feed(piece)
@@ -249,6 +247,23 @@ def test_plain_stream_energy_rides_on_the_finish_chunk(compact: bool) -> None:
     assert done == DONE and splicer.spliced
     # For EventSource clients, after, where the operator asks for it.
     assert splicer.close(BLOCK, event=True) == energy_event(BLOCK)
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_the_lane_finds_the_finish_as_the_stream_writes_its_colon(compact: bool) -> None:
+    # The lane's one bytes search is learnt from the first chat chunk: a server that writes
+    # '"finish_reason": "stop"' still has its finish chunk held and the energy spliced in.
+    splicer = SSESplicer()
+    first, later = chunk("a", compact=compact), chunk("b", compact=compact)
+    assert splicer.feed(first) == first
+    assert splicer.needle == (b'_reason":"' if compact else b'_reason": "')
+    assert splicer.passes(later)  # a common chunk takes the lane
+    finish = chunk(None, "stop", compact=compact)
+    assert not splicer.passes(finish)
+    out = run(splicer, [later, finish, DONE])
+    passed, spliced, done = events(out)[:3]
+    assert passed == later and json.loads(sse_data(spliced))["energy"] == {"joules": 1.5}
+    assert done == DONE
 
 
 def test_include_usage_energy_rides_on_the_usage_chunk() -> None:

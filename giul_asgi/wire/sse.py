@@ -18,10 +18,11 @@ Sans-IO (bytes in, bytes out), so it is tested on its own. The rules it keeps:
   ``max_event`` bytes, past which it passes as sent.
 
 The common chunk never reaches :meth:`SSESplicer.feed`: the caller checks that it ends
-between events (``endswith(EVENT_ENDS)``) and tries :attr:`SSESplicer.search` on it (one
-C-level regex search for what can end or carry the answer); when that finds nothing, it
-sends the chunk as it is and keeps it as :attr:`SSESplicer.tail`. Once the stream is known
-not to be OpenAI-shaped, ``search`` is :data:`NEVER` and every chunk passes.
+between events (``endswith(EVENT_ENDS)``) and looks for :attr:`SSESplicer.needle` in it (one
+C-level ``bytes`` search for what can end or carry the answer: a ``finish_reason`` with a
+value, written as this stream's first chat chunk writes its colon); when it is not there, it
+sends the chunk as it is and keeps it as :attr:`SSESplicer.tail` (:meth:`Lane.passes`). Once
+the stream is known not to be OpenAI-shaped, ``needle`` is None and every chunk passes.
 """
 
 from __future__ import annotations
@@ -45,32 +46,46 @@ Search = Callable[[bytes], Any]
 _TERMINATOR = re.compile(rb"\r\n|\r|\n")
 #: What a stream is before its first byte: at an event boundary.
 START = b"\n\n"
-#: Before the first ``data:`` line nothing is known about the stream.
-_UNDECIDED: Search = re.compile(rb"data:").search
 #: A chat chunk whose ``finish_reason`` has a value (a string, not ``null``).
 _FINISH: Search = re.compile(rb'_reason"\s*:\s*"').search
 #: The same, or a ``usage`` object (when we read tokens without holding anything).
 _FINISH_OR_USAGE: Search = re.compile(rb'_reason"\s*:\s*"|"usage"\s*:\s*\{').search
+#: How this stream writes a colon: after ``finish_reason`` if its first chat chunk has one,
+#: else after its first key (a server writes every chunk with one serializer).
+_FINISH_COLON: Search = re.compile(rb'_reason"(\s*:\s*)').search
+_KEY_COLON: Search = re.compile(rb'"(\s*:\s*)').search
+#: The lane's needles, each found by one ``bytes`` search (:meth:`Lane.passes`). Before
+#: the first ``data:`` line nothing is known about the stream.
+_UNDECIDED = b"data:"
 #: The Responses API's last event.
-_COMPLETED: Search = re.compile(rb"response\.completed").search
-#: Anchored at the start and failing at once: the chunk passes (measured 0.06 us).
-NEVER: Search = re.compile(rb"\A(?!)").search
+_COMPLETED = b"response.completed"
+#: Found in every chunk: the caller hands each one to :meth:`SSESplicer.feed`.
+ALWAYS = b""
 #: How a chunk that ends between events ends (LF, CR or CRLF pairs).
 EVENT_ENDS = (b"\n\n", b"\n\r\n", b"\r\r")
-#: Matches every chunk: the caller hands each one to :meth:`SSESplicer.feed`.
-_ALWAYS: Search = re.compile(rb"").search
 
 CHAT, RESPONSES, OTHER = "chat", "responses", "other"
 
 
 class Lane:
-    """Chunks that go out as they are, without a frame of the responder's: those in which
-    ``search`` finds nothing and that end between events (every chunk when ``search`` is
-    :data:`NEVER`). ``tail`` keeps the last one, for where the stream stands."""
+    """Chunks that go out as they are, without a frame of the responder's (:meth:`passes`):
+    those that end between events and in which ``needle`` is not found, or every chunk when
+    ``needle`` is None. ``tail`` keeps the last one, for where the stream stands."""
 
-    def __init__(self, search: Search = NEVER) -> None:
-        self.search = search
+    def __init__(self, needle: bytes | None = None) -> None:
+        self.needle = needle
         self.tail = START
+
+    def passes(self, chunk: bytes) -> bool:
+        """Whether ``chunk`` goes out as it is (the caller then keeps it as :attr:`tail`).
+        The exchange's ``send`` inlines this test: a chunk costs it no other frame."""
+        needle = self.needle
+        return needle is None or (chunk.endswith(EVENT_ENDS) and needle not in chunk)
+
+    def passed(self, chunk: bytes) -> None:
+        """Keep ``chunk``, which went out as it is, as the stream's tail (a short one joins
+        the last bytes before it)."""
+        self.tail = chunk if len(chunk) > 3 else self.tail[-4:] + chunk
 
 
 def event_ends(tail: bytes, chunk: bytes) -> list[int]:
@@ -167,9 +182,8 @@ class SSESplicer(Lane):
     """One event stream's splicing state, and the lane its common chunks take. See the
     module's docstring for the rules.
 
-    The caller sends a chunk as it is when ``search`` is :data:`NEVER`, or the chunk ends
-    between events and ``search(chunk)`` finds nothing, storing it as :attr:`tail`;
-    otherwise it sends what :meth:`feed` returns. When :attr:`waiting` turns true
+    The caller sends a chunk as it is when :meth:`~Lane.passes` says so, storing it as
+    :attr:`tail`; otherwise it sends what :meth:`feed` returns. When :attr:`waiting` turns true
     (``[DONE]`` followed the held event), it closes its window and sends what
     :meth:`resume` returns for the block. At the end it sends :meth:`close`'s bytes; when
     the app stops abruptly, :meth:`flush`'s.
@@ -202,6 +216,9 @@ class SSESplicer(Lane):
         self._after = b""  # from [DONE] on, while waiting
         #: A chat answer has finished: every chunk to the end is looked at (a few).
         self._ending = False
+        #: What the lane looks for in a chat stream: a finish (or, not splicing, a usage
+        #: object), written with the colon its first chunk uses.
+        self._chat_needle = b'_reason":"' if splice else b'"usage":{'
 
     # -- the stream ----------------------------------------------------------------------
     def feed(self, chunk: bytes) -> bytes:
@@ -234,7 +251,7 @@ class SSESplicer(Lane):
         rest = chunk[pos:]
         if rest:
             self._partial(rest, begins, out)
-        self._choose_search()
+        self._choose_needle()
         return b"".join(out)
 
     def _partial(self, rest: bytes, begins: bool, out: list[bytes]) -> None:
@@ -259,9 +276,11 @@ class SSESplicer(Lane):
             return
         self._pass(rest, out)
 
-    def _candidate_search(self, data: bytes) -> Any:
+    def _candidate(self, data: bytes) -> bool:
         # Which events are parsed: one that may carry the energy or a token count.
-        return (_COMPLETED if self.kind == RESPONSES else _FINISH_OR_USAGE)(data)
+        if self.kind == RESPONSES:
+            return _COMPLETED in data
+        return _FINISH_OR_USAGE(data) is not None
 
     def _complete(self, raw: bytes, out: list[bytes]) -> None:
         """One complete event none of whose bytes went out yet."""
@@ -274,17 +293,19 @@ class SSESplicer(Lane):
             return
         if self.kind is None:
             self.kind = _kind_of(data)
+            if self.kind == CHAT:
+                self._chat_needle = _chat_needle(data, self.splice)
         if data.strip() == b"[DONE]":
             if self._held is not None:
                 self.waiting = True
                 self._after = raw
                 return
-            self.search = NEVER  # the answer is over: the rest passes
+            self.needle = None  # the answer is over: the rest passes
             self._ending = False
             self._pass(raw, out)
             return
         obj = None
-        if self.kind in (CHAT, RESPONSES) and self._candidate_search(data) is not None:
+        if self.kind in (CHAT, RESPONSES) and self._candidate(data):
             obj = parse_object(data)
             count = usage_tokens(find_usage(obj), self.token_kind)
             if count is not None:
@@ -311,19 +332,19 @@ class SSESplicer(Lane):
             out.extend(self._behind)
             self._held, self._held_obj, self._behind = None, None, []
 
-    def _choose_search(self) -> None:
+    def _choose_needle(self) -> None:
         if self._held is not None or self._open is not None or self._ending:
-            self.search = _ALWAYS  # every next chunk decides what is withheld
-        elif self.search is NEVER:
+            self.needle = ALWAYS  # every next chunk decides what is withheld
+        elif self.needle is None:
             return
         elif self.kind == CHAT:
-            self.search = _FINISH if self.splice else _FINISH_OR_USAGE
+            self.needle = self._chat_needle
         elif self.kind == RESPONSES:
-            self.search = _COMPLETED
+            self.needle = _COMPLETED
         elif self.kind == OTHER:
-            self.search = NEVER
+            self.needle = None
         else:
-            self.search = _UNDECIDED
+            self.needle = _UNDECIDED
 
     def _spliced_held(self, block: bytes | None, usage: bytes | None = None) -> bytes:
         held, obj = self._held, self._held_obj
@@ -344,7 +365,7 @@ class SSESplicer(Lane):
         self.waiting = False
         out = self._spliced_held(block, usage)
         after, self._after = self._after, b""
-        self.search = NEVER  # [DONE] went by: the rest passes
+        self.needle = None  # [DONE] went by: the rest passes
         self._ending = False
         return out + after
 
@@ -383,6 +404,16 @@ class SSESplicer(Lane):
         return b"".join(out)
 
 
+def _chat_needle(data: bytes, splice: bool) -> bytes:
+    """What the lane looks for in a chat stream whose first event's data is ``data``: a
+    ``finish_reason`` with a string value when splicing, else a ``usage`` object, with the
+    colon as this stream writes it (the regexes' ``\\s*`` once, here, rather than per chunk:
+    measured in benchmarks/instructions.py, see the commit)."""
+    found = _FINISH_COLON(data) or _KEY_COLON(data)
+    colon = found.group(1) if found is not None else b":"
+    return b'_reason"' + colon + b'"' if splice else b'"usage"' + colon + b"{"
+
+
 def _kind_of(data: bytes) -> str:
     """What a stream is, from its first event's data."""
     obj = parse_object(data)
@@ -399,9 +430,9 @@ def _kind_of(data: bytes) -> str:
 
 
 __all__ = [
+    "ALWAYS",
     "CHAT",
     "EVENT_ENDS",
-    "NEVER",
     "OTHER",
     "RESPONSES",
     "Lane",
