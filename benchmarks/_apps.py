@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import shutil
+import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,6 +22,12 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route as StarletteRoute
 
 from giul_asgi import Node
+
+#: An earlier commit's copy of ours, importable beside it under this name (``prepare_before``),
+#: so that one run times both, interleaved: the "before" of an A/B.
+BEFORE = "giul_asgi_before"
+#: Where that copy lies (set by ``prepare_before``; servers started for it inherit it).
+BEFORE_ENV = "GIUL_BENCH_BEFORE"
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 48, "total_tokens": 60}
 PAYLOAD = {
@@ -180,7 +190,7 @@ class Floor(Passthrough):
 
 def sim_node(package: str = "giul_asgi") -> Node:
     """A busy simulated card, so every figure is a real (simulated) share; built from
-    ``package``, which ``compare.py`` points at an earlier commit's copy of ours."""
+    ``package`` (:data:`BEFORE`: an earlier commit's copy of ours, see ``prepare_before``)."""
     pkg = importlib.import_module(package)
     readers = importlib.import_module(f"{package}.readers.simulated")
     card = readers.SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1)
@@ -192,13 +202,38 @@ def sim_node(package: str = "giul_asgi") -> Node:
 def nvml_node(package: str = "giul_asgi") -> Node:
     """The production path: ``Node(reader="nvml")``, whose reader imports ``pynvml`` on its
     own thread and finds benchmarks/fake_pynvml there (every call a ctypes call into C with
-    the GIL released, over a truth card drawing 150 W above its 70 W idle)."""
+    the GIL released, over a truth card drawing 150 W above its 70 W idle). One fake card a
+    process: an earlier copy of ours reads the same one, from a table of its own."""
     import fake_pynvml
 
     pkg = importlib.import_module(package)
-    fake_pynvml.install([fake_pynvml.Gpu(fake_pynvml.busy_card())])
-    node: Node = pkg.Node("gpu", gpus=(0,), idle_w=70.0, reader="nvml")
+    if fake_pynvml.driver() is None:
+        fake_pynvml.install([fake_pynvml.Gpu(fake_pynvml.busy_card())])
+    if package == "giul_asgi":
+        node: Node = pkg.Node("gpu", gpus=(0,), idle_w=70.0, reader="nvml")
+    else:
+        node = pkg.Node("gpu-before", gpus=(0,), idle_w=70.0, reader="nvml",
+                        workers_dir=tempfile.mkdtemp(prefix="giul-bench-"))
     return node
+
+
+def prepare_before(source: str) -> str:
+    """Copy ``source``'s ``giul_asgi`` (an earlier commit's, ``git archive``'d there) to a
+    folder as :data:`BEFORE` and put that folder on the path; returns it. Its imports are
+    relative, so the copy runs as it did, beside this checkout's package."""
+    folder = tempfile.mkdtemp(prefix="giul-before-")
+    shutil.copytree(os.path.join(source, "giul_asgi"), os.path.join(folder, BEFORE))
+    os.environ[BEFORE_ENV] = folder
+    before_on_path()
+    return folder
+
+
+def before_on_path() -> None:
+    folder = os.environ.get(BEFORE_ENV)
+    if folder is None:
+        raise RuntimeError(f"no earlier copy to time: pass --before DIR (sets ${BEFORE_ENV})")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def our_middleware(package: str = "giul_asgi", *, nvml: bool = False, **options: Any) -> Middleware:
@@ -257,6 +292,9 @@ def build(variant: str) -> Starlette:
         middleware = [our_middleware()]
     elif variant == "giul-asgi-nvml":  # the production path: the NVML reader over fake_pynvml
         middleware = [our_middleware(nvml=True)]
+    elif variant in ("giul-asgi-before", "giul-asgi-nvml-before"):  # an earlier copy of ours
+        before_on_path()
+        middleware = [our_middleware(BEFORE, nvml=variant == "giul-asgi-nvml-before")]
     elif variant == "giul-asgi-headers":  # the same, without the JSON energy block
         middleware = [our_middleware(inject_json=False)]
     elif variant != "bare":
@@ -269,4 +307,8 @@ VARIANTS: tuple[str, ...] = (
     "prometheus-fastapi-instrumentator", "opentelemetry", "giul-asgi", "giul-asgi-nvml",
     "giul-asgi-headers",
 )
-BUILDERS: dict[str, Callable[[], Starlette]] = {v: (lambda v=v: build(v)) for v in VARIANTS}
+#: An earlier commit's copy of ours (``prepare_before`` first).
+BEFORE_VARIANTS: tuple[str, ...] = ("giul-asgi-before", "giul-asgi-nvml-before")
+BUILDERS: dict[str, Callable[[], Starlette]] = {
+    v: (lambda v=v: build(v)) for v in (*VARIANTS, *BEFORE_VARIANTS)
+}

@@ -8,13 +8,15 @@ its own. Variants: two bare gateways (the second is the noise control: how far t
 processes differ), ours on the simulated reader (``giul-asgi``) and on the production path
 (``giul-asgi-nvml``: ``Node(reader="nvml")`` over benchmarks/fake_pynvml, every NVML call a
 ctypes call with the GIL released), starlette-exporter and prometheus-fastapi-instrumentator
-(bench extra). Every repeat starts fresh gateway processes, in turn, interleaved.
+(bench extra); with ``--before DIR``, an earlier commit's package on the production path too
+(``giul-asgi-nvml-before``, from ``git archive REV giul_asgi | tar -x -C DIR``). Every repeat
+starts fresh gateway processes, in turn, interleaved.
 
-Per variant: requests/s and the gateway process's CPU (user + system) per request, for a JSON
-answer and for a 200-chunk stream; medians of repeats, and each as a ratio to the first bare
-gateway measured beside it.
+Per variant: requests/s and the gateway process's CPU (user + system, every thread) per
+request, and of it our reader thread's, for a JSON answer and for a 200-chunk stream;
+medians of repeats, and each as a ratio to the first bare gateway measured beside it.
 
-    python benchmarks/gateway.py [--quick]        (apt-get install wrk)
+    python benchmarks/gateway.py [--quick] [--before DIR]        (apt-get install wrk)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _apps import prepare_before
 from overhead import _wait_port, free_port, measure, stop
 
 UPSTREAM = """
@@ -118,6 +121,12 @@ MIDDLEWARE = {
         "m = our_middleware(nvml=True)\n"
         "app.add_middleware(m.cls, *m.args, **m.kwargs)"
     ),
+    "giul-asgi-nvml-before": (
+        "from _apps import BEFORE, before_on_path, our_middleware\n"
+        "before_on_path()\n"
+        "m = our_middleware(BEFORE, nvml=True)\n"
+        "app.add_middleware(m.cls, *m.args, **m.kwargs)"
+    ),
     "starlette-exporter": (
         "from starlette_exporter import PrometheusMiddleware\n"
         "app.add_middleware(PrometheusMiddleware, app_name='gw', group_paths=True)"
@@ -131,11 +140,13 @@ MIDDLEWARE = {
 PATHS = {"json": "/v1/chat/completions", "stream-200": "/v1/stream"}
 
 
-def available() -> list[str]:
+def available(before: bool) -> list[str]:
     import importlib.util
 
     out = []
     for name in MIDDLEWARE:
+        if name == "giul-asgi-nvml-before" and not before:
+            continue
         module = {"starlette-exporter": "starlette_exporter",
                   "prometheus-fastapi-instrumentator": "prometheus_fastapi_instrumentator"}.get(name)
         if module is None or importlib.util.find_spec(module) is not None:
@@ -146,16 +157,21 @@ def available() -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--before", metavar="DIR",
+                        help="a folder holding an earlier commit's giul_asgi: timed beside ours")
     args = parser.parse_args()
+    if args.before:
+        prepare_before(args.before)
     repeats, seconds = (3, 2) if args.quick else (7, 3)
     load_start = os.getloadavg()
     bench = str(Path(__file__).resolve().parent)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     up_port = free_port()
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM.format(port=up_port)], env=env)
-    variants = available()
+    variants = available(bool(args.before))
     rps: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in PATHS}
     cpu: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in PATHS}
+    reader: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in PATHS}
     ratio: dict[str, dict[str, list[float]]] = {k: {v: [] for v in variants} for k in PATHS}
     try:
         _wait_port(up_port)
@@ -173,9 +189,10 @@ def main() -> None:
                         measure(proc, f"http://127.0.0.1:{port}{path}", 1)  # warm
                 for kind, path in PATHS.items():
                     for v, (proc, port) in procs.items():
-                        r, us = measure(proc, f"http://127.0.0.1:{port}{path}", seconds)
+                        r, us, reader_us = measure(proc, f"http://127.0.0.1:{port}{path}", seconds)
                         rps[kind][v].append(r)
                         cpu[kind][v].append(us)
+                        reader[kind][v].append(reader_us)
                     for v in variants:
                         ratio[kind][v].append(rps[kind][v][-1] / rps[kind]["bare"][-1])
             finally:
@@ -191,19 +208,34 @@ def main() -> None:
     print(f"FastAPI proxy, one shared httpx.AsyncClient, to a local upstream (separate process); "
           f"uvicorn httptools + uvloop; wrk -t1 -c16 {seconds}s; medians of {repeats} repeats, "
           f"fresh processes each.\n")
-    print("| variant | JSON req/s | vs bare | JSON CPU us/req | added | 200-chunk streams/s | vs bare "
-          "| stream CPU us | added |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| variant | JSON req/s | vs bare | JSON CPU us/req | added | reader us/req "
+          "| 200-chunk streams/s | vs bare | stream CPU us | added | reader us/stream |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     base_json = statistics.median(cpu["json"]["bare"])
     base_stream = statistics.median(cpu["stream-200"]["bare"])
+    added: dict[str, tuple[float, float]] = {}
     for v in variants:
         j, s = statistics.median(cpu["json"][v]), statistics.median(cpu["stream-200"][v])
+        added[v] = (j - base_json, s - base_stream)
+        rj, rs = (statistics.median(reader[k][v]) for k in PATHS)
+        mine = v.startswith("giul-asgi")
         print(f"| {v} | {statistics.median(rps['json'][v]):.0f} | {statistics.median(ratio['json'][v]):.2f} "
-              f"| {j:.0f} | {j - base_json:+.0f} | {statistics.median(rps['stream-200'][v]):.0f} "
-              f"| {statistics.median(ratio['stream-200'][v]):.2f} | {s:.0f} | {s - base_stream:+.0f} |")
-    print("\nTargets (issue 9): streams/s >= 0.95 of the bare gateway's and stream CPU added at most "
-          "starlette-exporter's; JSON CPU added at most the cheapest peer's. bare-2 against bare "
-          "is the noise.")
+              f"| {j:.0f} | {j - base_json:+.0f} | {f'{rj:.0f}' if mine else ''} "
+              f"| {statistics.median(rps['stream-200'][v]):.0f} "
+              f"| {statistics.median(ratio['stream-200'][v]):.2f} | {s:.0f} | {s - base_stream:+.0f} "
+              f"| {f'{rs:.0f}' if mine else ''} |")
+    peers = [v for v in ("starlette-exporter", "prometheus-fastapi-instrumentator") if v in added]
+    if peers and "bare-2" in added:
+        noise = tuple(abs(x) for x in added["bare-2"])
+        for i, kind in enumerate(("JSON", "stream")):
+            best = min(added[p][i] for p in peers)
+            for v in (v for v in variants if v.startswith("giul-asgi")):
+                print(f"\n{kind}, {v}: CPU added {added[v][i]:+.0f} us; the cheapest peer's "
+                      f"{best:+.0f} + the noise control's {noise[i]:.0f} = {best + noise[i]:+.0f} "
+                      f"(target: at most that).", end="")
+        print()
+    print("\nTargets (issue 22): CPU added per JSON request and per stream at most the cheapest "
+          "peer's plus the noise control's spread (bare-2 against bare).")
 
 
 if __name__ == "__main__":

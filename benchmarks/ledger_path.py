@@ -8,40 +8,63 @@ batches, to the statistics and the records by id (what the reader thread does). 
 come every ``--gap-us`` of virtual time (60 us: a busy node), so each reading settles
 about a thousand windows, as in benchmarks/overhead.py.
 
+``--asgi VARIANT`` sends each request through one of benchmarks/_apps.py's stacks instead
+(a JSON answer, or with ``--kind stream`` or ``usage`` an SSE stream of ``--chunks``
+chunks; ``giul-asgi``: ours on that ledger, with the statistics and the records kept in
+process; a peer or ``bare`` for comparison), so the count is the whole request: the app,
+the middleware, and for ours the reader's share.
+
 No threads, no GIL, no real clock: the same instructions every run. Counted by callgrind
-(benchmarks/instructions.py ``--script ledger_path.py``), the difference between two runs
-of ``n1`` and ``n2`` requests is one request's metering, loop and reader together; timed
-(this script alone), it is the same in microseconds.
+(benchmarks/instructions.py ``--ledger``), the difference between two runs of ``n1`` and
+``n2`` requests is one request's cost, loop and reader together; timed (this script alone),
+it is the same in microseconds.
 
     python benchmarks/ledger_path.py 20000
+    python benchmarks/ledger_path.py 20000 --asgi giul-asgi
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
-from giul_asgi import Node, Tier
-from giul_asgi.ledger import Ledger
-from giul_asgi.listeners import Listeners
-from giul_asgi.meter import Meter
-from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader, VirtualClock
-from giul_asgi.records import RecordStore
-from giul_asgi.stats import EnergyStats
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 READ_EVERY_S = 0.01
 
 
-def run(n: int, gap_s: float, seconds_s: float) -> float:
-    """Seconds of real time per request, for ``n`` requests."""
-    clock = VirtualClock()
-    card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1, clock=clock)
+def _ledger(package: str) -> tuple[Any, Any, Any]:
+    """(clock, reader, ledger) of a busy simulated node that nothing polls, booked as under
+    a reader thread: what the request path records waits for the reading (or a figure asked
+    for) rather than being booked at once."""
+    simulated = importlib.import_module(f"{package}.readers.simulated")
+    pkg = importlib.import_module(package)
+    clock = simulated.VirtualClock()
+    card = simulated.SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.1, clock=clock)
     card.start_job(150.0)
-    reader = SimulatedReader(card)
-    node = Node("bench", idle_w=70.0, reader_factory=lambda _n: reader)
-    ledger = Ledger(node, reader, poll=False, clock=clock)
-    tier = Tier("8b", 300.0)
-    listeners = Listeners([EnergyStats(clock=clock), RecordStore(share=False, clock=clock)])
+    reader = simulated.SimulatedReader(card)
+    node = pkg.Node("bench", idle_w=70.0, reader_factory=lambda _n: reader)
+    ledger = importlib.import_module(f"{package}.ledger").Ledger(node, reader, poll=False, clock=clock)
+    if hasattr(ledger, "_deferring"):
+        ledger._deferring = lambda: True
+    return clock, reader, ledger
+
+
+def run(n: int, gap_s: float, seconds_s: float, package: str = "giul_asgi") -> float:
+    """Seconds of real time per request, for ``n`` requests through a meter."""
+    pkg = importlib.import_module(package)
+    clock, reader, ledger = _ledger(package)
+    tier = pkg.Tier("8b", 300.0)
+    listeners = importlib.import_module(f"{package}.listeners").Listeners([
+        pkg.EnergyStats(clock=clock), importlib.import_module(f"{package}.records").RecordStore(
+            share=False, clock=clock),
+    ])
+    Meter = importlib.import_module(f"{package}.meter").Meter
     next_read = clock.now
     start = time.perf_counter()
     for _ in range(n):
@@ -62,13 +85,58 @@ def run(n: int, gap_s: float, seconds_s: float) -> float:
     return elapsed / n
 
 
+async def run_asgi(variant: str, n: int, gap_s: float, package: str = "giul_asgi",
+                   kind: str = "json", chunks: int = 1000) -> float:
+    """Seconds of real time per request, for ``n`` requests of ``kind`` through ``variant``."""
+    from _apps import PATHS, bench_app, build
+    from overhead import run_requests
+    from starlette.middleware import Middleware
+
+    ledger = None
+    if variant == "giul-asgi":
+        pkg = importlib.import_module(package)
+        clock, reader, ledger = _ledger(package)
+        ledgers = pkg.Ledgers()
+        ledgers._by_name[ledger.node.name] = ledger  # this one, nothing polls it
+        records = importlib.import_module(f"{package}.records").RecordStore(share=False, clock=clock)
+        app = bench_app([Middleware(pkg.EnergyMiddleware, nodes=[ledger.node], tiers=[pkg.Tier("8b", 300.0)],
+                                    ledgers=ledgers, stats=pkg.EnergyStats(clock=clock), records=records)])
+    else:
+        app = build(variant)
+    path = PATHS[kind].replace("{n}", str(chunks))
+    await run_requests(app, path, 100 if kind == "json" else 5)  # built, its caches filled
+    next_read = 0.0
+    start = time.perf_counter()
+    for _ in range(n):
+        await run_requests(app, path, 1)
+        if ledger is not None:
+            clock.advance(gap_s)
+            if clock.now >= next_read:
+                ledger.ingest(reader.read())
+                next_read = clock.now + READ_EVERY_S
+    elapsed = time.perf_counter() - start
+    if ledger is not None:
+        for _ in range(30):
+            clock.advance(READ_EVERY_S)
+            ledger.ingest(reader.read())
+    return elapsed / n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("n", type=int)
     parser.add_argument("--gap-us", type=float, default=60.0, help="virtual time between requests")
     parser.add_argument("--seconds-us", type=float, default=50.0, help="virtual time a window is open")
+    parser.add_argument("--asgi", metavar="VARIANT", help="through this stack of benchmarks/_apps.py")
+    parser.add_argument("--kind", default="json", choices=("json", "stream", "usage"))
+    parser.add_argument("--chunks", type=int, default=1000, help="a stream's chunks")
+    parser.add_argument("--package", default="giul_asgi", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    per = run(args.n, args.gap_us / 1e6, args.seconds_us / 1e6)
+    if args.asgi:
+        per = asyncio.run(run_asgi(args.asgi, args.n, args.gap_us / 1e6, args.package,
+                                   args.kind, args.chunks))
+    else:
+        per = run(args.n, args.gap_us / 1e6, args.seconds_us / 1e6, args.package)
     print(f"{args.n} requests: {per * 1e6:.2f} us each (loop and reader work, one thread)")
 
 

@@ -19,9 +19,12 @@ every JSON body: ``giul-asgi`` on the simulated reader, ``giul-asgi-nvml`` on th
 path (``Node(reader="nvml")`` over benchmarks/fake_pynvml: every NVML call a ctypes call
 into C with the GIL released, tens of microseconds). ``floor`` writes the same output
 (eleven per-request headers and a block) without metering anything: the lean reference.
+``--before DIR`` adds ``giul-asgi-nvml-before``: an earlier commit's package (``git archive
+REV giul_asgi | tar -x -C DIR``) on the same path, in the same run, interleaved.
 
 Besides wall time, each measurement takes the whole process's CPU (every thread, so the
-reader thread's share is in it) over its requests; after our variants the loop idles
+reader thread's share is in it) and our reader thread's own (schedstat) over its requests;
+after our variants the loop idles
 ``--tail`` seconds, uncounted, so their readers' busy linger never runs into the next
 variant's measurement. (The reader's cost is per second while busy, not per request: a
 batch counts what it did while the batch ran, as a server under steady load would.)
@@ -56,8 +59,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apps import BUILDERS, PATHS, PAYLOAD
-from threads import main_thread_times, named_thread_times
+from _apps import BUILDERS, PATHS, PAYLOAD, prepare_before
+from threads import main_thread_times, named_thread_times, process_thread_cpu
 
 
 def scope_for(path: str) -> dict[str, Any]:
@@ -103,6 +106,12 @@ TIMED: tuple[str, ...] = (
 )
 PEERS: tuple[str, ...] = ("starlette-exporter", "prometheus-fastapi-instrumentator")
 OURS: tuple[str, ...] = ("giul-asgi", "giul-asgi-nvml")
+BEFORE = "giul-asgi-nvml-before"
+#: Our variants' reader threads (the node each reads: Thread name giul-reader-NODE).
+READERS: dict[str, str] = {
+    "giul-asgi": "giul-reader-sim", "giul-asgi-nvml": "giul-reader-gpu",
+    BEFORE: "giul-reader-gpu-before",
+}
 #: Seconds the loop idles after our variants' requests (uncounted): longer than the reader's
 #: busy linger (0.5 s), so it never runs into the next variant's measurement.
 TAIL_S = 0.8
@@ -121,26 +130,36 @@ def kinds() -> dict[str, tuple[str, int]]:
 Results = dict[str, dict[str, list[float]]]
 
 
-async def in_process(repeats: int, scale: int, tail: float = TAIL_S) -> tuple[Results, Results]:
-    """Seconds per request (wall), and process CPU seconds per request (every thread), per
-    kind and variant, ``repeats`` interleaved measurements."""
-    apps = {v: BUILDERS[v]() for v in TIMED}
+async def in_process(
+    variants: tuple[str, ...], repeats: int, scale: int, tail: float = TAIL_S
+) -> tuple[Results, Results, Results]:
+    """Seconds per request (wall), process CPU seconds per request (every thread), and our
+    reader thread's CPU seconds per request, per kind and variant, ``repeats`` interleaved
+    measurements."""
+    apps = {v: BUILDERS[v]() for v in variants}
     results: Results = {}
     cpu: Results = {}
+    reader: Results = {}
     for kind, (path, chunks) in kinds().items():
         n = max(3, scale // (chunks + 10))
-        for v in TIMED:  # warm each stack (route caches, ledgers started)
+        for v in variants:  # warm each stack (route caches, ledgers started)
             await run_requests(apps[v], path, max(3, n // 4))
         await asyncio.sleep(tail)
-        results[kind], cpu[kind] = {}, {}
+        results[kind], cpu[kind], reader[kind] = {}, {}, {}
         for _ in range(repeats):
-            for v in TIMED:
+            for v in variants:
+                name = READERS.get(v)
+                reader0 = named_thread_times(name, exact=True) if name else None
                 cpu0 = time.process_time()
                 results[kind].setdefault(v, []).append(await run_requests(apps[v], path, n))
-                cpu[kind].setdefault(v, []).append((time.process_time() - cpu0) / n)
-                if v in OURS:
+                if name and reader0 is not None:
+                    # The reader settles the last windows in the tail: what they cost is
+                    # these requests' (the loop only waits meanwhile).
                     await asyncio.sleep(tail)
-    return results, cpu
+                    used = named_thread_times(name, exact=True).cpu_s - reader0.cpu_s
+                    reader[kind].setdefault(v, []).append(used / n)
+                cpu[kind].setdefault(v, []).append((time.process_time() - cpu0) / n)
+    return results, cpu, reader
 
 
 def fit(lengths: list[int], added: list[float]) -> tuple[float, float]:
@@ -208,38 +227,44 @@ def start_servers(code_for: dict[str, str]) -> dict[str, tuple[subprocess.Popen[
     return servers
 
 
-def measure(proc: subprocess.Popen[bytes], url: str, seconds: int) -> tuple[float, float]:
-    """(requests/s, server CPU microseconds per request) for one wrk run against ``url``."""
-    before = cpu_seconds(proc.pid)
+def measure(proc: subprocess.Popen[bytes], url: str, seconds: int) -> tuple[float, float, float]:
+    """(requests/s, server CPU microseconds per request, of which our reader thread's) for
+    one wrk run against ``url`` (the reader's: nan where the server has none)."""
+    before, reader0 = cpu_seconds(proc.pid), process_thread_cpu(proc.pid, "giul-reader")
     rps, served = wrk_rps(url, seconds, 16)
-    return rps, (cpu_seconds(proc.pid) - before) / max(served, 1) * 1e6
+    per = 1e6 / max(served, 1)
+    reader = (process_thread_cpu(proc.pid, "giul-reader") - reader0) * per
+    return rps, (cpu_seconds(proc.pid) - before) * per, reader
 
 
 def through_uvicorn(
-    repeats: int, seconds: int
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, list[float]]]]:
-    """Requests/s, and server CPU microseconds per request, per kind and variant.
+    variants: tuple[str, ...], repeats: int, seconds: int
+) -> tuple[Results, Results, Results]:
+    """Requests/s, server CPU microseconds per request, and our reader thread's, per kind
+    and variant.
 
     Every repeat starts fresh server processes: a process can run 20% fast or slow for its
     whole life on these VMs (where it lands in memory and on the cores), so one process per
     variant for all repeats would bake that luck into the medians.
     """
     bench = str(Path(__file__).parent)
-    code_for = {v: SERVER.format(bench=bench, variant=v, port="{port}") for v in TIMED}
-    results: dict[str, dict[str, list[float]]] = {"json": {}}
-    cpu: dict[str, dict[str, list[float]]] = {"json": {}}
+    code_for = {v: SERVER.format(bench=bench, variant=v, port="{port}") for v in variants}
+    results: Results = {"json": {}}
+    cpu: Results = {"json": {}}
+    reader: Results = {"json": {}}
     for _ in range(repeats):
         servers = start_servers(code_for)
         try:
             for kind in ("json",):
                 path = PATHS[kind]
                 for v, (proc, port) in servers.items():
-                    rps, us = measure(proc, f"http://127.0.0.1:{port}{path}", seconds)
+                    rps, us, reader_us = measure(proc, f"http://127.0.0.1:{port}{path}", seconds)
                     results[kind].setdefault(v, []).append(rps)
                     cpu[kind].setdefault(v, []).append(us)
+                    reader[kind].setdefault(v, []).append(reader_us)
         finally:
             stop(proc for proc, _port in servers.values())
-    return results, cpu
+    return results, cpu, reader
 
 
 def stop(procs: Iterable[subprocess.Popen[bytes]]) -> None:
@@ -289,23 +314,27 @@ def timed(fn: Any, n: int) -> float:
     return best / n * 1e6
 
 
-async def _parts(app: Any, path: str, n: int) -> list[tuple[str, float, str]]:
+async def _parts(app: Any, path: str, n: int, package: str = "giul_asgi") -> list[tuple[str, float, str]]:
     """Each part of our JSON request timed alone, on the objects ``app`` uses, after the
     reader has settled what came before (so its work does not land in the part's time; the
     window's open and close, which makes work for it, last). Reaches into the middleware's
     parts (router, ledger, meter): where they have moved, a row says so and the rest of the
     breakdown (the reader's share, the hand-overs) still runs."""
     try:
-        return await _timed_parts(app, path, n)
+        return await _timed_parts(app, path, n, package)
     except Exception as exc:
         return [("parts", float("nan"), f"not timed: {type(exc).__name__}: {exc}")]
 
 
-async def _timed_parts(app: Any, path: str, n: int) -> list[tuple[str, float, str]]:
-    from giul_asgi import EnergyMiddleware
-    from giul_asgi.listeners import Settled
-    from giul_asgi.meter import Meter
-    from giul_asgi.wire import energy_headers, energy_json, parse_object, splice_object
+async def _timed_parts(app: Any, path: str, n: int, package: str) -> list[tuple[str, float, str]]:
+    import importlib
+
+    EnergyMiddleware = importlib.import_module(package).EnergyMiddleware
+    Settled = importlib.import_module(f"{package}.listeners").Settled
+    Meter = importlib.import_module(f"{package}.meter").Meter
+    wire = importlib.import_module(f"{package}.wire")
+    energy_headers, energy_json = wire.energy_headers, wire.energy_json
+    parse_object, splice_object = wire.parse_object, wire.splice_object
 
     rows: list[tuple[str, float, str]] = []
 
@@ -345,8 +374,13 @@ async def _timed_parts(app: Any, path: str, n: int) -> list[tuple[str, float, st
               lambda: lambda: mw.stats.settled(batch), 16)
     await row("records by id, a record", "RecordStore.settled, batches of 16",
               lambda: lambda: mw.records.settled(batch), 16)
-    await row("window open + close", "Ledger.open/close on the busy card",
-              lambda: lambda: ledger.close(ledger.open()))
+    def open_close_share() -> None:
+        window = ledger.open()
+        ledger.close(window)
+        ledger.share(window)
+
+    await row("window open + close + share", "Ledger.open/close/share on the busy card (the "
+              "book takes the close by the share at the latest)", lambda: open_close_share)
     return rows
 
 
@@ -442,8 +476,8 @@ async def breakdown_here(variant: str, n: int) -> tuple[Parts, Rows]:
     app = BUILDERS[variant]()
     await run_requests(app, path, 200)  # builds the stack, starts the reader
     await asyncio.sleep(0.3)
-    parts = await _parts(app, path, n)
-    nvml = variant == "giul-asgi-nvml"
+    parts = await _parts(app, path, n, "giul_asgi_before" if variant == BEFORE else "giul_asgi")
+    nvml = variant in ("giul-asgi-nvml", BEFORE)
     return parts, await handoffs(app, path, n, nvml) + await handoffs(app, path, 5000, nvml)
 
 
@@ -463,7 +497,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-server", action="store_true", help="skip part (b)")
     parser.add_argument("--tail", type=float, default=TAIL_S,
-                        help="seconds the loop idles (uncounted) after our variants' requests")
+                        help="seconds the loop idles after our variants' requests (the reader's "
+                             "work in it is counted)")
+    parser.add_argument("--before", metavar="DIR",
+                        help="a folder holding an earlier commit's giul_asgi: timed beside ours")
+    parser.add_argument("--no-breakdown", action="store_true", help="skip the breakdowns")
     parser.add_argument("--breakdown", help=argparse.SUPPRESS)
     parser.add_argument("--parts-n", type=int, default=20000, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -471,6 +509,10 @@ def main() -> None:
         print(json.dumps(asyncio.run(breakdown_here(args.breakdown, args.parts_n))))
         return
     repeats, scale = (3, 3000) if args.quick else (9, 20000)
+    variants, ours = TIMED, OURS
+    if args.before:
+        prepare_before(args.before)
+        variants, ours = (*TIMED, BEFORE), (*OURS, BEFORE)
 
     from giul_asgi.wire import body
 
@@ -481,14 +523,16 @@ def main() -> None:
     print(f"\n    python benchmarks/overhead.py {shlex.join(sys.argv[1:])}".rstrip())
     print(f"\nLoad average at start: {_load()}")
     print(f"\n## (a) in process, median of {repeats} interleaved repeats\n")
-    results, cpu_results = asyncio.run(in_process(repeats, scale, args.tail))
+    results, cpu_results, reader_results = asyncio.run(in_process(variants, repeats, scale, args.tail))
     med = added_medians(results)
     cpu_med = added_medians(cpu_results)
+    reader_med = {k: {v: statistics.median(x) * 1e6 for v, x in by.items()}
+                  for k, by in reader_results.items()}
     print("Added us per request over the bare app (bare: its own us per request).\n")
     kind_names = list(kinds())
     print("| variant | " + " | ".join(kind_names) + " |")
     print("|---|" + "---:|" * len(kind_names))
-    for v in TIMED:
+    for v in variants:
         if v == "bare":
             cells = [f"({statistics.median(results[k]['bare']) * 1e6:.1f})" for k in kind_names]
         else:
@@ -499,33 +543,40 @@ def main() -> None:
           "| usage-null us/chunk | whole 1000-chunk stream added us |")
     print("|---|---:|---:|---:|---:|---:|")
     fits: dict[str, dict[str, tuple[float, float]]] = {}
-    for v in TIMED[1:]:
+    for v in variants[1:]:
         fits[v] = {}
         for name in ("stream", "usage"):
             fits[v][name] = fit(list(LENGTHS), [med[f"{name}-{n}"][v] for n in LENGTHS])
         (pf, pc), (uf, uc) = fits[v]["stream"], fits[v]["usage"]
         print(f"| {v} | {pf:.1f} | {pc:.3f} | {uf:.1f} | {uc:.3f} "
               f"| {med['stream-1000'][v]:.0f} / {med['usage-1000'][v]:.0f} |")
-    print("\nProcess CPU (every thread: the reader's share included) added per request over the "
-          "bare app, us.\n")
+    print("\nProcess CPU (every thread: the reader's share included, and for ours the tail in which "
+          "it settles the last windows) added per request over the bare app, us.\n")
     print("| variant | " + " | ".join(kind_names) + " |")
     print("|---|" + "---:|" * len(kind_names))
-    for v in TIMED:
+    for v in variants:
         if v == "bare":
             cells = [f"({statistics.median(cpu_results[k]['bare']) * 1e6:.1f})" for k in kind_names]
         else:
             cells = [f"{cpu_med[k][v]:.1f}" for k in kind_names]
         print(f"| {v} | " + " | ".join(cells) + " |")
+    print("\nOf which our reader thread's CPU (schedstat, over the requests and the tail), us per "
+          "request.\n")
+    print("| variant | " + " | ".join(kind_names) + " |")
+    print("|---|" + "---:|" * len(kind_names))
+    for v in ours:
+        print(f"| {v} | " + " | ".join(f"{reader_med[k][v]:.1f}" for k in kind_names) + " |")
     cpu_fits = {v: {name: fit(list(LENGTHS), [cpu_med[f"{name}-{n}"][v] for n in LENGTHS])
-                    for name in ("stream", "usage")} for v in TIMED[1:]}
+                    for name in ("stream", "usage")} for v in variants[1:]}
     cheapest, cheapest_cpu = min(med["json"][p] for p in PEERS), min(cpu_med["json"][p] for p in PEERS)
     cheapest_fixed = min(min(fits[p]["stream"][0], fits[p]["usage"][0]) for p in PEERS)
     print()
-    for v in OURS:
-        ours, ours_cpu = med["json"][v], cpu_med["json"][v]
-        print(f"JSON, {v}: adds {ours:.1f} us wall, {ours_cpu:.1f} us CPU; the cheapest peer "
-              f"{cheapest:.1f} / {cheapest_cpu:.1f}: ratio {ours / cheapest:.2f} wall, "
-              f"{ours_cpu / cheapest_cpu:.2f} CPU (target <= 1.0); floor {med['json']['floor']:.1f} us.")
+    for v in ours:
+        mine, mine_cpu = med["json"][v], cpu_med["json"][v]
+        print(f"JSON, {v}: adds {mine:.1f} us wall, {mine_cpu:.1f} us CPU (reader "
+              f"{reader_med['json'][v]:.1f}); the cheapest peer {cheapest:.1f} / {cheapest_cpu:.1f}: "
+              f"ratio {mine / cheapest:.2f} wall, {mine_cpu / cheapest_cpu:.2f} CPU (target <= 1.0); "
+              f"floor {med['json']['floor']:.1f} us.")
         for name in ("stream", "usage"):
             fixed, per = fits[v][name]
             whole, exporter = med[f"{name}-1000"][v], med[f"{name}-1000"]["starlette-exporter"]
@@ -534,7 +585,7 @@ def main() -> None:
                   f"1000-chunk stream {whole:.0f} us vs starlette-exporter's {exporter:.0f}.")
 
     n_parts = 3000 if args.quick else 20000
-    for variant in OURS:
+    for variant in () if args.no_breakdown else ours:
         parts, rows = breakdown(variant, n_parts)
         print(f"\nWhere {variant}'s JSON request's time goes: each part timed alone (least of 3).\n")
         print("| part | us | what |")
@@ -559,15 +610,19 @@ def main() -> None:
     server_repeats = 2 if args.quick else 7
     print(f"\n## (b) trivial JSON app through uvicorn (httptools, uvloop) on 127.0.0.1, "
           f"wrk -t1 -c16 {seconds}s, median of {server_repeats} interleaved repeats\n")
-    rps, cpu = through_uvicorn(server_repeats, seconds)
+    print(f"Load average now: {_load()}\n")
+    rps, cpu, reader = through_uvicorn(variants, server_repeats, seconds)
     print("Ratios are medians of the per-repeat ratios to the bare app measured next to it; "
-          "CPU is the server process's user + system time per request served.\n")
-    print("| variant | JSON req/s | vs bare | server CPU us/request |")
-    print("|---|---:|---:|---:|")
-    for v in TIMED:
+          "CPU is the server process's user + system time per request served (every thread), "
+          "the reader's its own thread's.\n")
+    print("| variant | JSON req/s | vs bare | server CPU us/request | of which our reader's |")
+    print("|---|---:|---:|---:|---:|")
+    for v in variants:
         ratios = [x / b for x, b in zip(rps["json"][v], rps["json"]["bare"], strict=True)]
+        mine = statistics.median(reader["json"][v]) if v in ours else float("nan")
         print(f"| {v} | {statistics.median(rps['json'][v]):.0f} | "
-              f"{statistics.median(ratios):.2f} | {statistics.median(cpu['json'][v]):.0f} |")
+              f"{statistics.median(ratios):.2f} | {statistics.median(cpu['json'][v]):.0f} | "
+              f"{'' if v not in ours else f'{mine:.1f}'} |")
     print("\nTarget: ours keeps at least the cheapest peer's share of the bare app's req/s.")
     print(f"\nLoad average at end: {_load()}")
 

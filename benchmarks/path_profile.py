@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import pstats
 import sys
 import time
@@ -27,11 +28,16 @@ from _apps import BUILDERS, PATHS
 from overhead import run_requests
 
 
-async def run(variant: str, kind: str, n: int, chunks: int, profile: str | None, settle: float) -> None:
+async def run(variant: str, kind: str, n: int, chunks: int, profile: str | None, settle: float,
+              collect: bool) -> None:
     app = BUILDERS[variant]()
     path = PATHS[kind].replace("{n}", str(chunks))
     await run_requests(app, path, 200)  # builds the stack, starts the reader, fills caches
     await asyncio.sleep(settle)
+    if not collect:
+        gc.collect()
+        gc.disable()  # counted apart: a collection's work lands on whichever thread allocates
+    collections = [g["collections"] for g in gc.get_stats()]
     if profile == "cprofile":
         prof = cProfile.Profile()
         prof.enable()
@@ -54,6 +60,9 @@ async def run(variant: str, kind: str, n: int, chunks: int, profile: str | None,
         await run_requests(app, path, n)
         print(f"{n} x {kind}: {(time.perf_counter() - t0) / n * 1e6:.1f} us each")
     await asyncio.sleep(settle)
+    if collect:
+        done = [g["collections"] - c for g, c in zip(gc.get_stats(), collections, strict=True)]
+        print("collections per request, by generation: " + ", ".join(f"{d / n:.4f}" for d in done))
 
 
 def main() -> None:
@@ -65,8 +74,17 @@ def main() -> None:
     parser.add_argument("--profile", choices=("cprofile", "pyinstrument"))
     parser.add_argument("--settle", type=float, default=0.3,
                         help="seconds idle after the warm-up and after the requests")
+    parser.add_argument("--no-gc", action="store_true",
+                        help="no garbage collection during the requests (instruction counts)")
+    parser.add_argument("--reads-per-period", type=float, default=None,
+                        help="the reader's pace (default the poller's own: 10 a counter period)")
     args = parser.parse_args()
-    asyncio.run(run(args.variant, args.kind, args.n, args.chunks, args.profile, args.settle))
+    if args.reads_per_period is not None:
+        from giul_asgi.ledger import poller
+
+        poller.READS_PER_PERIOD = args.reads_per_period  # type: ignore[misc]
+    asyncio.run(run(args.variant, args.kind, args.n, args.chunks, args.profile, args.settle,
+                    not args.no_gc))
 
 
 if __name__ == "__main__":

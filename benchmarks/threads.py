@@ -11,6 +11,7 @@ every figure is nan.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -60,10 +61,32 @@ def thread_times(native_ids: list[int]) -> ThreadTimes:
     return ThreadTimes(time.perf_counter(), cpu, queued, voluntary, involuntary)
 
 
-def named_thread_times(prefix: str) -> ThreadTimes:
-    """The books of every live thread whose name starts with ``prefix``."""
+def named_thread_times(prefix: str, *, exact: bool = False) -> ThreadTimes:
+    """The books of every live thread whose name starts with ``prefix`` (is it: ``exact``)."""
     return thread_times([t.native_id for t in threading.enumerate()
-                         if t.name.startswith(prefix) and t.native_id is not None])
+                         if (t.name == prefix if exact else t.name.startswith(prefix))
+                         and t.native_id is not None])
+
+
+def process_thread_cpu(pid: int, prefix: str) -> float:
+    """CPU seconds (user + system) of another process's threads whose name starts with
+    ``prefix`` (Linux ``/proc/PID/task/*/stat``; a thread's name is cut to 15 bytes there),
+    or nan where unreadable."""
+    total, found = 0.0, False
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return math.nan
+    for task in tasks:
+        try:
+            if not (task / "comm").read_text().strip().startswith(prefix[:15]):
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found = True
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total if found else math.nan
 
 
 def main_thread_times() -> ThreadTimes:
@@ -71,4 +94,4 @@ def main_thread_times() -> ThreadTimes:
     return thread_times([native] if native is not None else [])
 
 
-__all__ = ["ThreadTimes", "main_thread_times", "named_thread_times", "thread_times"]
+__all__ = ["ThreadTimes", "main_thread_times", "named_thread_times", "process_thread_cpu", "thread_times"]
