@@ -255,6 +255,7 @@ class EnergyMiddleware:
                 log.exception("giul-asgi could not file this request's figure")
             if span is not None and self.otel is not None:
                 self.otel.annotate(span, exchange.figure())
+            exchange.release()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
