@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right, insort
 from collections import deque
+from collections.abc import Iterator
 from operator import attrgetter
 
 from ..spans import Coverage
@@ -88,11 +89,13 @@ class Windows:
 
     def overlapping(self, t0: float, t1: float) -> Members:
         """Windows with time in (t0, t1], and how much."""
-        members: Members = []
+        return list(self._overlapping(t0, t1))
+
+    def _overlapping(self, t0: float, t1: float) -> Iterator[tuple[Window, float]]:
         for window in self.open.values():
             overlap = t1 - max(window.t_open, t0)
             if overlap > 0:
-                members.append((window, overlap))
+                yield window, overlap
         closing = self.closing
         for i in range(self._closed_after(t0), len(closing)):  # one closed by t0 has none
             window = closing[i]
@@ -102,12 +105,13 @@ class Windows:
                 continue
             overlap = min(t_close, t1) - max(window.t_open, t0)
             if overlap > 0:
-                members.append((window, overlap))
-        return members
+                yield window, overlap
 
     def tails(self, t0: float, t1: float) -> Members:
         """Closed windows whose ramp-down tail (``ramp_s`` after close) reaches into (t0, t1]."""
-        tails: Members = []
+        return list(self._tails(t0, t1))
+
+    def _tails(self, t0: float, t1: float) -> Iterator[tuple[Window, float]]:
         closing = self.closing
         # A tail that ends by t0 has nothing in the span (a nanosecond's margin for rounding).
         for i in range(self._closed_after(t0 - self.ramp_s - 1e-9), len(closing)):
@@ -120,8 +124,7 @@ class Windows:
                 continue
             tail = min(t_close + self.ramp_s, t1) - max(t_close, t0)
             if tail > 0:
-                tails.append((window, tail))
-        return tails
+                yield window, tail
 
     def ended(self, t: float) -> list[Window]:
         """The closing windows whose ramp-down ended by ``t`` (those a reading at ``t`` has
@@ -147,12 +150,13 @@ class Windows:
         return tails, bool(tails)
 
     def coverage(self, t0: float, t1: float) -> Coverage:
-        """These windows' time in (t0, t1] (what a decider adds up for the host)."""
-        members = self.overlapping(t0, t1)
-        tails = [] if members else self.tails(t0, t1)
+        """These windows' time in (t0, t1] (what a decider adds up for the host). Summed as
+        found: a list of a busy span's members (thousands) alive at once was most of the
+        reader's collections (benchmarks/ledger_path.py, see the commit)."""
+        covered, n = _summed(self._overlapping(t0, t1))
+        tails, n_tails = (0.0, 0) if n else _summed(self._tails(t0, t1))
         last = max((c for c in self._closes if c <= t0), default=-math.inf)
-        return Coverage(sum(o for _, o in members), len(members), sum(o for _, o in tails),
-                        len(tails), last, self._n)
+        return Coverage(covered, n, tails, n_tails, last, self._n)
 
     def unsettled(self) -> list[Window]:
         """Every window not settled yet: open, or closed and waiting on the card."""
@@ -182,6 +186,15 @@ class Windows:
         ours = sum(1 for w in self.open.values() if w.t_open <= t)
         return ours + sum(1 for w in self.closing
                           if w.t_open <= t and w.t_close is not None and w.t_close > lag)
+
+
+def _summed(members: Iterator[tuple[Window, float]]) -> tuple[float, int]:
+    """The members' time and their number."""
+    total, n = 0.0, 0
+    for _, overlap in members:
+        total += overlap
+        n += 1
+    return total, n
 
 
 __all__ = ["Members", "Windows"]
