@@ -80,7 +80,7 @@ class Lane:
         """Whether ``chunk`` goes out as it is (the caller then keeps it as :attr:`tail`).
         The exchange's ``send`` inlines this test: a chunk costs it no other frame."""
         needle = self.needle
-        return needle is None or (chunk.endswith(EVENT_ENDS) and needle not in chunk)
+        return needle is None or (chunk.endswith(EVENT_ENDS) and chunk.rfind(needle) < 0)
 
     def passed(self, chunk: bytes) -> None:
         """Keep ``chunk``, which went out as it is, as the stream's tail (a short one joins
