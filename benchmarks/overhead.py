@@ -23,8 +23,9 @@ into C with the GIL released, tens of microseconds). ``floor`` writes the same o
 REV giul_asgi | tar -x -C DIR``) on the same path, in the same run, interleaved.
 
 Besides wall time, each measurement takes the whole process's CPU (every thread, so the
-reader thread's share is in it) and our reader thread's own (schedstat) over its requests;
-after our variants the loop idles
+reader thread's share is in it) and our reader thread's own (schedstat) over its requests
+and, for ours, until the reader has settled their last windows (its busy-pace reads until
+then included: an upper bound on its share); after our variants the loop idles
 ``--tail`` seconds, uncounted, so their readers' busy linger never runs into the next
 variant's measurement. (The reader's cost is per second while busy, not per request: a
 batch counts what it did while the batch ran, as a server under steady load would.)
@@ -153,13 +154,31 @@ async def in_process(
                 cpu0 = time.process_time()
                 results[kind].setdefault(v, []).append(await run_requests(apps[v], path, n))
                 if name and reader0 is not None:
-                    # The reader settles the last windows in the tail: what they cost is
-                    # these requests' (the loop only waits meanwhile).
-                    await asyncio.sleep(tail)
+                    # The reader settles the last windows after the requests: what that
+                    # costs is theirs (the loop only waits meanwhile), its lingering reads
+                    # once all have settled are not.
+                    await until_settled(apps[v], tail)
                     used = named_thread_times(name, exact=True).cpu_s - reader0.cpu_s
                     reader[kind].setdefault(v, []).append(used / n)
                 cpu[kind].setdefault(v, []).append((time.process_time() - cpu0) / n)
+                if name:
+                    await asyncio.sleep(tail)  # its linger, uncounted
     return results, cpu, reader
+
+
+async def until_settled(app: Any, limit: float) -> None:
+    """Wait (``limit`` seconds at most) until every window on ``app``'s ledgers has settled
+    (the tray, where there is one, empty too)."""
+    deadline = time.monotonic() + limit
+    layer = app.middleware_stack
+    while not hasattr(layer, "ledgers"):
+        layer = layer.app
+    ledgers = list(layer.ledgers)
+    while time.monotonic() < deadline and any(
+        ledger.book.unsettled or ledger.book.windows.n or getattr(ledger, "_tray", None)
+        for ledger in ledgers
+    ):
+        await asyncio.sleep(0.005)
 
 
 def fit(lengths: list[int], added: list[float]) -> tuple[float, float]:
@@ -550,8 +569,8 @@ def main() -> None:
         (pf, pc), (uf, uc) = fits[v]["stream"], fits[v]["usage"]
         print(f"| {v} | {pf:.1f} | {pc:.3f} | {uf:.1f} | {uc:.3f} "
               f"| {med['stream-1000'][v]:.0f} / {med['usage-1000'][v]:.0f} |")
-    print("\nProcess CPU (every thread: the reader's share included, and for ours the tail in which "
-          "it settles the last windows) added per request over the bare app, us.\n")
+    print("\nProcess CPU (every thread: the reader's share included, and for ours until it has "
+          "settled the last windows) added per request over the bare app, us.\n")
     print("| variant | " + " | ".join(kind_names) + " |")
     print("|---|" + "---:|" * len(kind_names))
     for v in variants:
@@ -560,8 +579,8 @@ def main() -> None:
         else:
             cells = [f"{cpu_med[k][v]:.1f}" for k in kind_names]
         print(f"| {v} | " + " | ".join(cells) + " |")
-    print("\nOf which our reader thread's CPU (schedstat, over the requests and the tail), us per "
-          "request.\n")
+    print("\nOf which our reader thread's CPU (schedstat, over the requests and until their last "
+          "windows settled), us per request.\n")
     print("| variant | " + " | ".join(kind_names) + " |")
     print("|---|" + "---:|" * len(kind_names))
     for v in ours:
