@@ -250,7 +250,9 @@ class Gpu:
             self._mj = math.floor(card.energy(now) * 1000.0)
         elif now >= self._until:  # the register may have stepped: read the card at its last step
             step = card.last_step(now)
-            self._mj = math.floor(card.energy(step) * 1000.0)
+            # A card read within its first phase last stepped before it was made (the model's
+            # negative past); a driver's counter is never below zero (a uint64 in C).
+            self._mj = max(0, math.floor(card.energy(step) * 1000.0))
             self._until = step + card.period - 2 * card.step_jitter
         return self._mj
 
@@ -270,14 +272,21 @@ _state: _State | None = None
 
 
 def _entry(kind: str, body: Callable[..., int]) -> Callable[..., int]:
-    """A C entry point: the call's time in the driver, then its effect."""
+    """A C entry point: its effect (the register read as the call enters the driver), then
+    the call's time in the driver, GIL released.
+
+    A real driver reads the register inside the C call, before ctypes takes the GIL back; a
+    fake that read it after the wait would read it as late as the GIL came back (2 ms and
+    more beside a busy loop), which no card does, and a reader that stamps its reading when
+    it called (as NvmlReader does) would be told a step it could not yet have seen."""
 
     def call(*args: Any) -> int:
         state = _state
         if state is None:
             return NVML_ERROR_UNINITIALIZED
+        ret = body(state, *args)
         state.driver.call(kind)
-        return body(state, *args)
+        return ret
 
     return call
 

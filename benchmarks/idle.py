@@ -21,12 +21,16 @@ EnergyMiddleware, its statistics and the host's sharing; one request served, the
 production path. Configurations are interleaved, each repeated ``--repeats`` times; the
 table gives medians and ranges.
 
-    python benchmarks/idle.py [--seconds 10] [--repeats 3] [--out FILE]
+    python benchmarks/idle.py [--seconds 10] [--repeats 3] [--out FILE] [--main-root DIR]
+
+``--main-root DIR`` runs every row a second time, interleaved, with the idle.py and giul_asgi
+of another tree (a checkout of main, say): the ``tree`` column says which.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -160,34 +164,39 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cards", default=",".join(CARDS))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--main-root", default=None, help="also run each row on this tree (main)")
     parser.add_argument("--one", nargs=2, metavar=("CONFIG", "CARD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one[0], args.one[1], args.seconds, args.warm)))
         return 0
     cards = [c for c in args.cards.split(",") if c]
+    trees = [("this", ROOT)] + ([("main", Path(args.main_root).resolve())] if args.main_root else [])
     load_start = os.getloadavg()
-    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for repeat in range(args.repeats):
         for card in cards:
             for config in CONFIGS:
                 if card.startswith("gateway") and config == "window open":
                     continue
-                out = subprocess.run(
-                    [sys.executable, __file__, "--one", config, card, "--seconds", str(args.seconds),
-                     "--warm", str(args.warm)], capture_output=True, text=True, check=True, cwd=ROOT,
-                    env={**os.environ, "PYTHONPATH": str(ROOT)},
-                )
-                result = json.loads(out.stdout.strip().splitlines()[-1])
-                runs.setdefault((card, config), []).append(result)
-                print(f"repeat {repeat + 1}: {card:9} {config:22} {result['cpu_pct']:.3f}% "
-                      f"{result['reads_per_s']:.1f} reads/s", file=sys.stderr)
+                for tree, root in trees:
+                    out = subprocess.run(
+                        [sys.executable, str(root / "benchmarks" / "idle.py"), "--one", config, card,
+                         "--seconds", str(args.seconds), "--warm", str(args.warm)],
+                        capture_output=True, text=True, check=True, cwd=root,
+                        env={**os.environ, "PYTHONPATH": str(root)},
+                    )
+                    result = json.loads(out.stdout.strip().splitlines()[-1])
+                    runs.setdefault((tree, card, config), []).append(result)
+                    print(f"repeat {repeat + 1}: {tree} {card:9} {config:22} {result['cpu_pct']:.3f}% "
+                          f"{result['reads_per_s']:.1f} reads/s", file=sys.stderr)
     lines = [
         f"# idle: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node() or 'host'}, "
         f"{os.cpu_count()} cores (nproc), Python {platform.python_version()}",
         "",
         f"    python benchmarks/idle.py --seconds {args.seconds:g} --warm {args.warm:g} "
-        f"--repeats {args.repeats} --cards {','.join(cards)}",
+        f"--repeats {args.repeats} --cards {','.join(cards)}"
+        + (f" --main-root {args.main_root}" if args.main_root else ""),
         "",
         "Load average at start {:.2f} {:.2f} {:.2f}, at end {:.2f} {:.2f} {:.2f} (1, 5, 15 min)".format(
             *load_start, *os.getloadavg()),
@@ -196,20 +205,19 @@ def main() -> int:
         f"{args.seconds:g} s a run after {args.warm:g} s to settle; configurations interleaved; "
         f"median (min-max) of {args.repeats}.",
         "",
-        "| card | configuration | CPU, % of a core | reads/s | target <= 0.3% |",
-        "|---|---|---:|---:|---|",
+        "| tree | card | configuration | CPU, % of a core | reads/s | target <= 0.3% |",
+        "|---|---|---|---:|---:|---|",
     ]
-    for card in cards:
-        for config in CONFIGS:
-            rs = runs.get((card, config))
-            if not rs:
-                continue
-            cpu = [r["cpu_pct"] for r in rs]
-            reads = statistics.median(r["reads_per_s"] for r in rs)
-            verdict = "n/a (busy by design)" if config in ("window open", "before: always fast") \
-                else ("met" if statistics.median(cpu) <= TARGET else "MISSED")
-            lines.append(f"| {card} | {config} | {statistics.median(cpu):.3f} ({min(cpu):.3f}-{max(cpu):.3f})"
-                         f" | {reads:.1f} | {verdict} |")
+    for card, config, (tree, _) in itertools.product(cards, CONFIGS, trees):
+        rs = runs.get((tree, card, config))
+        if not rs:
+            continue
+        cpu = [r["cpu_pct"] for r in rs]
+        reads = statistics.median(r["reads_per_s"] for r in rs)
+        verdict = "n/a (busy by design)" if config in ("window open", "before: always fast") \
+            else ("met" if statistics.median(cpu) <= TARGET else "MISSED")
+        lines.append(f"| {tree} | {card} | {config} | {statistics.median(cpu):.3f} "
+                     f"({min(cpu):.3f}-{max(cpu):.3f}) | {reads:.1f} | {verdict} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -7,13 +7,17 @@ thread:
 
 - each job ramps up over a few ms, holds its watts, and after it stops decays with a
   ramp-down tail (exponential, tens of ms), so energy keeps arriving after a window closes;
+- a request under continuous batching draws by phase (:class:`PhasedJob`): its prefill
+  compute-bound at high watts, then its decode memory-bound at lower watts, the step between
+  them a decay like any other;
 - a foreign load (steady, or bursty on/off) draws power that no window asked for;
 - the energy counter is whole millijoules, and steps at a period with jittered step times,
   or moves at every read; the instant gauge averages only part of each period (as A100 and
   H100 sensors do), the averaged gauge a trailing second.
 
 A job's truth is the energy it caused, tail included, computed in closed form from its own
-start, stop and watts: nothing about windows, intervals or shares enters it.
+start, stop and watts (a phased job's, from its start, the end of its prefill, its stop and
+the two levels): nothing about windows, intervals, marks or shares enters it.
 """
 
 from __future__ import annotations
@@ -58,6 +62,25 @@ class Job:
     def truth(self, ramp_up: float, tau: float) -> float:
         assert self.stop is not None
         return self.energy_until(self.stop + 50 * tau, ramp_up, tau)
+
+
+@dataclass(eq=False)
+class PhasedJob:
+    """A request in two phases: ``prefill_w`` from its start to the end of its prefill, then
+    ``decode_w`` to its stop. On the card it is two jobs that ramp and decay as any: the
+    decode level for the whole request, and the difference for its prefill; so the step
+    down at the end of prefill decays with the card's time constant, and the truth is the
+    sum of the two jobs' own."""
+
+    level: Job
+    burst: Job
+
+    @property
+    def start(self) -> float:
+        return self.level.start
+
+    def truth(self, ramp_up: float, tau: float) -> float:
+        return self.level.truth(ramp_up, tau) + self.burst.truth(ramp_up, tau)
 
 
 @dataclass
@@ -108,9 +131,29 @@ class TrueCard:
             self.jobs.append(job)
             return job
 
-    def stop_job(self, job: Job) -> None:
+    def start_phased(self, prefill_w: float, decode_w: float) -> PhasedJob:
+        """A request whose prefill draws ``prefill_w`` until :meth:`end_prefill`, then
+        ``decode_w`` until :meth:`stop_job`."""
         with self._lock:
-            job.stop = self.clock()
+            t = self.clock()
+            job = PhasedJob(Job(decode_w, t), Job(prefill_w - decode_w, t))
+            self.jobs += [job.level, job.burst]
+            return job
+
+    def end_prefill(self, job: PhasedJob) -> None:
+        with self._lock:
+            if job.burst.stop is None:
+                job.burst.stop = self.clock()
+
+    def stop_job(self, job: Job | PhasedJob) -> None:
+        with self._lock:
+            t = self.clock()
+            if isinstance(job, PhasedJob):
+                if job.burst.stop is None:
+                    job.burst.stop = t
+                job.level.stop = t
+            else:
+                job.stop = t
 
     def add_foreign(self, foreign: Foreign) -> None:
         with self._lock:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 _WHERE: dict[str, str] = {
+    "Budget": "budgets",
     "Config": "config",
     "Node": "config",
     "Route": "config",
@@ -48,6 +49,7 @@ _WHERE: dict[str, str] = {
 
 if TYPE_CHECKING:
     from .asgi import EnergyMiddleware
+    from .budgets import Budget
     from .config import Config, Node, Route, Tier, load_config
     from .context import current_meter
     from .energy import Energy
@@ -67,6 +69,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Budget",
     "Config",
     "ConfigError",
     "Energy",

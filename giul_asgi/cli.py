@@ -104,8 +104,14 @@ def _check_demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 def demo(args: argparse.Namespace) -> int:
     from .demo.server import DemoOptions, run_demo
 
+    # A load that exits serves nobody after it: free ports, so it never clashes with a demo
+    # already serving on 8000 (a stranger ran the README's --load 40 beside one).
+    passing = args.load > 0 and not args.serve
+    gateway = args.port if args.port is not None else 0 if passing else _env_port("GIUL_DEMO_PORT", 8000)
+    upstream = (args.upstream_port if args.upstream_port is not None else 0 if passing
+                else _env_port("GIUL_DEMO_UPSTREAM_PORT", 8001))
     options = DemoOptions(
-        host=args.host, port=args.port, upstream_port=args.upstream_port, upstream=args.upstream,
+        host=args.host, port=gateway, upstream_port=upstream, upstream=args.upstream,
         config=Path(args.config) if args.config else None, idle_w=args.idle_w, load=args.load,
         concurrency=args.concurrency, serve=args.serve, seed=args.seed, target=args.target,
     )
@@ -142,10 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "giul-asgi, over a batching simulated upstream whose work loads "
                                    "simulated cards. Every figure says method=simulated.")
     d.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
-    d.add_argument("--port", type=port, default=_env_port("GIUL_DEMO_PORT", 8000),
-                   help="the gateway's port (default 8000, or $GIUL_DEMO_PORT; 0: a free one)")
-    d.add_argument("--upstream-port", type=port, default=_env_port("GIUL_DEMO_UPSTREAM_PORT", 8001),
-                   help="the simulated upstream's port (default 8001, or $GIUL_DEMO_UPSTREAM_PORT)")
+    d.add_argument("--port", type=port, default=None,
+                   help="the gateway's port (default 8000, or $GIUL_DEMO_PORT; a free one for a "
+                        "--load that exits; 0: a free one)")
+    d.add_argument("--upstream-port", type=port, default=None,
+                   help="the simulated upstream's port (default 8001, or $GIUL_DEMO_UPSTREAM_PORT; "
+                        "a free one for a --load that exits)")
     d.add_argument("--load", type=count(0), default=0, metavar="N",
                    help="send N mixed requests, print the joules table, exit (unless --serve)")
     d.add_argument("--concurrency", type=count(1), default=16, help="requests in flight (default 16)")
@@ -183,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a giul-trace-<node>-<pid>.jsonl file (its rotated parts are read too), "
                         "or a directory: each trace in it, in turn")
     r.add_argument("--split", choices=SPLITS, default=None,
-                   help="share each span by time or tokens (default: the live split)")
+                   help="share each span by time, tokens or phases (default: the live split)")
     r.add_argument("--idle-w", type=watts, default=None,
                    help="replay with this idle floor in W (default: the live one)")
     r.add_argument("--json", action="store_true", help="print one JSON document")

@@ -8,6 +8,7 @@ from plain dicts or a TOML file, and a bad key is named in the error.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -29,7 +30,9 @@ READER_KINDS: tuple[str, ...] = (
 )
 #: Readers that read another host: they need a ``url``.
 URL_READERS: tuple[str, ...] = ("agent", "dcgm")
-SPLITS: tuple[str, ...] = ("time", "tokens")
+SPLITS: tuple[str, ...] = ("time", "tokens", "phases")
+#: What a node's figures cover: its cards alone, or the cards and the host's CPU and DRAM.
+NODE_BOUNDARIES: tuple[str, ...] = ("gpu", "host")
 FOREIGN: tuple[str, ...] = ("charge", "subtract")
 #: The largest trace file a node may ask for (two are kept per node and process).
 MAX_TRACE_MB = 4096.0
@@ -45,8 +48,9 @@ class Node:
     ``reader`` picks how to read it: ``auto`` (NVML if it answers, else nothing), ``nvml``,
     ``dcgmi``, ``simulated`` (with no ``url``: an in-process card the node's own windows
     load; with one: the demo upstream's card) or ``none``. ``split`` is how overlapping
-    requests share the node's energy: by their ``time`` in each interval, or by time x
-    ``tokens`` per second.
+    requests share the node's energy: by their ``time`` in each interval, by time x
+    ``tokens`` per second, or by ``phases``: time in prefill and in decode, each at its own
+    rate learnt on the node (see :mod:`giul_asgi.ledger.phases`).
     ``url`` (and ``token``) say where a remote reader finds the card: a giul-agent, a
     dcgm-exporter, the demo's simulated upstream. ``options`` are the reader's own keys,
     checked when it is built. ``foreign`` is what to do with a load on the card that no
@@ -63,11 +67,16 @@ class Node:
     ``carbon_g_per_kwh`` (a fixed grid intensity, gCO2eq/kWh) or ``carbon`` (a URL or a
     file polled every ``carbon_every_s`` from the node's reader thread: Electricity Maps'
     ``carbon-intensity/latest``, with ``carbon_token`` or ``$ELECTRICITYMAPS_TOKEN``, or a
-    plain ``{"g_per_kwh": ..., "signal": ...}``) and ``pue`` (the facility's power usage
-    effectiveness, 1.0 when not given) give each figure its ``carbon_grams``; a polled value
+    plain ``{"g_per_kwh": ..., "signal": ...}``) give each figure its ``carbon_grams``; a polled value
     older than ``carbon_max_age_s`` is not used (the grams are unknown). A file that does not
     exist yet is accepted (a job may write it after startup: the node says so until it does),
-    but its directory must exist. See :mod:`giul_asgi.carbon`.
+    but its directory must exist. See :mod:`giul_asgi.carbon`. ``pue`` (the facility's power
+    usage effectiveness) multiplies every figure in joules, and says so (``pue`` in the record,
+    ``X-Energy-PUE``): the facility's energy for the reader's boundary (``gpu``: the cards;
+    ``cpu``: a RAPL node's package); without it the figures are the boundary's energy as read.
+    ``boundary`` says what the figures cover: ``gpu`` (the cards alone) or ``host`` (the
+    cards read as usual plus the host's RAPL package and DRAM zones under ``rapl_root``,
+    summed per reading: ``idle_w`` is then the host's floor).
     ``trace`` (a directory) makes the node's ledger write what it saw, readings and windows
     (never request content), to at most two files of ``trace_mb`` MB each, for
     ``giul-asgi replay`` (see :mod:`giul_asgi.ledger.trace`).
@@ -87,7 +96,8 @@ class Node:
     reader: str = "auto"
     #: The counter's update period (s) where the card cannot tell; learnt otherwise.
     period_s: float | None = None
-    #: How overlapping requests share a span: by ``time``, or time x ``tokens`` per second.
+    #: How overlapping requests share a span: by ``time``, time x ``tokens`` per second, or
+    #: ``phases``: prefill and decode time at rates learnt on the node (``time`` while learning).
     split: str = "time"
     #: Where a remote reader finds the card (a giul-agent, a dcgm-exporter, the demo's upstream).
     url: str | None = None
@@ -110,7 +120,8 @@ class Node:
     carbon: str | None = None
     #: A fixed grid intensity (gCO2eq/kWh).
     carbon_g_per_kwh: float | None = None
-    #: The facility's power usage effectiveness (1.0 when not given), for carbon.
+    #: The facility's power usage effectiveness: multiplies every figure in joules (and so
+    #: its carbon), and the record says so; None: the cards' energy as read.
     pue: float | None = None
     #: The token for ``carbon`` (else ``$ELECTRICITYMAPS_TOKEN``).
     carbon_token: str | None = field(default=None, repr=False)
@@ -123,6 +134,11 @@ class Node:
     trace: str | None = field(default=None, compare=False)
     #: The trace's size (MB) before it turns over (two files at most).
     trace_mb: float = field(default=16.0, compare=False)
+    #: What the figures cover: ``gpu`` (the cards alone) or ``host`` (the cards, and the host's
+    #: CPU package and DRAM through RAPL; ``idle_w`` is then the host's floor).
+    boundary: str = "gpu"
+    #: Where ``boundary="host"`` finds the RAPL zones (default ``/sys/class/powercap``).
+    rapl_root: str | None = None
     #: A function ``node -> reader`` for a reader made in code (it shares the card with other
     #: processes only if the reader names it: ``card_id``, or its GPUs' UUIDs).
     reader_factory: Callable[[Node], Reader] | None = field(
@@ -159,7 +175,9 @@ class Node:
             )
         if self.split not in SPLITS:
             raise ConfigError(
-                f"node {self.name!r}: split must be one of {SPLITS}, got {self.split!r}"
+                f"node {self.name!r}: split must be one of {SPLITS}, got {self.split!r}",
+                remedy='write split = "time" (the default), "tokens" (time x tokens per second) '
+                       'or "phases" (prefill and decode at their own learnt rates)',
             )
         if self.period_s is not None:
             period = _number(self.period_s, f"node {self.name!r}: period_s")
@@ -198,6 +216,17 @@ class Node:
             raise ConfigError(
                 f"node {self.name!r}: serving must be a process name or a PID, got {self.serving!r}"
             )
+        check_choice(f"node {self.name!r}: boundary", self.boundary, NODE_BOUNDARIES,
+                     remedy="gpu (the cards alone) or host (the cards, CPU package and DRAM)")
+        if self.boundary == "host" and self.reader in ("rapl", "none") and self.reader_factory is None:
+            raise ConfigError(
+                f"node {self.name!r}: boundary='host' adds the host's RAPL zones to the cards' "
+                f"reader, and reader={self.reader!r} reads no card",
+                remedy="name the cards' reader (nvml, dcgm, ...), or leave boundary='gpu'",
+            )
+        if self.rapl_root is not None and (not isinstance(self.rapl_root, str) or not self.rapl_root):
+            raise ConfigError(f"node {self.name!r}: rapl_root must be a directory path",
+                              remedy="leave it out for /sys/class/powercap")
         _check_carbon(self)
         _check_trace(self)
 
@@ -280,7 +309,6 @@ def _check_carbon(node: Node) -> None:
         if node.carbon is None or "://" not in node.carbon:
             raise ConfigError(f"node {name!r}: carbon_token is sent to a carbon URL, and there is none",
                               remedy="set carbon to the provider's URL, or drop the token")
-    has_carbon = node.carbon is not None or node.carbon_g_per_kwh is not None
     if node.pue is not None:
         pue = _number(node.pue, f"node {name!r}: pue")
         if not 1.0 <= pue <= MAX_PUE:
@@ -288,9 +316,6 @@ def _check_carbon(node: Node) -> None:
                 f"node {name!r}: pue must be 1 to {MAX_PUE:g}, got {pue:g}",
                 remedy="PUE is the facility's energy over the IT equipment's (1.1 to 2.5 in "
                        "practice); leave it out for the card's energy alone")
-        if not has_carbon:
-            raise ConfigError(f"node {name!r}: pue scales a carbon figure, and the node has none",
-                              remedy="set carbon_g_per_kwh or carbon, or drop pue")
         object.__setattr__(node, "pue", pue)
     for key in ("carbon_every_s", "carbon_max_age_s"):
         value = _number(getattr(node, key), f"node {name!r}: {key}")
@@ -359,6 +384,21 @@ def _number(value: Any, what: str) -> float:
     if not math.isfinite(number):
         raise ConfigError(f"{what} must be finite, got {value!r}")
     return number
+
+
+def check_choice(what: str, value: Any, choices: Iterable[str], *, remedy: str = "") -> str:
+    """``value`` if it is one of ``choices``; else a ConfigError naming the one meant (a
+    close spelling, case aside) and ``remedy``."""
+    known = tuple(choices)
+    if isinstance(value, str) and value in known:
+        return value
+    close: list[str] = []
+    if isinstance(value, str):
+        close = [c for c in known if c.lower() == value.strip().lower()]
+        close = close or difflib.get_close_matches(value.lower(), known, n=1, cutoff=0.6)
+    meant = f"did you mean {what}={close[0]!r}? " if close else ""
+    raise ConfigError(f"{what}={value!r} is not one of {', '.join(known)}",
+                      remedy=f"{meant}{remedy}".strip() or f"use one of {', '.join(known)}")
 
 
 def _build(cls: type, raw: Any, where: str) -> Any:

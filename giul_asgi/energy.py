@@ -16,6 +16,16 @@ reported by the card, how far they can be trusted, and how the card was shared. 
    ``simulated`` (an interpolation of a simulation is still a simulation) and says so too.
 4. Conservation is the ledger's job; the record says how the card was shared
    (``concurrency``, ``split``) and whether a foreign load was seen (``contended``).
+5. Two bases (after OpenCost's ``cost_basis``): ``joules`` is above idle, what the request
+   caused; ``allocated_joules`` adds its share of the idle floor while it ran (the ledger
+   shares a span's idle floor among the windows open in it as it shares the rest). Where
+   ``joules`` is unknown so is ``allocated_joules``; where it is estimated, so is this, by
+   the same method label.
+6. The boundary said (after Google's narrow vs comprehensive accounting): ``boundary`` is
+   what the reader's energy covers, ``gpu`` (the card(s) alone), ``cpu`` (a CPU node's RAPL
+   package) or ``host`` (the cards with the host's CPU package and DRAM); where the node sets
+   a ``pue``, every figure in joules is multiplied by it (the facility's energy for the
+   boundary) and ``pue`` says so. The ledger's books stay the reader's energy.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ BACKENDS: tuple[str, ...] = (
     "nvml_counter", "nvml_power", "smi", "agent", "dcgm", "rapl", "amd", "simulated", "none",
 )
 SOURCES: tuple[str, ...] = ("local", "remote", "none")
+#: What a figure's energy covers: the card(s) alone, a CPU node's package, or the host.
+BOUNDARIES: tuple[str, ...] = ("gpu", "cpu", "host")
 #: Which token count a record's ``tokens`` is: the default is what the model generated.
 TOKEN_KINDS: tuple[str, ...] = ("output", "input", "total")
 #: A provisional figure more interpolated than this says so in its ``error``.
@@ -48,6 +60,11 @@ class Provenance:
     #: The node reads a MIG board: which slices it stands for, and that the energy is the
     #: board's (:mod:`giul_asgi.readers.mig`); None when not on MIG.
     mig: str | None = None
+    #: What the reader's energy covers (:data:`BOUNDARIES`).
+    boundary: str = "gpu"
+    #: The node's power usage effectiveness: figures in joules are multiplied by it (None:
+    #: not set, the boundary's energy as read).
+    pue: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +112,8 @@ class Share:
     error: str | None = None
     trouble: str | None = None
     basis: str | None = None
+    #: The window's part of the idle floor while it ran (None: nothing shared it yet).
+    idle_joules: float | None = None
 
 
 @dataclass(slots=True)
@@ -151,6 +170,12 @@ class Energy:
     #: On a MIG board: the slices the node stands for and that the energy is the whole
     #: board's (a slice cannot be metered alone); None when not on MIG.
     mig: str | None = None
+    #: ``joules`` plus the request's share of the idle floor while it ran (the basis that
+    #: adds up to all the card drew); None when ``joules`` is.
+    allocated_joules: float | None = None
+    #: What the energy covers: ``gpu`` (the card(s) alone), ``cpu`` (a CPU node's RAPL
+    #: package) or ``host`` (the cards with the host's CPU package and DRAM).
+    boundary: str = "gpu"
 
     @property
     def known(self) -> bool:
@@ -160,6 +185,7 @@ class Energy:
         """Every field, JSON-ready. Unknown stays ``None`` (null); floats are finite."""
         return {
             "joules": _num(self.joules),
+            "allocated_joules": _num(self.allocated_joules),
             "method": self.method,
             "backend": self.backend,
             "source": self.source,
@@ -190,6 +216,7 @@ class Energy:
             "carbon_signal": self.carbon_signal,
             "carbon_age_s": _num(self.carbon_age_s),
             "mig": self.mig,
+            "boundary": self.boundary,
         }
 
 
@@ -243,6 +270,9 @@ def grade(
         if valid_tokens is not None and hint_per_1k > 0:
             joules = hint_per_1k * valid_tokens / 1000.0
             method, backend, source, mean_watts = "estimated", "none", "none", None
+            why = f" ({error})" if error else ""
+            error = (f"estimated from the tier's hint: {valid_tokens} tokens x {hint_per_1k:g} J per "
+                     f"1,000, no uncertainty{why}")
         else:
             joules, method = None, "unknown"
         uncertainty = None
@@ -253,26 +283,48 @@ def grade(
             error = _estimated(share, joules, "estimated")
         elif (mostly or share.trouble) and error is None:
             error = _estimated(share, joules, method)
-    per_token = joules / valid_tokens if joules is not None and valid_tokens else None
+    # The node's PUE multiplies every figure in joules (the boundary's energy at the facility).
+    pue = provenance.pue
+    factor = pue if pue is not None else 1.0
+    charged = joules * factor if joules is not None else None
+    per_token = charged / valid_tokens if charged is not None and valid_tokens else None
     energy = Energy(
-        joules, method, backend, source, node, tier, route, share.seconds,
+        charged, method, backend, source, node, tier, route, share.seconds,
         provenance.idle_watts, provenance.idle_watts is not None, mean_watts, tokens,
-        token_kind, per_token, share.concurrency, share.split, uncertainty, share.settled,
+        token_kind, per_token, share.concurrency, share.split,
+        uncertainty * factor if uncertainty is not None else None, share.settled,
         stages if stages is not None else {}, share.contended, share.foreign_watts, error, id,
         tenant,
     )
     if carbon is not None:
-        energy.carbon_grams = carbon.grams(joules)
+        energy.carbon_grams = carbon.grams(joules)  # x carbon.pue: the node's PUE, once
         energy.carbon_g_per_kwh, energy.pue = carbon.g_per_kwh, carbon.pue
         energy.carbon_source, energy.carbon_signal = carbon.source, carbon.signal
         energy.carbon_age_s = carbon.age_s
+    if pue is not None:
+        energy.pue = pue
     if provenance.mig is not None:
         energy.mig = provenance.mig
+    if joules is not None:
+        energy.allocated_joules = (joules + _idle_part(share, provenance.idle_watts)) * factor
+    if provenance.boundary != "gpu":
+        energy.boundary = provenance.boundary
     return energy
+
+
+def _idle_part(share: Share, idle_w: float | None) -> float:
+    """The window's share of the idle floor: as the ledger shared it, else (nothing shared
+    it: no reading) idle_w x its time over the windows in flight beside it."""
+    if share.idle_joules is not None:
+        return share.idle_joules
+    if not idle_w:
+        return 0.0
+    return idle_w * share.seconds / max(1.0, share.concurrency or 1.0)
 
 
 __all__ = [
     "BACKENDS",
+    "BOUNDARIES",
     "METHODS",
     "SOURCES",
     "TOKEN_KINDS",

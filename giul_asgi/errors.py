@@ -1,7 +1,9 @@
 """Typed errors, each carrying the remedy an operator can act on.
 
-Errors are raised at configuration time only. Nothing on a request's path raises one of
-these: a reader that fails costs a measurement, never the request.
+They are raised where a setting is checked: when the middleware, a node or a reader is
+built, and at lifespan startup (a reader asked for by name that cannot work), which they
+stop with one line (:mod:`giul_asgi.asgi.startup`). Nothing on a request's path raises
+one: a reader that fails later costs a measurement, never the request.
 """
 
 from __future__ import annotations

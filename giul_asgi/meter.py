@@ -33,9 +33,40 @@ from .tenants import tenant_name
 log = logging.getLogger("giul_asgi.meter")
 
 _NO_NAMES: Mapping[str, Node | Tier] = {}
-# Request ids: this process's id and a counter, unique per process and cheap to make.
+# Request ids: this process's id and a counter, unique per process and cheap to make:
+# ``<pid>-<start>-<counter>`` in hex. A child forked after import (gunicorn --preload) makes
+# its own: two workers must never hand out one id.
 _ids = itertools.count(1)
-_PREFIX = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
+_PREFIX = ""
+
+
+def _new_prefix() -> None:
+    global _PREFIX, _ids
+    _PREFIX = f"{os.getpid():x}-{int(time.time()) & 0xFFFFFF:x}-"
+    _ids = itertools.count(1)
+
+
+_new_prefix()
+os.register_at_fork(after_in_child=_new_prefix)
+
+
+def id_prefix() -> str:
+    """What every request id this process makes begins with."""
+    return _PREFIX
+
+
+def split_id(key: str) -> tuple[str, int] | None:
+    """``(prefix, counter)`` of a request id as :class:`Meter` makes them; None otherwise."""
+    head, sep, tail = key.rpartition("-")
+    if not sep or not tail or len(tail) > 16 or head.count("-") != 1:
+        return None
+    try:
+        counter = int(tail, 16)
+        pid, _, start = head.partition("-")
+        int(pid, 16), int(start, 16)
+    except ValueError:
+        return None
+    return head + "-", counter
 
 
 class Meter:
@@ -65,6 +96,7 @@ class Meter:
         self._window: Window | None = None
         self._closed = False  # the window's close is recorded (the book takes it later)
         self._tokens: int | None = None
+        self._usage: tuple[int, int] | None = None  # (prompt, completion), for the phase split
         self._waiting: list[Callable[[], None]] | None = None  # on_settled before the close
         self._final: Energy | None = None  # the settled figure, graded once
 
@@ -116,7 +148,7 @@ class Meter:
             return
         self._closed = True
         tier = self.tier.name if self.tier is not None else None
-        self.ledger.close(window, self._tokens, (self.id, self.route, tier))
+        self.ledger.close(window, self._tokens, (self.id, self.route, tier), self._usage)
         if self._waiting:
             for settled in self._waiting:
                 self.ledger.when_settled(window, settled)
@@ -141,6 +173,23 @@ class Meter:
             raise TypeError(f"tokens must be an int, got {type(count).__name__}")
         self._tokens = count
         self._final = None
+
+    def usage(self, prompt: int | None, completion: int | None) -> None:
+        """The request's prompt and completion tokens (an OpenAI ``usage``), before close:
+        where the node weighs phases, a window with no first-token mark is cut where they
+        put the end of its prefill. Either unknown (None): nothing is kept."""
+        for count in (prompt, completion):
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+                raise TypeError(f"token counts must be ints, got {type(count).__name__}")
+        if prompt is not None and completion is not None and prompt >= 0 and completion >= 0:
+            self._usage = (prompt, completion)
+
+    def first_out(self) -> None:
+        """The answer's first token went out (a stream's first event): where the node weighs
+        phases, this ends the window's prefill (its ``prefill`` mark); elsewhere nothing."""
+        window = self._window
+        if window is not None and not self._closed:
+            self.ledger.first_out(window)
 
     @property
     def token_count(self) -> int | None:
@@ -243,12 +292,16 @@ class Meter:
             prev = window.t_open
             for (stage, t_mark), value in zip(window.marks, values or (), strict=False):
                 fraction = value / share.joules if share.joules else 0.0
+                # The idle floor goes with time: the stage's part of the window's.
+                idle = share.idle_joules
+                if idle is not None:
+                    idle *= (t_mark - prev) / share.seconds if share.seconds > 0 else 0.0
                 part = Share(  # a stage is labelled by the same rule as its figure
                     value if share.joules is not None else None,
                     share.uncertainty * fraction, share.interpolated * fraction,
                     share.settled, share.provenance, t_mark - prev, split=share.split,
                     contended=share.contended, foreign_watts=share.foreign_watts,
-                    trouble=share.trouble, basis=share.basis,
+                    trouble=share.trouble, basis=share.basis, idle_joules=idle,
                 )
                 stages[stage] = grade(part, node=self.node, tier=name, route=self.route,
                                       carbon=self.ledger.carbon)

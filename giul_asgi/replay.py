@@ -34,7 +34,8 @@ from typing import Any, Literal
 from .config import Node
 from .energy import grade
 from .errors import ConfigError, GiulError
-from .ledger import Ledger, TimeSplit, TokenSplit, Window
+from .ledger import Ledger, Window
+from .ledger.phases import split_for
 from .ledger.trace import VERSION, rotated
 from .readers.base import Kind, Reading
 from .spans import CardSpan, Gap
@@ -322,8 +323,7 @@ def replay(loaded: Loaded, *, split: str | None = None, idle_w: float | None = N
     except ConfigError as exc:
         raise ConfigError(f"the trace's header does not describe a node: {exc.message}",
                           remedy="the header (its first line) was edited or damaged: " + _REMEDY) from None
-    ledger = Ledger(node, split=TokenSplit() if split == "tokens" else TimeSplit(),
-                    clock=clock, poll=False)
+    ledger = Ledger(node, split=split_for(split), clock=clock, poll=False)
     requests: dict[int, _Request] = {}
     done: list[_Request] = []
     unknown = 0

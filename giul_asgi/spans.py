@@ -11,6 +11,11 @@ window-time they cover in all, what a foreign load takes first. That decision is
 ``above_j x mine / (covered + unseen)``, and shares it among its own windows by the node's
 split: the parts of all processes add up to the span, whoever holds the card.
 
+The idle floor of a span (``total_j - measured_j``: idle_w x its time) is booked the same way
+for the *allocated* basis: the part of the span's time with at least one window of the host
+open (``busy_s``, the union of the windows' time in it) is shared like the energy above idle,
+by the same members and rule; the rest is idle with no window open (``idle_unattributed``).
+
 A process alone on its card makes the same decision with nobody else's windows, so there is
 one way to book a span. These are plain records, imported by the ledger and the card's table
 alike.
@@ -77,12 +82,16 @@ class Coverage:
     last_close: float = -INF
     #: Windows open now (not only in the span): whether the card is busy.
     open_now: int = 0
+    #: The overlapping windows' time in the span, as ``(start, end)`` intervals: their union
+    #: is the span's time with a window open (whose idle floor the windows are allocated).
+    busy: tuple[tuple[float, float], ...] = ()
 
     def __add__(self, other: Coverage) -> Coverage:
         return Coverage(
             self.open_s + other.open_s, self.open_n + other.open_n,
             self.tail_s + other.tail_s, self.tail_n + other.tail_n,
             max(self.last_close, other.last_close), self.open_now + other.open_now,
+            self.busy + other.busy,
         )
 
     def by(self, tails: bool) -> float:
@@ -91,6 +100,23 @@ class Coverage:
 
 
 NOBODY = Coverage()
+
+
+def union_s(intervals: tuple[tuple[float, float], ...]) -> float:
+    """The length of the union of ``(start, end)`` intervals (a few per span)."""
+    if len(intervals) == 1:
+        a, b = intervals[0]
+        return b - a if b > a else 0.0
+    if not intervals:
+        return 0.0
+    total = 0.0
+    end = -INF
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +160,35 @@ class CardSpan:
     unseen_recent: bool = False
     #: The card's update period when decided (followers have no tape to learn it from).
     period: float = 0.1
+    #: The span's time with at least one window of the host open (the union of their time).
+    busy_s: float = 0.0
 
     @property
     def seconds(self) -> float:
         return self.t1 - self.t0
+
+    @property
+    def idle_j(self) -> float:
+        """The span's idle floor (idle_w x its time; 0 where the node gives no floor)."""
+        return max(0.0, self.total_j - self.measured_j)
+
+    def idle_part(self, mine: float) -> float:
+        """The idle floor ``mine`` window-seconds of members are allocated: the floor of the
+        span's time with a window open, shared as the energy above idle is (a closed window's
+        tail is not running: the idle under it is nobody's)."""
+        seconds = self.t1 - self.t0
+        if mine <= 0 or self.covered <= 0 or self.tails or seconds <= 0 or self.busy_s <= 0:
+            return 0.0
+        idle = self.total_j - self.measured_j
+        if idle <= 0:
+            return 0.0
+        return idle * min(1.0, self.busy_s / seconds) * mine / (self.covered + self.unseen)
+
+    @property
+    def idle_unattributed_j(self) -> float:
+        """The idle floor no window of the host is allocated: time with none open, and the
+        part of load nobody here sees."""
+        return self.idle_j - self.idle_part(self.covered)
 
     def part(self, mine: float) -> float:
         """The energy ``mine`` window-seconds of members take. A closed window's tail is a
@@ -168,4 +219,4 @@ class CardSpan:
         return self.foreign_j + (self.above_j - self.part(self.covered))
 
 
-__all__ = ["NOBODY", "CardSpan", "Coverage", "Gap", "Piece", "Span"]
+__all__ = ["NOBODY", "CardSpan", "Coverage", "Gap", "Piece", "Span", "union_s"]

@@ -160,7 +160,7 @@ def grams(joules: float, pue: float, g: float) -> float:
     ({"carbon_g_per_kwh": 400, "pue": 0.9}, "pue must be 1 to"),
     ({"carbon_g_per_kwh": 400, "pue": 12}, "pue must be 1 to"),
     ({"carbon_g_per_kwh": 400, "pue": math.nan}, "must be finite"),
-    ({"pue": 1.3}, "pue scales a carbon figure"),
+    ({"pue": 0.5}, "pue must be 1 to"),  # a PUE alone scales the joules: checked the same
     ({"carbon_g_per_kwh": 400, "carbon": "http://x/y"}, "not both"),
     ({"carbon": "ftp://host/carbon.json"}, "must be http(s)"),
     ({"carbon": "file:///run/carbon.json"}, "must be http(s)"),
@@ -563,8 +563,8 @@ def test_a_static_intensity_grades_every_figure(ledgers: Ledgers) -> None:
     meter.open()
     meter.mark("prefill")
     meter.close()
-    energy = meter.figure(tokens=40)  # estimated from the hint: 12 J
-    assert energy.joules == pytest.approx(12.0) and energy.method == "estimated"
+    energy = meter.figure(tokens=40)  # estimated from the hint: 12 J at the card, x the PUE
+    assert energy.joules == pytest.approx(12.0 * 1.3) and energy.method == "estimated"
     assert energy.carbon_grams == pytest.approx(grams(12.0, 1.3, 420.0), rel=1e-12)
     assert (energy.carbon_g_per_kwh, energy.pue, energy.carbon_source, energy.carbon_signal,
             energy.carbon_age_s) == (420.0, 1.3, "static", None, None)
@@ -588,7 +588,7 @@ def test_the_reader_thread_polls_a_slow_provider_and_keeps_reading_the_card(
         provider: tuple[Provider, str]) -> None:
     """A simulated card read by its node's thread, a provider that holds its first answer:
     the card's reads go on without a failure, and once the answer comes every settled
-    figure carries grams = joules x pue x g/kWh / 3.6e6."""
+    figure carries grams = joules x g/kWh / 3.6e6 (the joules include the node's PUE)."""
     p, url = provider
     p.mode, p.g, p.stamp = "hold", 380, iso(time.time())
     node = Node("sim", reader="simulated", idle_w=50.0, carbon=url, pue=1.4, carbon_every_s=0.2,
@@ -616,7 +616,7 @@ def test_the_reader_thread_polls_a_slow_provider_and_keeps_reading_the_card(
         meter.close()
         energy = anyio.run(meter.settled, WAIT_S)
         assert energy.settled and energy.joules is not None and energy.method == "simulated"
-        assert energy.carbon_grams == pytest.approx(grams(energy.joules, 1.4, 380.0), rel=1e-12)
+        assert energy.carbon_grams == pytest.approx(grams(energy.joules, 1.0, 380.0), rel=1e-12)
         assert (energy.carbon_source, energy.carbon_signal, energy.pue) == ("electricitymaps", "average", 1.4)
         assert energy.carbon_age_s is not None and energy.carbon_age_s >= 0
         assert ledger.carbon_health["state"] == "ok"
@@ -661,7 +661,7 @@ async def test_carbon_goes_out_in_the_header_the_block_the_statistics_and_the_ex
         assert r.json()["energy"]["carbon_source"] == "file"
         data = (await client.get("/energy", params={"window": "all"})).json()
         metrics = (await client.get("/metrics")).text
-    assert data["schema"] == "giul-asgi/energy/2"
+    assert data["schema"] == "giul-asgi/energy/3"
     assert data["nodes"]["green"]["carbon"] == {"known": 3, "grams": pytest.approx(3 * expected, rel=1e-6),
                                                "mean": pytest.approx(expected, rel=1e-6)}
     assert data["nodes"]["dark"]["carbon"] == {"known": 0, "grams": None, "mean": None}

@@ -25,6 +25,7 @@ from giul_asgi.config import Node
 from giul_asgi.hostshare import card_key
 from giul_asgi.hostshare import place as place_module
 from giul_asgi.hostshare.cards import SEAT_BYTES, CardTable, SeatBooks, Unusable, ledgers_on
+from giul_asgi.hostshare.keys import folder_name
 from giul_asgi.meter import Meter
 from giul_asgi.spans import CardSpan, Coverage, Gap
 
@@ -361,3 +362,32 @@ def test_a_card_is_keyed_by_its_uuids_or_its_name_where_the_reader_says_it() -> 
     # A reader made in code is shared only where it says which card it reads.
     assert card_key(Node("c"), SimpleNamespace(), custom=True) is None
     assert card_key(Node("c"), SimpleNamespace(card_id="bay-3"), custom=True) == "card:bay-3"
+
+
+def test_a_card_nobody_reads_any_more_is_removed_when_a_ledger_joins(tmp_path: Path) -> None:
+    """A hostile tester's default place grew from 506 to 652 MB in 25 minutes: every card
+    named for a port (the demo's) or a fake GPU kept its tape and dead seats for ever."""
+    import os
+    import time
+
+    from giul_asgi.hostshare import cards
+
+    place = tmp_path / "place"
+    place.mkdir(mode=0o700)
+    old = CardTable(place, "card:gone", "gone")
+    old.close()
+    gone = place / "cards" / folder_name("card:gone")
+    for seat in gone.glob("p-*"):  # its process gone, as after a demo's run
+        seat.rename(gone / "p-999999999-1-0")
+    held = CardTable(place, "card:held", "held")
+    assert held.try_hold()
+    stale = time.time() - 2 * cards.FORGET_CARD_S
+    for folder in (place / "cards").iterdir():
+        os.utime(folder, (stale, stale))
+    try:
+        assert cards.sweep_cards(place) == 1
+        left = sorted(p.name for p in (place / "cards").iterdir())
+        assert left == [folder_name("card:held")]  # the one a process holds stays
+    finally:
+        held.close()
+    assert cards.sweep_cards(place) == 0  # closed, but its seat is a live process's (this one)

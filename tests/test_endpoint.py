@@ -86,7 +86,7 @@ async def test_json_follows_the_documented_schema() -> None:
     async with client(app) as c:
         data = (await c.get("/energy", params={"window": "all"})).json()
     documented = _documented_keys()
-    assert data["schema"] == "giul-asgi/energy/2"
+    assert data["schema"] == "giul-asgi/energy/3"
     assert set(data) == documented["Top level"]
     assert set(data["totals"]) == documented["Summary"]
     assert set(data["series"]) == documented["`series`"]

@@ -22,7 +22,6 @@ from giul_asgi.config import Node
 from giul_asgi.errors import ConfigError
 from giul_asgi.hostshare import log_unshared, resolve
 from giul_asgi.hostshare import place as place_module
-from giul_asgi.hostshare.journal import Journal
 from giul_asgi.hostshare.place import make_dir, open_file
 from giul_asgi.hostshare.rows import Rows, parse, process_start
 
@@ -416,33 +415,6 @@ def test_row_names(tmp_path: Path) -> None:
 
 # -- records, journal ------------------------------------------------------------------------
 
-def js(record: dict) -> bytes:
-    return json.dumps(record).encode()
-
-
-def test_a_journal_finds_another_writers_latest_line_and_forgets_old_ones(tmp_path: Path) -> None:
-    now = [1000.0]
-    theirs = Journal(tmp_path, max_lines=4, max_age_s=60.0, clock=lambda: now[0])
-    mine = Journal(tmp_path, max_lines=4, max_age_s=60.0, clock=lambda: now[0])
-    # another process: same folder, another row name
-    theirs.rows.path = theirs.rows.path.with_name("1-1.jsonl")
-    theirs.old = theirs.rows.path.with_name("1-1-old.jsonl")
-    theirs.append([("a", js({"joules": 1.0})), ("b", js({"joules": 2.0}))])
-    assert mine.find("a") == {"joules": 1.0} and mine.find("zz") is None
-    theirs.append([("a", js({"joules": 1.5, "settled": True}))])
-    assert mine.find("a") == {"joules": 1.5, "settled": True}
-    theirs.append([("c", js({"joules": 3.0})), ("d\tbad", js({}))])  # 4 lines: a new generation
-    theirs.append([("e", js({"joules": 5.0}))])
-    assert {k: (mine.find(k) or {}).get("joules") for k in "abce"} == {"a": 1.5, "b": 2.0, "c": 3.0, "e": 5.0}
-    theirs.append([(k, js({"joules": 0.0})) for k in "fgh"])  # and another: a and b are gone
-    assert mine.find("a") is None and mine.find("h") == {"joules": 0.0}
-    now[0] += 61.0
-    assert mine.find("h") is None  # too old to answer
-    with (tmp_path / "records" / "1-1.jsonl").open("ab") as fh:
-        fh.write(b"i\t2000.0\t{half a li")  # being written: read next time
-    assert mine.find("i") is None
-
-
 def test_a_record_store_without_a_place_keeps_to_itself(tmp_path: Path) -> None:
     from giul_asgi.energy import Energy
     from giul_asgi.records import RecordStore
@@ -455,20 +427,26 @@ def test_a_record_store_without_a_place_keeps_to_itself(tmp_path: Path) -> None:
         RecordStore(max_records=True)  # type: ignore[arg-type]
 
 
+def one_server(pid: int) -> Any:
+    """One server for a test's processes (they inherit no listener: each would be its own)."""
+    from giul_asgi.hostshare.server import ServerId
+
+    return ServerId("ltest", "the test's", (pid, process_start(pid)))
+
+
 def keep_records(directory: str, ready: Any, stop: str) -> None:
     from giul_asgi.energy import Energy
     from giul_asgi.listeners import Settled
     from giul_asgi.records import RecordStore
 
-    store = RecordStore(share=directory)
+    store = RecordStore(share=directory, server=one_server(os.getppid()))
     stage = Energy(0.5, "measured", node="gpu0")
     store.put(Energy(1.0, "measured", node="gpu0", settled=False, id="first-only"))
     store.put(Energy(2.0, "measured", node="gpu0", settled=False, id="then-settled"))
     store.settled([Settled(Energy(2.5, "measured", node="gpu0", stages={"prefill": stage},
                                   id="then-settled"))])
     deadline = time.monotonic() + 30
-    while store._queue and time.monotonic() < deadline:  # the writer thread's batch
-        time.sleep(0.01)
+    assert store.wait_ready(30) and store.shared  # written in place: nothing waits
     ready.set()
     while not os.path.exists(stop) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -482,7 +460,7 @@ def test_a_record_kept_by_one_process_is_found_by_another(ctx: Any, tmp_path: Pa
     proc.start()
     try:
         assert ready.wait(60)
-        store = RecordStore(share=tmp_path)
+        store = RecordStore(share=tmp_path, server=one_server(os.getpid()))
         assert store.shared
         first = store.get("first-only")
         assert first is not None and first.joules == 1.0 and first.settled is False

@@ -77,6 +77,9 @@ class Sink:
     def note_processes(self, processes: list[Process] | None) -> None:
         return None
 
+    def next_step(self) -> tuple[float, float, float] | None:
+        return None
+
 
 def _until(predicate: object, bound: float = WAIT_S) -> bool:
     end = time.monotonic() + bound

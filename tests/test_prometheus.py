@@ -80,3 +80,32 @@ def test_a_failing_ledger_does_not_break_a_scrape() -> None:
     registry.register(EnergyCollector(EnergyStats(), ledgers=[Broken(), FakeLedger("ok")]))
     text = generate_latest(registry).decode()
     assert 'giul_node_idle_watts{node="ok"} 60.0' in text
+
+
+def test_a_card_each_worker_has_alone_is_a_series_per_worker() -> None:
+    """A hostile tester scraped four workers, each with its own in-process simulated card:
+    giul_node_*_total fell 264 times in 70 scrapes, each answer another worker's books under
+    one {node="sim"}. Such books carry the worker's pid; the host's card's do not."""
+    import os
+
+    from giul_asgi.config import Node
+    from giul_asgi.ledger import Ledger
+    from giul_asgi.readers.base import Reading
+
+    class Card:
+        backend, source, kind, method, period = "simulated", "local", "counter", "simulated", 0.1
+        clock = staticmethod(lambda: 0.0)
+
+        def read(self) -> Reading:
+            return Reading(t=0.0, joules=1.0)
+
+        def close(self) -> None:
+            pass
+
+    own = Ledger(Node("own", idle_w=60.0), Card(), poll=False)  # type: ignore[arg-type]
+    registry = CollectorRegistry()
+    registry.register(EnergyCollector(EnergyStats(), ledgers=[own, FakeLedger("host")]))
+    samples = [s for f in text_string_to_metric_families(generate_latest(registry).decode())
+               if f.name == "giul_node_measured_joules" for s in f.samples]
+    assert {s.labels.get("node"): s.labels.get("process") for s in samples} == {
+        "own": str(os.getpid()), "host": None}

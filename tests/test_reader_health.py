@@ -7,6 +7,7 @@ generously on conditions.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -72,8 +73,9 @@ def test_a_failing_and_a_working_reader_as_energy_and_prometheus_show_them() -> 
         text = prometheus_text(EnergyCollector(EnergyStats(), [bad, good])).decode()
         assert 'giul_node_reader_up{node="bad",reader="test_card"} 0.0' in text
         assert 'giul_node_reader_up{node="good",reader="test_card"} 1.0' in text
-        assert 'giul_node_last_reading_age_seconds{node="good"}' in text
-        assert 'giul_node_reader_errors_total{node="bad"}' in text
+        # In-process cards: each worker's books are its own series (process="<pid>").
+        assert f'giul_node_last_reading_age_seconds{{node="good",process="{os.getpid()}"}}' in text
+        assert f'giul_node_reader_errors_total{{node="bad",process="{os.getpid()}"}}' in text
     finally:
         bad.stop(WAIT_S)
         good.stop(WAIT_S)

@@ -65,6 +65,24 @@ def test_vllm_load_follows_what_the_server_says() -> None:
     assert (second.running, second.generation_tokens_total) == (5, 180) and second.t >= first.t
 
 
+def test_vllm_phase_times_are_read_where_it_exports_them() -> None:
+    phases = """# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 10.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 1.5
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
+vllm:request_decode_time_seconds_count{engine="0",model_name="m"} 10.0
+vllm:request_decode_time_seconds_sum{engine="0",model_name="m"} 12.25
+"""
+    with serving(Served(vllm(2, 100, 400, "m") + phases)) as served:
+        reading = UpstreamLoad(served.url).read()
+    with serving(Served(vllm(2, 100, 400))) as served:
+        older = UpstreamLoad(served.url).read()
+    assert (reading.prefill_seconds_total, reading.decode_seconds_total) == (1.5, 12.25)
+    assert older.ok and older.prefill_seconds_total is None and older.decode_seconds_total is None
+
+
 def test_several_models_are_summed_unless_one_is_named() -> None:
     second = vllm(3, 50, 10, "b").replace("# HELP", "# X").replace("# TYPE", "# Y")
     served = Served(vllm(2, 100, 400, "a") + second)

@@ -1,4 +1,4 @@
-"""Every README snippet marked runnable runs, as extracted from README.md (never copied here).
+"""Every README and docs/ snippet marked runnable runs, as extracted (never copied here).
 
 The convention (docs/demo.md says it for writers): a fenced block whose info string has the
 word ``run`` after its language is run by this test, as written.
@@ -41,9 +41,10 @@ class Snippet:
     language: str
     demo: bool
     code: str
+    file: str = "README.md"
 
 
-def snippets(text: str) -> list[Snippet]:
+def snippets(text: str, file: str = "README.md") -> list[Snippet]:
     found = []
     for match in FENCE.finditer(text):
         flags = match.group(2).split()
@@ -52,13 +53,18 @@ def snippets(text: str) -> list[Snippet]:
         language = LANGUAGES.get(match.group(1).lower())
         line = text.count("\n", 0, match.start()) + 1
         if language is None:
-            raise AssertionError(f"README.md:{line}: a runnable block must be bash or python, "
+            raise AssertionError(f"{file}:{line}: a runnable block must be bash or python, "
                                  f"not {match.group(1)!r}")
-        found.append(Snippet(line, language, "demo" in flags, match.group(3)))
+        found.append(Snippet(line, language, "demo" in flags, match.group(3), file))
     return found
 
 
-SNIPPETS = snippets(README.read_text()) if README.exists() else []
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+SNIPPETS = [s for doc in DOCUMENTS if doc.exists()
+            for s in snippets(doc.read_text(), str(doc.relative_to(ROOT)))]
+README_SNIPPETS = [s for s in SNIPPETS if s.file == "README.md"]
+#: The README's length the first hour can read (issue 21: the rest lives in docs/, linked).
+MAX_README_LINES = 250
 
 
 def test_the_convention_finds_marked_blocks_only() -> None:
@@ -72,8 +78,25 @@ def test_the_convention_finds_marked_blocks_only() -> None:
 
 
 def test_the_readme_marks_runnable_snippets() -> None:
-    assert SNIPPETS, "README.md marks no snippet runnable (```bash run / ```python run)"
-    assert any(s.demo for s in SNIPPETS), "no README snippet runs against the demo (```bash run demo)"
+    assert README_SNIPPETS, "README.md marks no snippet runnable (```bash run / ```python run)"
+    assert any(s.demo for s in README_SNIPPETS), "no README snippet runs against the demo (```bash run demo)"
+
+
+def test_the_readme_opens_with_what_it_is_then_the_two_commands() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines (at most {MAX_README_LINES})"
+    assert lines[0].startswith("# "), "the README opens with its title"
+    fence = lines.index("```bash")
+    assert fence < 10, "the two commands come right after what it is"
+    commands = lines[fence + 1:lines.index("```", fence)]
+    assert len(commands) == 2 and "giul-asgi demo" in commands[0] and "pytest" in commands[1]
+
+
+def test_every_link_to_a_file_leads_to_one() -> None:
+    link = re.compile(r"\]\(([^)#:]+)(?:#[^)]*)?\)")
+    for doc in DOCUMENTS:
+        for target in link.findall(doc.read_text()):
+            assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links to missing {target}"
 
 
 @pytest.fixture(scope="module")
@@ -109,17 +132,17 @@ def execute(snippet: Snippet, code: str) -> None:
     result = subprocess.run(argv, cwd=ROOT, env=environment(), capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, (
-        f"README.md:{snippet.line} exited {result.returncode}\n--- code ---\n{code}"
+        f"{snippet.file}:{snippet.line} exited {result.returncode}\n--- code ---\n{code}"
         f"\n--- stdout ---\n{result.stdout[-3000:]}\n--- stderr ---\n{result.stderr[-3000:]}")
 
 
 @pytest.mark.parametrize("snippet", [s for s in SNIPPETS if not s.demo],
-                         ids=lambda s: f"README.md:{s.line}")
+                         ids=lambda s: f"{s.file}:{s.line}")
 def test_snippet_runs(snippet: Snippet) -> None:
     execute(snippet, snippet.code)
 
 
-@pytest.mark.parametrize("snippet", [s for s in SNIPPETS if s.demo], ids=lambda s: f"README.md:{s.line}")
+@pytest.mark.parametrize("snippet", [s for s in SNIPPETS if s.demo], ids=lambda s: f"{s.file}:{s.line}")
 def test_snippet_runs_against_the_demo(snippet: Snippet, demo: tuple[str, str]) -> None:
     api, upstream = demo
     code = snippet.code

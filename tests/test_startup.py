@@ -71,12 +71,13 @@ CASES = {
     "undeclared": ("routes=[Route('/v1/*', node='gpu2')]", ["node 'gpu2'", "nodes=[...]"]),
     "prometheus": ("metrics_path='/metrics'", ["prometheus-client", "giul-asgi[prometheus]"]),
     "token": ("token='x' * 32", ["token=", "endpoint_token="]),
+    "budget": ("budgets=[Budget(joules=5e6, hard=True)]", ["counts per tenant", "tenant='x-api-key'"]),
 }
 
 
 def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
     """``app.py`` in ``tmp_path``: the framework's app with the middleware added ``way``."""
-    text = HEAD[framework] + "from giul_asgi import EnergyMiddleware, Node, Route\n"
+    text = HEAD[framework] + "from giul_asgi import Budget, EnergyMiddleware, Node, Route\n"
     if way == "add_middleware":
         text += f"app.add_middleware(EnergyMiddleware, {NODE}, {setting})\n"
     else:
@@ -127,6 +128,7 @@ def assert_one_line(out: str, words: list[str]) -> None:
     ("undeclared", "fastapi", "wrapped"),
     ("prometheus", "fastapi", "add_middleware"),
     ("token", "starlette", "wrapped"),
+    ("budget", "fastapi", "add_middleware"),
 ])
 def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
     tmp_path: Path, case: str, framework: str, way: str,
@@ -177,4 +179,28 @@ def test_a_bad_setting_built_by_a_person_still_raises() -> None:
     with pytest.raises(ConfigError, match="energy_in_usage="), TestClient(app):
         pass  # the lifespan startup fails, and the test client raises the error
     with pytest.raises(ConfigError, match="energy_in_usage="):
-        TestClient(app).get("/")  # no lifespan: the request raises it, as the build would have
+        EnergyMiddleware(Starlette(), energy_in_usgae=True)  # a person building it: raised
+
+
+def test_without_a_lifespan_a_bad_setting_is_one_error_line_and_the_app_serves_unmetered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``uvicorn --lifespan off`` (a stranger's trial): every request was a 500 under a
+    traceback, /health included. There is no startup to stop, so the app serves, unmetered,
+    and the one line is logged once."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route as StarletteRoute
+    from starlette.testclient import TestClient
+
+    from giul_asgi import EnergyMiddleware
+
+    app = Starlette(routes=[StarletteRoute("/health", lambda request: JSONResponse({"ok": True}))])
+    app.add_middleware(EnergyMiddleware, energy_in_usgae=True)
+    client = TestClient(app)  # outside ``with``: no lifespan
+    with caplog.at_level("ERROR", logger="giul_asgi"):
+        answers = [client.get("/health") for _ in range(3)]
+    assert [(a.status_code, a.json()) for a in answers] == [(200, {"ok": True})] * 3
+    assert not any(k.startswith("x-energy") for k in answers[0].headers)
+    lines = [r.getMessage() for r in caplog.records if "energy_in_usgae=" in r.getMessage()]
+    assert len(lines) == 1 and "did you mean energy_in_usage=?" in lines[0], lines

@@ -689,3 +689,24 @@ def test_replay_of_a_directory_replays_every_trace_in_it(tmp_path: Path, capsys:
         p.write_text("")
     assert main(["replay", str(tmp_path)]) == 2
     assert "none of the 3 trace(s)" in capsys.readouterr().err
+
+
+def test_forty_worker_lifetimes_never_leave_more_than_the_bound(tmp_path: Path) -> None:
+    """Under churn (gunicorn --max-requests), each new worker begins its trace and prunes: the
+    directory never holds more than the live one and KEEP_DEAD dead ones, with their parts."""
+    from giul_asgi.ledger.trace import FILES, KEEP_DEAD
+
+    ctx = mp.get_context("fork")  # 40 lifetimes: fork is what gunicorn does, and quick
+    most = 0
+    for i in range(40):
+        proc = ctx.Process(target=_one_lifetime, args=(str(tmp_path), "sim"))
+        with warnings.catch_warnings():  # 3.12+: a fork beside threads is said; the child only writes
+            warnings.simplefilter("ignore", DeprecationWarning)
+            proc.start()
+        proc.join(60)
+        assert proc.exitcode == 0
+        if i % 3 == 0:
+            time.sleep(0.01)  # distinct mtimes now and then, whatever the file system's resolution
+        most = max(most, len(list(tmp_path.glob("giul-trace-*"))))
+    assert most <= (KEEP_DEAD + 1) * FILES, most
+    assert len(list(tmp_path.glob("giul-trace-sim-*.jsonl"))) == KEEP_DEAD + 1

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from ..energy import Energy
 from ..meter import Meter
-from ..wire.body import energy_json
+from ..wire.body import energy_json, usage_tokens
 from ..wire.sse import EVENT_ENDS, Lane
 from .routing import route_template
 
@@ -47,13 +47,14 @@ class Exchange:
     """One request: the app's messages in, the responder chosen from its start, the figure."""
 
     __slots__ = (
-        "_block", "_closed", "choose", "disconnected", "downstream", "energy", "lane", "meter",
-        "responder", "root_path", "route_app", "scope", "server_receive", "settle_timeout", "status",
+        "_block", "_closed", "also", "choose", "disconnected", "downstream", "energy", "keep", "lane",
+        "meter", "responder", "root_path", "route_app", "scope", "server_receive", "settle_timeout", "status",
     )
 
     def __init__(
         self, scope: Scope, receive: Receive, send: Send, meter: Meter, *,
         choose: Callable[[Message, Exchange], Responder], settle_timeout: float, route_app: Any,
+        keep: Callable[[Energy, bytes], None] | None = None,
     ) -> None:
         self.scope = scope
         self.server_receive = receive
@@ -69,8 +70,13 @@ class Exchange:
         self.status: int | None = None
         self.disconnected = False
         self.energy: Energy | None = None
+        #: Where the figure is kept by id, with its JSON, the moment it is made (before any
+        #: of it goes out): a client that got the id finds it, whatever happens next.
+        self.keep = keep
         self._block: bytes | None = None
         self._closed = False
+        #: Headers the answer's start carries beside the figure's (its budget's remaining).
+        self.also: tuple[tuple[bytes, bytes], ...] = ()
 
     # -- the app's side ----------------------------------------------------------------------
     async def receive(self) -> Message:
@@ -124,9 +130,11 @@ class Exchange:
         if self.energy is None:
             try:
                 self.close()
-                self.energy = self.meter.figure()
+                energy = self.meter.figure()
             except Exception as exc:
-                self.energy = self._unknown(exc)
+                energy = self._unknown(exc)
+            self._made(energy)
+        assert self.energy is not None
         return self.energy
 
     async def finish(self) -> Energy:
@@ -135,10 +143,22 @@ class Exchange:
         if self.energy is None and self.settle_timeout > 0:
             try:
                 self.close()
-                self.energy = await self.meter.settled(self.settle_timeout)
+                energy = await self.meter.settled(self.settle_timeout)
             except Exception as exc:
-                self.energy = self._unknown(exc)
+                energy = self._unknown(exc)
+            if self.energy is None:
+                self._made(energy)
         return self.figure()
+
+    def _made(self, energy: Energy) -> None:
+        """The figure is made: kept by id at once, with the block it will be written as."""
+        self.energy = energy
+        keep = self.keep
+        if keep is not None:
+            try:
+                keep(energy, self.block())
+            except Exception:  # a bug of ours must cost the record, not the answer
+                log.exception("giul-asgi could not keep this request's record")
 
     def block(self) -> bytes:
         """The figure as the JSON block (written once)."""
@@ -146,9 +166,21 @@ class Exchange:
             self._block = energy_json(self.figure())
         return self._block
 
-    def tokens(self, count: int | None) -> None:
+    def tokens(self, count: int | None, usage: Any = None) -> None:
+        """The answer's token count (the options' kind) and, from its ``usage`` object, its
+        prompt and completion tokens (what a phase split weighs)."""
         if count is not None and self.meter.token_count is None:
             self.meter.tokens(count)
+        if usage is not None and self.meter.ledger.weighs_phases:  # read only where weighed
+            self.meter.usage(usage_tokens(usage, "input"), usage_tokens(usage, "output"))
+
+    def first_out(self) -> None:
+        """A stream's first event went out: the end of its prefill (the meter marks it only
+        where the node weighs phases). A bug of ours costs the mark, not the answer."""
+        try:
+            self.meter.first_out()
+        except Exception:
+            log.exception("giul-asgi could not mark this stream's first event")
 
     def _unknown(self, exc: Exception) -> Energy:
         log.exception("giul-asgi could not make this request's figure")

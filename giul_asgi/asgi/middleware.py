@@ -19,10 +19,16 @@ import dataclasses
 import functools
 import inspect
 import logging
+import threading
+import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio.to_thread
+
 from .. import logs
+from ..budgets import Budget, Budgets, OverBudget, check_budgets
 from ..config import Node, Route, Tier
 from ..context import meter_var
 from ..errors import ConfigError, GiulError
@@ -32,6 +38,7 @@ from ..meter import Meter
 from ..records import RecordStore
 from ..serve.access import check_token
 from ..tenants import TenantSetting, tenant_source
+from ..wire.formats import FORMATS, Formats
 from .exchange import Exchange
 from .options import Options, check_callable, check_names
 from .responders import choose
@@ -41,6 +48,7 @@ from .startup import fails_the_startup, failure_line
 if TYPE_CHECKING:
     from ..serve.access import Guard
     from ..serve.endpoint import EnergyEndpoint
+    from ..stats import HostStats
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -78,8 +86,8 @@ class EnergyMiddleware:
 
     ``settings`` are :class:`~giul_asgi.asgi.options.Options`' fields (``energy_key``,
     ``inject_json``, ``max_body``, ``stream_event``, ``usage_energy``, ``energy_in_usage``,
-    ``trailers``, ``token_kind``, ``settle_timeout``, ``startup_timeout``, ``energy_path``,
-    ``metrics_path``, ``exclude``, ``max_tenants``, ``trace``). Everything is checked here,
+    ``trailers``, ``energy_format``, ``token_kind``, ``settle_timeout``, ``startup_timeout``,
+    ``energy_path``, ``metrics_path``, ``exclude``, ``max_tenants``, ``trace``). Everything is checked here,
     once: a bad value raises :class:`ConfigError` with its remedy before the app serves
     anything; where a framework or a server builds the app, the lifespan startup fails with
     it instead (:mod:`giul_asgi.asgi.startup`).
@@ -87,25 +95,44 @@ class EnergyMiddleware:
 
     #: A bad setting kept for the lifespan startup to fail with (see ``fails_the_startup``).
     config_error: ConfigError | None = None
+    _said_unmetered = False
+    _started = False
+    _joining: HostStats | None = None  # the statistics it built, joining their server
 
     @fails_the_startup
     def __init__(
         self,
         app: ASGIApp,
+        #: The GPUs metered, each with its idle floor (None: one local node over every GPU).
         nodes: Iterable[Node] | None = None,
+        #: The model classes (their hints price a labelled estimate).
         tiers: Iterable[Tier] | None = None,
+        #: Which requests run on which node and tier (None: every request, on the first node).
         routes: Iterable[Route] | None = None,
         *,
+        #: A function ``scope -> (node, tier) | None`` for what patterns cannot route.
         decide: Decider | None = None,
+        #: The tier of a request no route names (None: the only tier, where there is one).
         default_tier: Tier | str | None = None,
+        #: The nodes' ledgers (None: this process's, shared with its other middlewares).
         ledgers: Ledgers | None = None,
+        #: The statistics ``/energy`` and Prometheus answer from (None: the server's, shared).
         stats: Listener | None = None,
+        #: Where records are found by id (None: the server's, shared between its workers).
         records: RecordStore | None = None,
+        #: More listeners of every settled record (``JsonLinesSink``, ``CallbackSink``).
         sinks: Iterable[Listener] = (),
+        #: OpenTelemetry (``exporters.otel.otel_recorder()``): spans and metrics.
         otel: OtelSpans | None = None,
+        #: A bearer token that lets clients other than loopback read ``/energy``.
         endpoint_token: str | None = None,
+        #: A function ``scope -> bool`` that decides who reads ``/energy`` instead.
         endpoint_guard: Guard | None = None,
+        #: Who a request is for: a header name (hashed, never kept) or ``scope -> str | None``.
         tenant: TenantSetting = None,
+        #: Energy budgets per tenant, route or tier and period, soft or hard (``Budget(...)``:
+        #: its fields in docs/configuration.md, Budgets).
+        budgets: Iterable[Budget] = (),
         **settings: Any,
     ) -> None:
         self.app = app
@@ -141,6 +168,8 @@ class EnergyMiddleware:
             default_tier=default_tier, decide=decide,
         )
         self.ledgers = ledgers if ledgers is not None else default_ledgers()
+        if ledgers is not None:  # its own ledgers: dropped without aclose(), they stop with it
+            weakref.finalize(self, _stop_if_gone, weakref.ref(ledgers), self.router.nodes.values())
         #: Never metered: health checks, documents, the operator's ``exclude``; the app's own
         #: documents are added at its first call (:meth:`_learn_app`).
         self.exclude = PathSet((*NEVER_METERED, *options.exclude))
@@ -149,8 +178,14 @@ class EnergyMiddleware:
 
             # Shared with the host's other worker processes by default (its own where
             # nothing can be shared, saying so): /energy answers for the whole host.
-            stats = HostStats(EnergyStats(max_tenants=options.max_tenants))
+            stats = self._joining = HostStats(EnergyStats(max_tenants=options.max_tenants))
+            # Dropped without aclose(): the statistics it built stop with it (their last row
+            # written on a thread: whoever collects it, the event loop perhaps, never waits).
+            weakref.finalize(self, _close_on_a_thread, stats)
         self.stats = stats
+        #: Told at once that a request was answered (its figure settles later), where the
+        #: statistics keep answers in place: a worker killed meanwhile loses none.
+        self._answered = getattr(stats, "answered", None)
         #: Every settled figure by request id, for /energy/requests/{id}.
         self.records = records if records is not None else RecordStore()
         sink_list = list(sinks)
@@ -165,8 +200,19 @@ class EnergyMiddleware:
         self.otel = otel
         #: Where settled figures go, in batches, from the reader thread.
         self.listeners = Listeners([stats, self.records, *sink_list])
+        #: What each key spent this period, server-wide (None: no budgets, nothing done).
+        self.budgets: Budgets | None = None
+        budget_list = check_budgets(
+            budgets, tenants=self._tenant is not None, tiers=self.router.tiers,
+            routes=self.router.labels(),
+            carbon=any(n.carbon is not None or n.carbon_g_per_kwh is not None for n in node_list),
+        )
+        if budget_list:
+            self.budgets = Budgets(budget_list, directory=node_list[0].workers_dir)
+            self.listeners = Listeners([*self.listeners, self.budgets])
         self.endpoint = self._endpoint(endpoint_token, endpoint_guard)
-        self._choose = functools.partial(choose, options=options)
+        self._choose = functools.partial(
+            choose, options=options, formats=Formats(FORMATS[options.energy_format]))
         self._catalog = self.router.catalog()
         self._energy_prefix = (options.energy_path + "/") if options.energy_path else None
         self._started = False  # the readers were started (lifespan, or the first request)
@@ -193,7 +239,7 @@ class EnergyMiddleware:
         return EnergyEndpoint(
             stats=self.stats, ledgers=self.ledgers, path=options.energy_path or "/energy",
             metrics_path=options.metrics_path, token=token, guard=guard, records=self.records,
-            token_name="endpoint_token", guard_name="endpoint_guard",
+            token_name="endpoint_token", guard_name="endpoint_guard", budgets=self.budgets,
         )
 
     def _serves(self, path: str) -> bool:
@@ -212,6 +258,10 @@ class EnergyMiddleware:
                 await self.app(scope, receive, send)
             return
         if not self._started:  # no lifespan: the first request learns the app, starts the readers
+            if self.config_error is not None:  # no startup to stop: the app serves, unmetered
+                self._say_unmetered()
+                await self.app(scope, receive, send)
+                return
             self._start_without_lifespan(scope)
         path = scope["path"]
         if self.endpoint is not None and self._serves(path):
@@ -231,11 +281,22 @@ class EnergyMiddleware:
         )
         if self._tenant is not None:
             meter.tenant = self._tenant(scope)
+        budgets = self.budgets
+        if budgets is not None:  # one lookup per budget; over a hard one, refused here
+            try:
+                slots, budget_headers = budgets.admit(
+                    meter.tenant, target.label, target.tier.name if target.tier is not None else None)
+            except OverBudget as over:
+                await _refuse(over, send)
+                return
         meter.open()
         exchange = Exchange(
             scope, receive, send, meter, choose=self._choose,
             settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
+            keep=self.records.put,
         )
+        if budgets is not None:
+            exchange.also = budget_headers
         span = self.otel.current_span() if self.otel is not None else None
         outcome = "incomplete"
         token = meter_var.set(meter)
@@ -250,6 +311,12 @@ class EnergyMiddleware:
             meter_var.reset(token)
             exchange.close()
             try:
+                if budgets is not None:  # its first figure counts now: the next admission sees it
+                    budgets.spend(slots, exchange.figure())
+                if self._answered is not None:
+                    self._answered(meter.id, meter.route, meter.node,
+                                   meter.tier.name if meter.tier is not None else None,
+                                   outcome, exchange.status, meter.tenant)
                 meter.report(self.listeners, outcome, exchange.status)
             except Exception:  # a bug of ours costs the record, never the answer
                 log.exception("giul-asgi could not file this request's figure")
@@ -320,6 +387,12 @@ class EnergyMiddleware:
         """Start each node's reader and wait (``startup_timeout`` at most) until built.
         A reader asked for by name that cannot work is kept in :attr:`startup_error`."""
         self._started = True
+        # The records' ring is made on the store's own thread: served from its first answer.
+        await anyio.to_thread.run_sync(self.records.wait_ready, self.options.startup_timeout)
+        if self._joining is not None:  # so are the server's statistics, on theirs
+            await anyio.to_thread.run_sync(self._joining.wait_ready, self.options.startup_timeout)
+        if self.budgets is not None:
+            self.budgets.start()
         try:
             await self.ledgers.start(
                 list(self.router.nodes.values()),
@@ -335,14 +408,22 @@ class EnergyMiddleware:
         add_middleware, the wrapped one otherwise)."""
         self.exclude.add(app_documents(scope.get("app") or self.app))
 
+    def _say_unmetered(self) -> None:
+        """A bad setting and no lifespan (``--lifespan off``) to stop: the one line, once, at
+        ERROR; the app's requests pass untouched rather than answered 500 each."""
+        if not self._said_unmetered and self.config_error is not None:
+            self._said_unmetered = True
+            log.error("%s; nothing is metered (without a lifespan startup there is nothing "
+                      "to stop)", failure_line(self.config_error))
+
     def _start_without_lifespan(self, scope: Scope) -> None:
         # No lifespan (or a server that does not send it): the first request starts the
         # readers and does not wait for them (a wedged driver must not hold it); a failure
         # is logged once by the ledger and figures say unknown, never a 500 from us.
-        if self.config_error is not None:  # no startup to fail: each request says it
-            raise self.config_error
         self._learn_app(scope)
         self._started = True
+        if self.budgets is not None:
+            self.budgets.start()
         for node in self.router.nodes.values():
             self.ledgers.get(node).ensure_started()
 
@@ -350,11 +431,43 @@ class EnergyMiddleware:
         """Stop the readers and settle every figure, then flush the sinks (lifespan
         shutdown does this): no settled record is lost on a clean shutdown."""
         await self.ledgers.aclose(timeout=self.options.startup_timeout)
+        if self.budgets is not None:  # after the ledgers: the last figures have settled
+            await anyio.to_thread.run_sync(self.budgets.close)
         self.records.close()  # what is queued for the other workers is written
         for sink in self.sinks:
             aclose = getattr(sink, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+async def _refuse(over: OverBudget, send: Send) -> None:
+    """A request over a hard budget: 429, ``Retry-After``, OpenAI's error shape; the app
+    never sees it (and it opens no window: it cost the card nothing)."""
+    body = over.body()
+    await send({"type": "http.response.start", "status": 429, "headers": over.headers(body)})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _close_on_a_thread(stats: HostStats) -> None:
+    threading.Thread(target=stats.close, name="giul-stats-collected", daemon=True).start()
+
+
+def _stop_if_gone(ledgers: weakref.ref[Ledgers], nodes: Iterable[Node]) -> None:
+    """A middleware collected with the ledgers it was given: once nobody else holds them
+    either, their readers stop (on a thread: whoever collects, the loop perhaps, never waits)."""
+    held = ledgers()
+    if held is None:
+        return  # collected too: their ledgers are nobody's (the readers' threads hold them)
+    found = [held.get(node) for node in nodes]
+    del held
+
+    def stop() -> None:
+        time.sleep(0.5)  # the ledgers' registry goes with the middleware, or is kept
+        if ledgers() is None:
+            for ledger in found:
+                ledger.stop(1.0)
+
+    threading.Thread(target=stop, name="giul-ledgers-collected", daemon=True).start()
 
 
 #: The settings the middleware takes itself, beside Options' fields (suggested for a typo).

@@ -15,10 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import check_trace_dir
+from ..config import check_choice, check_trace_dir
 from ..energy import TOKEN_KINDS
 from ..errors import ConfigError
 from ..tenants import DEFAULT_MAX_TENANTS, header_name
+from ..wire.formats import FORMATS
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 
@@ -43,6 +44,10 @@ class Options:
     energy_in_usage: bool = False
     #: Send the figure in HTTP trailers when the client asks and the server offers them.
     trailers: bool = True
+    #: The block's shape: ``giul`` (ours), or ``neuralwatt`` (``energy_joules``, ``energy_kwh``,
+    #: ... and, streamed, an SSE comment ``: energy {...}`` before ``[DONE]``), which client
+    #: plugins read; a client may ask per request with ``Prefer: energy=neuralwatt``.
+    energy_format: str = "giul"
     #: Which token count ``tokens`` is: output (generated), input or total.
     token_kind: str = "output"
     #: Wait this long (seconds) for the settled figure before answering; 0: answer at once.
@@ -85,6 +90,10 @@ class Options:
         for name in ("settle_timeout", "startup_timeout"):
             if name in values:
                 values[name] = _seconds(name, values[name])
+        if "energy_format" in values:
+            check_choice("energy_format", values["energy_format"], FORMATS,
+                         remedy="giul (ours, the default) or neuralwatt (what Neuralwatt's client "
+                                "plugins read)")
         kind = values.get("token_kind", defaults["token_kind"])
         if kind not in TOKEN_KINDS:
             raise ConfigError(f"token_kind must be one of {TOKEN_KINDS}, got {kind!r}",

@@ -14,6 +14,11 @@ server's ``send``, the settings it needs):
   runs and its id; the figure rides in trailers where the client asked and the server
   offers them, and at ``/energy/requests/{id}``.
 
+The figure's shape is the response's :class:`~giul_asgi.wire.formats.EnergyFormat`, chosen
+once by :func:`choose` from the server's format and the request's ``Prefer`` and handed to
+the JSON or SSE responder as a plain value, which asks it for the block and where the block
+rides in a stream (``Preference-Applied`` goes out with the start where a client asked).
+
 Whatever a responder holds, every message the app sends keeps its order relative to the
 start: a ``pathsend``, ``zerocopysend`` or ``trailers`` message that comes before the body
 releases the start first. No responder adds a Content-Length where the app had none, so
@@ -35,8 +40,9 @@ from ..wire.body import (
     usage_open,
     usage_tokens,
 )
+from ..wire.formats import Chosen, Formats
 from ..wire.headers import energy_headers, stream_headers
-from ..wire.sse import Lane, SSESplicer
+from ..wire.sse import CHAT, Lane, SSESplicer
 from .exchange import Exchange, Send
 from .options import Options
 
@@ -110,8 +116,15 @@ def wants_trailers(scope: MutableMapping[str, Any]) -> bool:
     )
 
 
-def choose(message: Message, exchange: Exchange, options: Options) -> Responder:
-    """The responder for a response of this shape (``options`` bound by the middleware)."""
+#: The server's format when nobody says otherwise: ours.
+DEFAULT_FORMATS = Formats()
+
+
+def choose(
+    message: Message, exchange: Exchange, options: Options, formats: Formats = DEFAULT_FORMATS,
+) -> Responder:
+    """The responder for a response of this shape (``options`` and ``formats``, the server's
+    format and those a client may prefer, bound by the middleware)."""
     head = Head.read(message)
     send = exchange.downstream
     if (
@@ -120,17 +133,19 @@ def choose(message: Message, exchange: Exchange, options: Options) -> Responder:
     ):
         return PassThrough(exchange, head, send, trailers=False)
     if head.is_json and (head.length or 0) <= options.max_body:
-        return JSONResponder(exchange, head, send, options)
+        return JSONResponder(exchange, head, send, options,
+                             formats.for_request(exchange.scope.get("headers", ())))
     trailers = options.trailers and not head.trailers and wants_trailers(exchange.scope)
     if head.is_sse and head.length is None:
-        return SSEResponder(exchange, head, send, options, trailers=trailers)
+        return SSEResponder(exchange, head, send, options,
+                            formats.for_request(exchange.scope.get("headers", ())), trailers=trailers)
     return PassThrough(exchange, head, send, trailers=trailers)
 
 
 class Responder:
     """One response's messages on their way to the server."""
 
-    __slots__ = ("complete", "downstream", "exchange", "head", "started", "trailers")
+    __slots__ = ("applied", "complete", "downstream", "exchange", "head", "started", "trailers")
 
     def __init__(self, exchange: Exchange, head: Head, downstream: Send, *, trailers: bool) -> None:
         self.exchange = exchange
@@ -139,6 +154,8 @@ class Responder:
         self.trailers = trailers  # we announce trailers and send the figure in them
         self.started = False  # the start went out
         self.complete = False  # the last body message went out
+        #: ``Preference-Applied`` where the client's ``Prefer`` chose the figure's format.
+        self.applied: tuple[tuple[bytes, bytes], ...] = ()
 
     async def start(self) -> None:
         """The app sent its start: it goes out now, with what is known before the end."""
@@ -170,13 +187,16 @@ class Responder:
             if self.trailers:
                 message["trailers"] = True
         base = headers if headers is not None else message.get("headers", ())
-        message["headers"] = [*base, *extra]
+        message["headers"] = [*base, *extra, *self.applied, *self.exchange.also]
         self.started = True
         await self.downstream(message)
 
     async def end(self, message: Message) -> None:
-        """The last body message, then our trailers when we announced them."""
+        """The last body message, then our trailers when we announced them. Without
+        trailers the figure is made (and kept by id) before the last byte goes."""
         self.complete = True
+        if not self.trailers:
+            self.exchange.figure()
         await self.downstream(message)
         if self.trailers:
             await self.downstream({
@@ -194,6 +214,8 @@ class Responder:
             "http.response.pathsend", "http.response.zerocopysend",
         ):
             self.complete = True
+            if not self.trailers:
+                self.exchange.figure()  # kept by id before the answer ends, as in end()
         await self.downstream(message)
 
 
@@ -223,11 +245,16 @@ class JSONResponder(Responder):
     """A JSON body in one message: held with its start, then sent with the figure in its
     headers and the block in it."""
 
-    __slots__ = ("held", "options")
+    __slots__ = ("format", "held", "options")
 
-    def __init__(self, exchange: Exchange, head: Head, downstream: Send, options: Options) -> None:
+    def __init__(
+        self, exchange: Exchange, head: Head, downstream: Send, options: Options,
+        chosen: Chosen = DEFAULT_FORMATS.default,
+    ) -> None:
         super().__init__(exchange, head, downstream, trailers=False)
         self.options = options
+        self.format = chosen.format
+        self.applied = chosen.applied
         self.held: bytes | None = None  # the whole announced body, sent with more_body
 
     async def start(self) -> None:
@@ -254,11 +281,12 @@ class JSONResponder(Responder):
         ):
             obj = parse_object(body)
             if obj is not None:
-                exchange.tokens(usage_tokens(find_usage(obj), options.token_kind))
+                usage = find_usage(obj)
+                exchange.tokens(usage_tokens(usage, options.token_kind), usage)
         energy = await exchange.finish()
         headers = head.headers
         if obj is not None:
-            spliced = splice_object(body, obj, options.energy_key, exchange.block())
+            spliced = splice_object(body, obj, options.energy_key, self.format.block(energy))
             if spliced is not None and options.energy_in_usage and usage_open(obj):
                 spliced = splice_usage(spliced, usage_fields(energy)) or spliced
             if spliced is not None:
@@ -302,13 +330,15 @@ class SSEResponder(Responder):
     """An event stream: the start at once, every chunk as it comes, the energy in the
     event that ends the answer."""
 
-    __slots__ = ("event", "in_usage", "splicer")
+    __slots__ = ("event", "format", "in_usage", "splicer")
 
     def __init__(
-        self, exchange: Exchange, head: Head, downstream: Send, options: Options, *,
-        trailers: bool,
+        self, exchange: Exchange, head: Head, downstream: Send, options: Options,
+        chosen: Chosen = DEFAULT_FORMATS.default, *, trailers: bool,
     ) -> None:
         super().__init__(exchange, head, downstream, trailers=trailers)
+        self.format = chosen.format
+        self.applied = chosen.applied
         self.event = options.stream_event
         self.in_usage = options.energy_in_usage
         self.splicer = SSESplicer(
@@ -330,17 +360,24 @@ class SSEResponder(Responder):
             return
         splicer = self.splicer
         body = message.get("body", b"")
+        undecided = splicer.kind is None
         out = splicer.feed(body)
+        if undecided and splicer.kind == CHAT:  # its first event: a server sends it with the first token
+            self.exchange.first_out()
         if splicer.waiting:  # [DONE] after the event that carries the energy
-            out += splicer.resume(await self._block(), self._usage())
+            inline, before = self.format.stream(await self._block())
+            out += splicer.resume(inline, self._usage() if inline else None, before=before)
         if message.get("more_body", False):
             if out == body:
                 await self.downstream(message)  # as the app sent it
             elif out:
                 await self.downstream({"type": _BODY, "body": out, "more_body": True})
             return
-        block = await self._block() if splicer.holding or self.event else None
-        out += splicer.close(block, event=self.event, usage=self._usage() if block else None)
+        inline, before = None, b""
+        if splicer.holding or self.event:
+            inline, before = self.format.stream(await self._block())
+        out += splicer.close(inline, event=self.event, usage=self._usage() if inline else None,
+                             before=before)
         if self.head.trailers:
             await self.downstream({"type": _BODY, "body": out, "more_body": False})
         else:
@@ -351,9 +388,8 @@ class SSEResponder(Responder):
 
     async def _block(self) -> bytes:
         exchange = self.exchange
-        exchange.tokens(self.splicer.tokens)
-        await exchange.finish()
-        return exchange.block()
+        exchange.tokens(self.splicer.tokens, self.splicer.usage)
+        return self.format.block(await exchange.finish())
 
     async def flush(self) -> None:
         held = self.splicer.flush()

@@ -266,6 +266,10 @@ class Router:
             self._cache[path] = target
         return target
 
+    def labels(self) -> list[str]:
+        """The declared routes' labels (their patterns), as requests they match carry them."""
+        return [target.label for _, target in self._routes]
+
     def catalog(self) -> dict[str, Node | Tier]:
         """Names a handler may :meth:`Meter.bind` to."""
         out: dict[str, Node | Tier] = {f"node:{k}": v for k, v in self.nodes.items()}

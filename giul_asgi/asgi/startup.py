@@ -21,7 +21,8 @@ is ours) and, with its default one worker, exits 0 (hypercorn 0.18's ``run`` dro
 worker's exit code): that is hypercorn's, for every app whose startup fails.
 
 Without lifespan (``--lifespan off``, a test client outside ``with``) there is no startup to
-stop: each request raises the kept error, as a constructor that raised would have.
+stop: the one line is logged once at ERROR and the app's requests pass untouched, unmetered,
+rather than each answered 500 under a traceback (a stranger's trial found that).
 
 Only the failing path looks at the call stack; a middleware built right pays nothing.
 """

@@ -8,7 +8,8 @@ giul_asgi imports it, so without the extra there is no cost.
   kind says which, on a span that is recording. Unknown stays absent, never 0.
 - As a listener of settled figures (``recorder.settled(batch)``), it adds each settled
   record to counters equivalent to the Prometheus ones: ``giul.energy`` (J, a
-  counter like the hardware semconv's ``hw.energy``), ``giul.requests``, ``giul.tokens``,
+  counter like the hardware semconv's ``hw.energy``), ``giul.energy.allocated`` (J, with the
+  idle floor's share: a separate instrument, as in Prometheus), ``giul.requests``, ``giul.tokens``,
   ``giul.carbon`` (g CO2eq, figures whose carbon is known) and the ``giul.request.energy``
   histogram (J, log-spaced bucket advice).
 """
@@ -31,6 +32,7 @@ def energy_attributes(energy: Any) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     for name, value in (
         ("giul.energy.joules", energy.joules),
+        ("giul.energy.allocated_joules", getattr(energy, "allocated_joules", None)),
         ("giul.energy.method", energy.method),
         ("giul.energy.backend", energy.backend),
         ("giul.energy.source", energy.source),
@@ -46,6 +48,8 @@ def energy_attributes(energy: Any) -> dict[str, Any]:
         ("giul.energy.carbon_grams", energy.carbon_grams),
         ("giul.energy.carbon_g_per_kwh", energy.carbon_g_per_kwh),
         ("giul.energy.carbon_source", energy.carbon_source),
+        ("giul.energy.boundary", getattr(energy, "boundary", None)),
+        ("giul.energy.pue", getattr(energy, "pue", None)),
     ):
         if value is not None:
             attrs[name] = value
@@ -75,6 +79,10 @@ class OtelRecorder:
         self.energy = meter.create_counter(
             "giul.energy", unit="J",
             description="Energy above idle charged to requests (known figures)")
+        self.allocated = meter.create_counter(
+            "giul.energy.allocated", unit="J",
+            description="Energy charged to requests with their share of the idle floor while "
+                        "they ran (known figures)")
         self.requests = meter.create_counter(
             "giul.requests", unit="{request}", description="Metered requests, by outcome")
         self.unknown = meter.create_counter(
@@ -127,6 +135,9 @@ class OtelRecorder:
                 self.histogram.record(joules, attrs)
             else:
                 self.unknown.add(1, attrs)
+            allocated = getattr(energy, "allocated_joules", None)
+            if allocated is not None and allocated > 0:
+                self.allocated.add(allocated, attrs)
             if isinstance(energy.tokens, int) and energy.tokens > 0:
                 self.tokens.add(energy.tokens, attrs)
             if energy.carbon_grams is not None:

@@ -6,6 +6,13 @@ Not a second bookkeeping: :class:`EnergyCollector` reads :meth:`EnergyStats.coun
 an average, so replicas sum in Prometheus (``sum by (route) (rate(...))``). Label names
 are fixed; their values are the statistics' bounded labels (``<other>`` past the bound).
 
+Two bases, two metrics (not one with a ``basis`` label: the allocated joules include the
+joules above idle, so a sum over such a label would count them twice, and a sum over every
+label of a metric must mean something): ``giul_energy_joules_total`` above idle, what the
+requests caused; ``giul_energy_allocated_joules_total`` with their share of the idle floor,
+which with ``giul_node_unattributed_joules_total`` and
+``giul_node_idle_unattributed_joules_total`` adds up to ``giul_node_drawn_joules_total``.
+
 A gateway registers it in its own registry (``registry.register(EnergyCollector(stats,
 ledgers))``), or lets the endpoint serve :func:`prometheus_text` at ``metrics_path``.
 """
@@ -37,6 +44,11 @@ _NODE_COUNTERS = (
     ("measured_j", "giul_node_measured_joules", "Energy above idle the node's reader measured, J."),
     ("charged_j", "giul_node_charged_joules", "Energy above idle charged to requests, J."),
     ("unattributed_j", "giul_node_unattributed_joules", "Energy above idle with no request open, J."),
+    ("drawn_j", "giul_node_drawn_joules", "All the node drew, idle included, J."),
+    ("allocated_j", "giul_node_allocated_joules",
+     "Energy charged to requests with their share of the idle floor while they ran, J."),
+    ("idle_unattributed_j", "giul_node_idle_unattributed_joules",
+     "The idle floor while no request was open, J."),
     ("foreign_j", "giul_node_foreign_joules", "Energy above idle witnessed from a foreign load, J."),
     ("reads", "giul_node_reads", "Reads of the node's reader."),
     ("read_errors", "giul_node_reader_errors", "Reads that failed."),
@@ -60,9 +72,11 @@ class EnergyCollector(Collector):
     :class:`~giul_asgi.stats.HostStats` (then the counters are the whole host's).
     """
 
-    def __init__(self, stats: Any, ledgers: Iterable[Any] | None = None) -> None:
+    def __init__(self, stats: Any, ledgers: Iterable[Any] | None = None, *, budgets: Any = None) -> None:
         self.stats = stats
         self.ledgers = ledgers
+        #: The middleware's budgets (``giul_asgi.budgets.Budgets``), or None.
+        self.budgets = budgets
 
     def collect(self) -> Iterator[Metric]:
         view = self.stats.view() if hasattr(self.stats, "view") else self.stats
@@ -98,9 +112,35 @@ class EnergyCollector(Collector):
                 cumulative.append((bound, running))
             hist.add_metric(list(labels), cumulative, sum_value=j)
         yield from (joules, requests, unknown, tokens, hist)
+        yield allocated_family(view)
         yield carbon_family(view)
         yield from node_families(ledger_totals(self.ledgers), view)
         yield from reader_families(self.ledgers)
+        if self.budgets is not None:
+            yield budget_family(self.budgets)
+
+
+def budget_family(budgets: Any) -> Metric:
+    """How many times each budget was crossed per key since the server started: once per
+    (budget, key, period), whichever worker saw it first (counted server-wide)."""
+    exceeded = CounterMetricFamily(
+        "giul_budget_exceeded", "Times a key reached its energy budget in a period (once per "
+        "period, server-wide).", labels=["budget", "key"])
+    for (name, key), count in sorted(budgets.exceeded().items()):
+        exceeded.add_metric([name, key], count)
+    return exceeded
+
+
+def allocated_family(view: Any) -> Metric:
+    """Allocated joules since start per label (figures where they are known): the basis a
+    chargeback reconciles to the bill (a label with none has no series)."""
+    allocated = CounterMetricFamily(
+        "giul_energy_allocated_joules", "Energy charged to requests with their share of the idle "
+        "floor while they ran (known figures), J.", labels=LABELS)
+    counters = view.allocated_counters() if hasattr(view, "allocated_counters") else {}
+    for labels, joules in sorted(counters.items()):
+        allocated.add_metric(list(labels), joules)
+    return allocated
 
 
 def carbon_family(view: Any) -> Metric:
@@ -128,12 +168,18 @@ def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
     latest = view.node_power() if view is not None and hasattr(view, "node_power") else {}
     for t in totals:
         node = str(getattr(t, "node", "") or "<none>")
+        # The host's card: the same books from every worker. A card each worker has alone
+        # (in-process) is a series per worker (``process``), so a scrape answered by another
+        # worker never reads as a counter going down (a hostile tester's 264 falls in 70).
+        process = getattr(t, "process", None)
+        labels = {"node": node} if process is None else {"node": node, "process": str(process)}
         for field, family in (*counters.items(), *gauges.items()):
             value = getattr(t, field, None)
             if isinstance(value, bool):
                 value = float(value)
             if isinstance(value, int | float):
-                family.add_metric([node], float(value))
+                suffix = "_total" if family.type == "counter" else ""
+                family.add_sample(family.name + suffix, labels, float(value))
         if latest.get(node) is not None:
             power.add_metric([node], latest[node])
     yield from counters.values()
@@ -178,5 +224,5 @@ def prometheus_text(collector: Collector) -> bytes:
     return generate_latest(registry)
 
 
-__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "carbon_family", "node_families", "prometheus_text",
-           "reader_families"]
+__all__ = ["CONTENT_TYPE", "LABELS", "EnergyCollector", "allocated_family", "budget_family", "carbon_family",
+           "node_families", "prometheus_text", "reader_families"]

@@ -8,9 +8,12 @@ package is the one mechanism they all use, with no setting:
 - :mod:`.place`: the per-user directory on shared memory that the first process creates and
   later ones join, the one setting that moves or disables it, and why it may not work;
 - :mod:`.rows`: one file per process, named by pid and start time, so dead ones expire;
+- :mod:`.server`: which processes are one server (the listener they inherited, else a process alone);
 - :mod:`.cards`: one table per card (keyed by :mod:`.keys`): every process's windows on it,
   the one tape its holder reads, and the card's books;
-- :mod:`.journal`: each process's recent records, readable by id from any other.
+- :mod:`.ring`: a memory-mapped ring of records, written in place by one process, read by any;
+- :mod:`.journal`: a server's records: each store's ring, the others' read at lookup, the dead
+  ones folded, dead servers' folders removed.
 
 The statistics of the whole host (``giul_asgi.stats``) keep their rows here too.
 """
@@ -21,6 +24,7 @@ from .cards import CardTable, HostBooks, SeatBooks, Unusable
 from .keys import card_key, reader_uuids
 from .place import ENV, OFF, Place, Setting, check_setting, log_unshared, resolve
 from .rows import Row, Rows, alive, process_start
+from .server import ServerId, server_identity
 
 __all__ = [
     "ENV",
@@ -31,6 +35,7 @@ __all__ = [
     "Row",
     "Rows",
     "SeatBooks",
+    "ServerId",
     "Setting",
     "Unusable",
     "alive",
@@ -40,4 +45,5 @@ __all__ = [
     "process_start",
     "reader_uuids",
     "resolve",
+    "server_identity",
 ]

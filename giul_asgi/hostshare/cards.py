@@ -81,15 +81,18 @@ _TAPE_HEAD = struct.Struct("<8sQQ24d")
 # last piece's end, period, heartbeat, retired received, the holders' reads, failed reads and
 # counter resets, the holder's last good reading, the highest measured, unattributed and
 # external sums so far (what is shown: a counter never falls), where the holder's tape goes
-# on from (a counter's value and its step's time), how many ledgers ever joined, 4 spare
+# on from (a counter's value and its step's time), how many ledgers ever joined, all the card
+# drew (idle included) and its idle floor no window was allocated, 2 spare
 _T_MEASURED, _T_UNATTRIBUTED, _T_EXTERNAL, _T_R_CHARGED, _T_R_UNATTR, _T_R_ESTIMATED, \
     _T_LAST, _T_PERIOD, _T_BEAT, _T_R_RECEIVED, _T_READS, _T_ERRORS, _T_RESETS, _T_GOOD, \
-    _T_MEASURED_TOP, _T_UNATTRIBUTED_TOP, _T_EXTERNAL_TOP, _T_BASE_VALUE, _T_BASE_T, _T_JOINS = range(20)
+    _T_MEASURED_TOP, _T_UNATTRIBUTED_TOP, _T_EXTERNAL_TOP, _T_BASE_VALUE, _T_BASE_T, _T_JOINS, \
+    _T_DRAWN, _T_IDLE_UNATTR = range(22)
 #: A sum that a span measured below idle may lower (a step stamp's error, carried into the next
 #: span) and the highest it has been: the books show the highest, so no counter ever falls.
 _TOPS = {_T_MEASURED: _T_MEASURED_TOP, _T_UNATTRIBUTED: _T_UNATTRIBUTED_TOP, _T_EXTERNAL: _T_EXTERNAL_TOP}
 # A piece: index, kind, fault, tails, quiet, unwatched, level seen lately, foreign process
-# (-1 unknown), unseen lately; 15 floats; members; why; crc32 of all before it.
+# (-1 unknown), unseen lately; 15 floats (the last: the span's time with a window open);
+# members; why; crc32 of all before it.
 _ENTRY = struct.Struct("<QBBBBBBbB15dI96sI")
 _SPAN, _GAP = 1, 2
 # A ledger's header: magic, pid, start, state, then its books and its counters.
@@ -136,6 +139,9 @@ class HostBooks:
     read_errors: int = 0
     resets: int = 0
     age_s: float | None = None
+    #: All the card drew (idle included), and its idle floor no window was allocated.
+    drawn_j: float = 0.0
+    idle_unattributed_j: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +256,7 @@ class _Remote:
     def coverage(self, t0: float, t1: float, ramp_s: float) -> Coverage:
         open_s = tail_s = 0.0
         open_n = tail_n = open_now = 0
+        busy: list[tuple[float, float]] = []
         last = self.pruned_close if self.pruned_close <= t0 else -math.inf
         for t_open, t_close in self.windows.values():
             if t_close == math.inf:
@@ -258,6 +265,7 @@ class _Remote:
             if overlap > 0:
                 open_s += overlap
                 open_n += 1
+                busy.append((max(t_open, t0), max(t_open, t0) + overlap))
                 continue
             if t_close < t1:
                 tail = min(t_close + ramp_s, t1) - max(t_close, t0)
@@ -266,7 +274,7 @@ class _Remote:
                     tail_n += 1
             if t_close <= t0:
                 last = max(last, t_close)
-        return Coverage(open_s, open_n, tail_s, tail_n, last, open_now)
+        return Coverage(open_s, open_n, tail_s, tail_n, last, open_now, tuple(busy))
 
     def prune(self, before: float) -> None:
         """Forget windows whose close and ramp-down lie wholly before ``before``."""
@@ -277,6 +285,9 @@ class _Remote:
     def busy(self, now: float, ramp_s: float, period: float) -> bool:
         """Windows open, or closed recently enough that the card has yet to report them."""
         return any(t_close > now - ramp_s - 2 * period for _, t_close in self.windows.values())
+
+
+_swept: set[Path] = set()  # the places whose forgotten cards this process has removed
 
 
 class CardTable:
@@ -295,6 +306,9 @@ class CardTable:
         self.clock = clock
         cards = make_dir(directory / "cards", root=directory)
         self.folder = make_dir(cards / folder_name(key), root=directory)
+        if directory not in _swept:  # once a process: the cards nobody reads any more go
+            _swept.add(directory)
+            sweep_cards(directory, keep=self.folder)
         pid = os.getpid()
         start = process_start(pid)
         self.name = f"p-{pid}-{start or 0}-{next(_seats)}"
@@ -511,12 +525,14 @@ class CardTable:
                        piece.unseen_recent, piece.t0, piece.t1, piece.above_j, piece.total_j,
                        piece.stamp_s, piece.unc_j, piece.measured_j, piece.covered, piece.unseen,
                        piece.foreign_j, piece.doubt_w, piece.foreign_unc_w,
-                       math.nan if piece.level is None else piece.level, piece.period, 0.0,
+                       math.nan if piece.level is None else piece.level, piece.period, piece.busy_s,
                        piece.members, b"")
             with self._books():
                 self._add(_T_MEASURED, piece.measured_j)
                 self._add(_T_UNATTRIBUTED, piece.unattributed_j)
                 self._add(_T_EXTERNAL, piece.external_j)
+                self._add(_T_DRAWN, piece.total_j)
+                self._add(_T_IDLE_UNATTR, piece.idle_unattributed_j)
         else:
             payload = (index, _GAP, piece.fault, 0, 0, 0, 0, -1, 0, piece.t0, piece.t1,
                        *([0.0] * 11), period, 0.0, 0, piece.why.encode()[:96])
@@ -601,7 +617,7 @@ class CardTable:
         if zlib.crc32(raw[:-4]) != struct.unpack_from("<I", raw, _ENTRY.size - 4)[0]:
             return None
         (seq, kind, fault, tails, quiet, unwatched, level_recent, foreign, unseen_recent, t0, t1, above,
-         total, stamp, unc, measured, covered, unseen, foreign_j, doubt, foreign_unc, level, period, _,
+         total, stamp, unc, measured, covered, unseen, foreign_j, doubt, foreign_unc, level, period, busy,
          members, why, _) = _ENTRY.unpack(raw)
         if seq != index or not (math.isfinite(t0) and math.isfinite(t1)):
             return None
@@ -616,6 +632,7 @@ class CardTable:
             unwatched=bool(unwatched), level=level if math.isfinite(level) else None,
             level_recent=bool(level_recent), processes_foreign=None if foreign < 0 else bool(foreign),
             unseen_recent=bool(unseen_recent), period=period if math.isfinite(period) and period > 0 else 0.1,
+            busy_s=max(0.0, _finite(busy)),
         )
 
     def _answer_for(self, index: int) -> float:
@@ -687,6 +704,7 @@ class CardTable:
             foreign_j=tape[_T_EXTERNAL_TOP], reads=int(tape[_T_READS]), read_errors=int(tape[_T_ERRORS]),
             resets=int(tape[_T_RESETS]),
             age_s=max(0.0, self.clock() - tape[_T_GOOD]) if tape[_T_GOOD] > 0 else None,
+            drawn_j=tape[_T_DRAWN], idle_unattributed_j=tape[_T_IDLE_UNATTR],
         )
 
     def _published(self) -> int:
@@ -777,6 +795,62 @@ class _SeqLock:
         _Q.pack_into(self.mm, 8, (_Q.unpack_from(self.mm, 8)[0] | 1) + 1)
 
 
+#: A card's folder untouched this long, with nobody holding or sitting at it, is removed.
+FORGET_CARD_S = 60.0
+
+
+def _seat_alive(name: str) -> bool:
+    """Whether the seat file ``p-<pid>-<start>-<n>`` belongs to a process that still runs."""
+    parts = name.split("-")
+    if len(parts) != 4 or not parts[1].isdigit():
+        return True  # not a seat of ours: leave the folder alone
+    return alive(int(parts[1]), parts[2] if parts[2] != "0" else None)
+
+
+def sweep_cards(directory: Path, keep: Path | None = None) -> int:
+    """Remove the folders of cards nobody reads any more: no process holds the lock, every
+    seat's process is gone, nothing changed for :data:`FORGET_CARD_S` (a demo's card named
+    for its port, a fake GPU's: each 1.5 MB that a hostile tester saw pile up to 650 MB).
+    Runs when a ledger joins a table, on its reader thread; returns how many went."""
+    removed = 0
+    try:
+        entries = list(os.scandir(directory / "cards"))
+    except OSError:
+        return 0
+    uid = os.getuid()
+    for entry in entries:
+        folder = Path(entry.path)
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if (folder == keep or info.st_uid != uid or not entry.is_dir(follow_symlinks=False)
+                    or time.time() - info.st_mtime < FORGET_CARD_S):
+                continue
+            names = os.listdir(folder)
+            if any(n.startswith("p-") and _seat_alive(n) for n in names):
+                continue
+            fd = open_file(folder / "lock", os.O_RDWR | os.O_CREAT)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # somebody holds the card: it is read
+            if time.time() - os.stat(folder, follow_symlinks=False).st_mtime < FORGET_CARD_S:
+                continue  # a ledger sat down meanwhile
+            for name in os.listdir(folder):
+                if name != "lock":
+                    with contextlib.suppress(OSError):
+                        os.unlink(folder / name)
+            with contextlib.suppress(OSError):
+                os.unlink(folder / "lock")
+                os.rmdir(folder)
+                removed += 1
+        finally:
+            os.close(fd)
+    return removed
+
+
 def ledgers_on(directory: Path, key: str) -> Iterable[str]:
     """The ledgers' files at a card's table (for tests and the bound)."""
     folder = directory / "cards" / folder_name(key)
@@ -786,4 +860,5 @@ def ledgers_on(directory: Path, key: str) -> Iterable[str]:
         return []
 
 
-__all__ = ["HOLDER_STALE_S", "CardTable", "HostBooks", "SeatBooks", "Unusable", "ledgers_on"]
+__all__ = ["FORGET_CARD_S", "HOLDER_STALE_S", "CardTable", "HostBooks", "SeatBooks", "Unusable",
+           "ledgers_on", "sweep_cards"]

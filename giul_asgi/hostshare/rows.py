@@ -79,6 +79,26 @@ def me(tag: str = "") -> str:
     return f"{name}-{tag}" if tag else name
 
 
+def replace(path: Path, data: bytes) -> None:
+    """Replace the file at ``path`` with ``data``, atomically: a temporary file of this
+    process's in the same folder (``O_EXCL | O_NOFOLLOW``), then ``os.replace``. Raises
+    OSError (ENOSPC: the place is full), leaving no temporary file behind."""
+    tmp = path.parent / f"{TMP}{me()}-{secrets.token_hex(4)}"
+    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     """Another writer's row as found in the folder."""
@@ -119,20 +139,7 @@ class Rows:
 
     def write(self, data: bytes) -> None:
         """Replace this process's row with ``data``, atomically."""
-        tmp = self.folder / f"{TMP}{me()}-{secrets.token_hex(4)}"
-        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace(self.path, data)
 
     def others(self) -> list[Row]:
         """Every other row in the folder, live or dead (``Row.alive()`` says which): regular
@@ -213,4 +220,4 @@ class Rows:
             self.path.unlink()
 
 
-__all__ = ["STALE_TMP_S", "TMP", "Row", "Rows", "alive", "me", "parse", "process_start"]
+__all__ = ["STALE_TMP_S", "TMP", "Row", "Rows", "alive", "me", "parse", "process_start", "replace"]

@@ -9,6 +9,12 @@ period::
 
     charged + unattributed == measured above idle        (to float rounding)
 
+The same spans give the *allocated* basis: the idle floor of each span's time with a window
+open is shared by the same members and rule (``idle_charged``), the rest is idle with no
+window open (``idle_unattributed``), so that over any period::
+
+    charged + idle_charged + unattributed + idle_unattributed == all the card drew
+
 One model makes both figures a window gets. Its **settled** share is the sum of its parts
 of the spans it overlapped. Its **first** share, at close, is the same sum over the spans
 the card has reported so far, plus the part not reported yet at the node's prior
@@ -36,6 +42,7 @@ from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
 from .decider import Decider
 from .members import Members, Windows
+from .phases import SpanSplit
 from .prior import FLOOR, Prior
 from .window import First, Split, TimeSplit, TokenSplit, Waiting, Window, spread
 
@@ -61,6 +68,13 @@ class BookTotals:
     #: This book's part of the spans it took, and what of it no window could be charged.
     received_j: float = 0.0
     forfeit_j: float = 0.0
+    #: All the card drew in the spans (idle included); the idle floor charged to settled
+    #: windows, and to windows not settled yet; the idle floor no window was allocated
+    #: (time with none open, a window that could not be measured).
+    drawn_j: float = 0.0
+    idle_charged_j: float = 0.0
+    idle_in_flight_j: float = 0.0
+    idle_unattributed_j: float = 0.0
 
 
 class Book:
@@ -106,6 +120,12 @@ class Book:
         #: (a window that could not be measured, a member gone): the process's own books.
         self.received_j = 0.0
         self.forfeit_j = 0.0
+        #: The allocated basis: all the card drew (where this book decides alone), the idle
+        #: floor charged to windows, and the floor no window was allocated.
+        self.drawn_j = 0.0
+        self.idle_charged_j = 0.0
+        self.idle_unattributed_j = 0.0
+        self.idle_forfeit_j = 0.0
         #: What the last span said of the card's contention: (foreign level, seen recently,
         #: a foreign process in the card's list, an unseen load lately).
         self._contention: tuple[float | None, bool, bool | None, bool] = (None, False, None, False)
@@ -130,21 +150,37 @@ class Book:
         """The windows open now."""
         return list(self.windows.open.values())
 
-    def mark(self, window: Window, name: str, t: float) -> None:
+    def mark(self, window: Window, name: str, t: float) -> list[Window]:
+        """Mark a stage's end; returns the windows this settles: a mark may fix the window's
+        weight (the phase split's ``prefill``), and the spans that waited only for it are shared."""
         if window.t_close is not None:
-            return
+            return []
         if window.marks is None or window.stage_shares is None:
             window.marks, window.stage_shares = [], [window.share]
         window.marks.append((name, t))
         window.stage_shares.append(0.0)
+        settled: list[Window] = []
+        if window.weight is None and not self.split.known_at_open:
+            window.weight = self.split.weight(window)
+            if window.weight is not None and window.waits_on:
+                self._release(settled, window)
+        return settled
 
-    def close(self, window: Window, t: float, tokens: int | None = None) -> list[Window]:
-        """Close the window; returns the windows this settles (spans that waited on it)."""
+    def close(
+        self, window: Window, t: float, tokens: int | None = None,
+        usage: tuple[int, int] | None = None,
+    ) -> list[Window]:
+        """Close the window (``usage``: its prompt and completion tokens, where known);
+        returns the windows this settles (spans that waited on it)."""
         if not self.windows.shut(window, t):
             return []
         window.tokens = tokens
+        window.usage = usage
         if not self.split.known_at_open:
             window.weight = self.split.weight(window)
+        settled: list[Window] = []
+        if window.waits_on:  # spans that waited only for its weight are shared first
+            self._release(settled, window)
         if not self.measures:
             window.error = self.error
             window.seen_end = True
@@ -153,9 +189,8 @@ class Book:
             # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
             # others' tails fall in its time as much, on average (until settled windows tell).
             window.first = self.prior.first_guess(window, True, _measured_unc(window))
-        settled: list[Window] = []
-        if window.waits_on:
-            self._release(settled, window)
+            if window.first is not None and isinstance(self.split, SpanSplit):
+                window.first = self.split.first(window, window.first)
         if self.stopped:
             self._settle_uncovered(window, settled)
         self._try_settle(window, settled)
@@ -188,6 +223,8 @@ class Book:
         card is this book's alone: its books are the card's)."""
         self.measured_j += span.measured_j
         self.unattributed_j += span.unattributed_j
+        self.drawn_j += span.total_j
+        self.idle_unattributed_j += span.idle_unattributed_j
         self.foreign_j += span.external_j
         self.external_j += span.external_j
 
@@ -260,6 +297,7 @@ class Book:
                 part = span.part(mine)
                 self.received_j += part
                 self.forfeit_j += part
+                self.idle_forfeit_j += span.idle_part(mine)
             return
         if mine <= 0:
             # The decider had not seen these windows yet (opened just before it read the
@@ -269,6 +307,7 @@ class Book:
                     window.filled_s += overlap
             return
         above = span.part(mine)
+        idle = span.idle_part(mine)
         self.received_j += above
         covered = sum(overlap for _, overlap in members)
         self._busy_booked += covered
@@ -281,10 +320,10 @@ class Book:
         if not self.split.known_at_open:
             open_members = sum(1 for w, _ in members if w.weight is None and w.t_close is None)
         if not open_members:
-            self._share(span, above, members, settled, by_time=False)
+            self._share(span, above, idle, members, by_time=False)
             return
         # A split by weights known only at close: the span waits for its open windows.
-        waiting = Waiting(span, above, members, open_members)
+        waiting = Waiting(span, above, members, open_members, idle=idle)
         for window, _ in members:
             window.waiting += 1
             if window.weight is None and window.t_close is None:
@@ -306,22 +345,10 @@ class Book:
         self.decider.note_upstream(t, running, self.windows.ours_at(t) + others)
 
     def _share(
-        self, span: CardSpan, above: float, members: Members,
-        settled: list[Window], *, by_time: bool,
+        self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,
     ) -> None:
-        weights: list[float] | None = None
-        rule = self.split.name
-        if not self.split.known_at_open and not by_time:
-            known = [w.weight for w, _ in members]
-            if all(k is not None and k > 0 for k in known):
-                weights = known  # type: ignore[assignment]
-            else:
-                rule = "time"  # a weight is unknown (no tokens): this span by time
-        elif by_time:
-            rule = "time"
-        total = 0.0
-        for i, (_, overlap) in enumerate(members):
-            total += overlap if weights is None else weights[i] * overlap
+        weights, rule = self._weights(span, above, members, by_time=by_time)
+        total = sum(weights) if weights is not None else sum(overlap for _, overlap in members)
         seconds = span.seconds
         idle = self.provenance.idle_watts
         # Energy in the part of the span no window (of any process) covered may or may not
@@ -347,9 +374,10 @@ class Book:
         shared = span.members > 1
         tails = span.tails
         for i, (window, overlap) in enumerate(members):
-            part = (overlap if weights is None else weights[i] * overlap) / total
+            part = (overlap if weights is None else weights[i]) / total
             share = above * part
             window.share += share
+            window.idle_share += idle_j * part
             if not tails:
                 window.power_j += span.total_j * (overlap / seconds) if seconds > 0 else 0.0
                 window.measured_s += overlap
@@ -380,18 +408,38 @@ class Book:
                 start = max(window.t_open, span.t0)
                 spread(window, start, start + overlap, share, window.stage_shares)
 
+    def _weights(
+        self, span: CardSpan, above: float, members: Members, *, by_time: bool,
+    ) -> tuple[list[float] | None, str]:
+        """Each member's weight in ``span`` (None: by its time in it), and the rule's name."""
+        split = self.split
+        if by_time:
+            return None, "time"
+        if split.known_at_open:
+            return None, split.name
+        if isinstance(split, SpanSplit):
+            weights, rule = split.weigh(span, members, above)
+            if weights is None or sum(weights) > 0:
+                return weights, rule
+            return None, "time"
+        known = [w.weight for w, _ in members]
+        if all(k is not None and k > 0 for k in known):
+            return [k * overlap for k, (_, overlap) in zip(known, members, strict=True)], split.name  # type: ignore[operator]
+        return None, "time"  # a weight is unknown (no tokens): this span by time
+
     def _resolve(self, waiting: Waiting, settled: list[Window], *, by_time: bool) -> None:
         if waiting.done:
             return
         waiting.done = True
         for window, _ in waiting.members:
             window.waiting -= 1
-        self._share(waiting.span, waiting.above, waiting.members, settled, by_time=by_time)
+        self._share(waiting.span, waiting.above, waiting.idle, waiting.members, by_time=by_time)
         for window, _ in waiting.members:
             self._try_settle(window, settled)
 
     def _release(self, settled: list[Window], closed: Window) -> None:
-        """A window closed with its weight: spans that waited only for it can be shared."""
+        """A window's weight is known (at its close, or a mark that fixed it): spans that
+        waited only for it can be shared."""
         for waiting in closed.waits_on or ():
             waiting.open_members -= 1
             if waiting.open_members <= 0:
@@ -436,8 +484,10 @@ class Book:
         window.settled = True
         if not measures or window.share + window.fill_j <= 0:
             self.forfeit_j += window.share
+            self.idle_forfeit_j += window.idle_share
         else:
             self.charged_j += window.share
+            self.idle_charged_j += window.idle_share
             self.estimated_j += window.fill_j
             if window.filled_s <= 0 and not window.unwatched:
                 self.prior.learn_settled(window, _measured_unc(window))
@@ -470,33 +520,36 @@ class Book:
         settled = window.settled
         joules: float | None = None
         uncertainty = interpolated = 0.0
+        idle: float | None = None
         error, trouble, basis = window.error, window.trouble, None
         if not self.measures or window.lost_s > 0:
             error, trouble = error or self.error, None
         elif settled:
             joules, interpolated, basis = window.share + window.fill_j, window.fill_j, window.basis
             uncertainty = _measured_unc(window) + window.fill_unc
+            idle = window.idle_share + self._idle_guess(window, window.filled_s)
         else:
             trouble = trouble or self.trouble
             first = window.first
             if first is None:
                 error = error or trouble or _NOT_REPORTED
             else:
-                joules, uncertainty, interpolated = self._first(window, first)
+                joules, uncertainty, interpolated, idle = self._first(window, first)
                 basis = first.basis
         contended, foreign_w = self.contended()
-        # One construction, by position: a dict of the common fields and ** was a third of
-        # the share's cost (see the commit).
+        # One construction: a dict of the common fields and ** was a third of the share's
+        # cost (see the commit).
         return Share(
             joules, uncertainty, interpolated, settled, self.provenance, window.seconds,
-            window.power_j / window.measured_s if window.measured_s > 0 else None,
-            window.concurrency, window.rules or "exclusive", contended, foreign_w, error,
-            trouble, basis,
+            mean_watts=window.power_j / window.measured_s if window.measured_s > 0 else None,
+            concurrency=window.concurrency, split=window.rules or "exclusive",
+            contended=contended, foreign_watts=foreign_w, error=error, trouble=trouble,
+            basis=basis, idle_joules=idle,
         )
 
-    def _first(self, window: Window, first: First) -> tuple[float, float, float]:
-        """A first figure's (joules, uncertainty, interpolated): the reported share, the
-        filled part, and what of the guess neither has taken yet."""
+    def _first(self, window: Window, first: First) -> tuple[float, float, float, float]:
+        """A first figure's (joules, uncertainty, interpolated, idle joules): the reported
+        share, the filled part, and what of the guess neither has taken yet."""
         bias, spread_ = self.prior.bias_spread()
         # The spans still to come will add their own doubt to the settled figure (a shared
         # last span, an edge): as much as it grew for COVER of the windows settled before.
@@ -513,8 +566,22 @@ class Book:
                 fill_j, fill_unc = fill.joules, fill.uncertainty
                 taken = fill.rate * max(0.0, window.filled_s - first.filled)
         left = max(0.0, guess - reported_since - taken)
+        # The idle floor of the time not reported yet (after the last span) and of the time
+        # no reading covers: the window's part of it, as if the windows in flight shared it.
+        booked = self._t_end if self._t_end is not None else window.t_open
+        assert window.t_close is not None
+        unreported = max(0.0, window.t_close - max(window.t_open, booked))
         return (window.share + fill_j + left,
-                measured_unc + spread_ * first.scale + FLOOR * guess + fill_unc, fill_j + left)
+                measured_unc + spread_ * first.scale + FLOOR * guess + fill_unc, fill_j + left,
+                window.idle_share + self._idle_guess(window, window.filled_s + unreported))
+
+    def _idle_guess(self, window: Window, seconds: float) -> float:
+        """The idle floor of ``seconds`` of the window that no span has shared: idle_w x the
+        time over the windows in flight beside it (this book's, on average)."""
+        idle_w = self.provenance.idle_watts
+        if not idle_w or seconds <= 0:
+            return 0.0
+        return idle_w * seconds / max(1.0, window.concurrency or 1.0)
 
     def stage_values(self, window: Window) -> list[float] | None:
         """The window's share per stage (then the tail after the last mark)."""
@@ -567,6 +634,8 @@ class Book:
             for window, _ in item.members:
                 unsettled[id(window)] = window
         in_flight = waiting + sum(w.share for w in unsettled.values() if not w.settled)
+        idle_waiting = sum(item.idle for item in self._waiting if not item.done)
+        idle_in_flight = idle_waiting + sum(w.idle_share for w in unsettled.values() if not w.settled)
         contended, foreign_w = self.contended()
         return BookTotals(
             measured_j=self.measured_j, charged_j=self.charged_j,
@@ -575,6 +644,8 @@ class Book:
             foreign_watts=foreign_w, contended=contended,
             mean_concurrency=self._busy_booked / self._time_booked if self._time_booked else None,
             estimated_j=self.estimated_j, received_j=self.received_j, forfeit_j=self.forfeit_j,
+            drawn_j=self.drawn_j, idle_charged_j=self.idle_charged_j, idle_in_flight_j=idle_in_flight,
+            idle_unattributed_j=self.idle_unattributed_j + self.idle_forfeit_j,
         )
 
 

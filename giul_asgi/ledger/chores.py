@@ -16,25 +16,39 @@ from typing import Any
 UPSTREAM_EVERY_S = 0.25
 
 
+#: What the phase split is handed: the upstream's cumulative prompt and generation tokens and
+#: its requests' summed prefill and decode seconds (each None where it does not say).
+PhaseNote = Callable[[float | None, float | None, float | None, float | None], None]
+
+
 class Upstream:
     """Reads the inference server's running requests and hands them on (poller thread); only
-    while ``deciding()``: the process that decides the card's spans needs them, no other."""
+    while ``deciding()``: the process that decides the card's spans needs them, no other.
+    ``phases``, where given, is handed its phase times in every process (each process's
+    book weighs its own windows' phases)."""
 
     def __init__(self, url: str, clock: Callable[[], float], note: Callable[[float, float], None],
-                 deciding: Callable[[], bool]) -> None:
+                 deciding: Callable[[], bool], phases: PhaseNote | None = None) -> None:
         self.url, self.clock, self.note, self.deciding = url, clock, note, deciding
+        self.phases = phases
         self.load: Any = None
 
     def __call__(self) -> None:
-        if not self.deciding():
+        deciding = self.deciding()
+        if not deciding and self.phases is None:
             return
         if self.load is None:
             from ..readers.upstream import UpstreamLoad
 
             self.load = UpstreamLoad(self.url, clock=self.clock)
         reading = self.load.read()
-        if reading.ok and reading.running is not None:
+        if not reading.ok:
+            return
+        if deciding and reading.running is not None:
             self.note(reading.t, reading.running)
+        if self.phases is not None:
+            self.phases(reading.prompt_tokens_total, reading.generation_tokens_total,
+                        reading.prefill_seconds_total, reading.decode_seconds_total)
 
 
-__all__ = ["UPSTREAM_EVERY_S", "Upstream"]
+__all__ = ["UPSTREAM_EVERY_S", "PhaseNote", "Upstream"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..spans import CardSpan, Coverage, Span
+from ..spans import CardSpan, Coverage, Span, union_s
 from .foreign import ForeignWatch
 from .unseen import Unseen
 
@@ -67,7 +67,7 @@ class Decider:
             unwatched=self.subtract_foreign and level is None,
             level=level, level_recent=self.foreign.recent(span.t1),
             processes_foreign=self.processes_foreign, unseen_recent=self.unseen.recent(span.t1),
-            period=period,
+            period=period, busy_s=0.0 if tails else min(seconds, union_s(host.busy)),
         )
 
     def note_upstream(self, t: float, running: float, ours: int) -> None:

@@ -42,6 +42,7 @@ from ..spans import NOBODY, CardSpan, Gap, Span
 from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .chores import UPSTREAM_EVERY_S, Upstream
 from .history import LOOK_EVERY_S, History
+from .phases import PREFILL, PhaseSplit, split_for
 from .poller import IDLE_S, Health, Poller
 from .sources import explicit, reader_factory
 from .tape import Tape
@@ -59,6 +60,10 @@ BOOKS_EVERY_S = 0.05
 #: soonest (s): their windows' opens reach the table a little after they happen (a process
 #: preempted between its clock and its store), and a window missed then is a foreign load.
 DECIDE_AFTER_S = 0.03
+
+
+_PID = [str(os.getpid())]  # this process's, renewed in a forked child
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, str(os.getpid())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +96,33 @@ class LedgerTotals:
     estimated_j: float = 0.0
     #: Worker processes whose books these are (1: this process's alone).
     workers: int = 1
+    #: The allocated basis: all the card drew (idle included); the idle floor charged to
+    #: settled windows and to windows not settled yet; the idle floor no window was
+    #: allocated (time with none open). ``drawn == allocated + unattributed +
+    #: idle_unattributed + in flight + idle in flight``.
+    drawn_j: float = 0.0
+    idle_charged_j: float = 0.0
+    idle_in_flight_j: float = 0.0
+    idle_unattributed_j: float = 0.0
+    #: Whose books these are where the card is this process's alone (an in-process card, or
+    #: nothing could be shared): its pid, so each worker's counters are a series of their
+    #: own; None for the host's card, the same books from every process.
+    process: str | None = None
 
     @property
     def conservation_error_j(self) -> float:
         return self.measured_j - (self.charged_j + self.unattributed_j + self.in_flight_j)
+
+    @property
+    def allocated_j(self) -> float:
+        """Charged to settled windows on the allocated basis: above idle and idle floor."""
+        return self.charged_j + self.idle_charged_j
+
+    @property
+    def allocation_error_j(self) -> float:
+        """What the allocated books miss of all the card drew (0 to rounding)."""
+        return self.drawn_j - (self.allocated_j + self.unattributed_j + self.idle_unattributed_j
+                               + self.in_flight_j + self.idle_in_flight_j)
 
 
 class Ledger:
@@ -121,7 +149,7 @@ class Ledger:
         self._lock = threading.Lock()
         #: What the request path recorded and the book has not taken yet, in order (any
         #: thread appends; whoever holds the lock takes): a window opened, ``(CLOSE, window,
-        #: t, tokens, about)``, ``(REPORT, window, ticket)``.
+        #: t, tokens, about, usage)``, ``(REPORT, window, ticket)``.
         self._tray: deque[Any] = deque()
         self._seqs = itertools.count(1)  # windows' numbers, which the card's table knows
         self._build = reader_factory(node) if reader is None else (lambda: reader)
@@ -129,9 +157,9 @@ class Ledger:
         #: processes only if it says which card it reads.
         self._custom = reader is not None or node.reader_factory is not None
         self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
-        split = split or (TokenSplit() if node.split == "tokens" else TimeSplit())
+        split = split or split_for(node.split)
         measures = node.reader != "none" or reader is not None or node.reader_factory is not None
-        provenance = Provenance("measured", "none", "none", node.idle_w)
+        provenance = Provenance("measured", "none", "none", node.idle_w, pue=node.pue)
         self.book = Book(
             provenance, split=split, ramp_s=node.ramp_s,
             subtract_foreign=node.foreign == "subtract", period=self._period, measures=measures,
@@ -194,19 +222,37 @@ class Ledger:
         with self._lock:
             settled = self._tray_locked()
             t = self.clock()
-            self.book.mark(window, name, t)
+            marked = self.book.mark(window, name, t)
+            settled += marked
             if self._note is not None:
                 self._note(("m", t, id(window), name))
+                self._noted(marked)
         _fire(settled)
+
+    @property
+    def weighs_phases(self) -> bool:
+        """Whether the node's split weighs prefill and decode (it wants first events and usage)."""
+        return isinstance(self.book.split, PhaseSplit)
+
+    def first_out(self, window: Window) -> None:
+        """The answer's first event went out: where the node weighs phases, the window's
+        prefill ends now (its ``prefill`` mark, once); elsewhere nothing."""
+        if not self.weighs_phases or window.t_close is not None:
+            return
+        if any(name == PREFILL for name, _ in window.marks or ()):
+            return
+        self.mark(window, PREFILL)
 
     def close(
         self, window: Window, tokens: int | None = None,
         about: tuple[str | None, str | None, str | None] | None = None,
+        usage: tuple[int, int] | None = None,
     ) -> None:
         """The window closes now: its time (and ``tokens``), into the tray. ``about`` is the
-        request's (id, route, tier), for the node's trace only."""
+        request's (id, route, tier), for the node's trace only; ``usage`` its (prompt,
+        completion) tokens, where known (the phase split weighs them)."""
         t = self.clock()
-        self._tray.append((_CLOSE, window, t, tokens, about))
+        self._tray.append((_CLOSE, window, t, tokens, about, usage))
         table = self.table
         if table is not None:
             table.closed(window.seq, t)
@@ -263,8 +309,8 @@ class Ledger:
             if item[0] == _CLOSE:
                 if window.t_close is not None:
                     continue  # closed twice: the first one stands
-                _, _, t, tokens, about = item
-                settled += book.close(window, t, tokens)
+                _, _, t, tokens, about, usage = item
+                settled += book.close(window, t, tokens, usage)
                 if note is not None:
                     note(("c", t, id(window), tokens, about))
             else:  # a report
@@ -341,7 +387,8 @@ class Ledger:
                                    "idle_w": idle_w, "period_hint": self.tape.period_hint,
                                    "mig": self.mig.as_dict() if self.mig is not None else None}))
             self.book.provenance = Provenance(reader.method, reader.backend, reader.source, idle_w,
-                                              self.mig.caveat if self.mig is not None else None)
+                                              self.mig.caveat if self.mig is not None else None,
+                                              boundary=getattr(reader, "boundary", "gpu"), pue=self.node.pue)
             if reader.kind == "none":
                 self.book.measures = False  # first: the request path books at once from now
                 self.book.error = getattr(reader, "reason", "no reader for this node")
@@ -553,6 +600,13 @@ class Ledger:
             for window in settled:
                 note(("z", id(window), window.share, window.fill_j))
 
+    def next_step(self) -> tuple[float, float, float] | None:
+        """When the card's counter should step next (the reader thread's pace): the tape's
+        :meth:`~.tape.Tape.next_step`. Read without the lock: only the reader thread, which
+        asks, feeds the tape."""
+        tape = self.tape
+        return tape.next_step() if tape is not None else None
+
     def read_now(self) -> Reading:
         """Read the card here and now (blocking) and book it: for sync meters only."""
         if self.reader is None:
@@ -590,8 +644,9 @@ class Ledger:
         carbon intensity, the trace, the history of the books."""
         chores: list[tuple[float, Callable[[], None]]] = []
         if self.node.upstream is not None:
+            phases = self.note_phases if self.weighs_phases else None
             chores.append((UPSTREAM_EVERY_S, Upstream(self.node.upstream, self.clock, self.note_upstream,
-                                                      self.deciding)))
+                                                      self.deciding, phases)))
         if self._carbon_feed is not None:
             chores.append((self._carbon_feed.tick_s, self._carbon_tick))
         if self._trace is not None:
@@ -644,6 +699,15 @@ class Ledger:
             if self._note is not None:
                 self._note(("up", t, running))
         _fire(settled)
+
+    def note_phases(self, prompt_tokens: float | None, generation_tokens: float | None,
+                    prefill_s: float | None, decode_s: float | None) -> None:
+        """The upstream's token counters and its requests' summed prefill and decode
+        seconds (cumulative): the phase split's seconds per token."""
+        split = self.book.split
+        if isinstance(split, PhaseSplit):
+            with self._lock:
+                split.note_engine(prompt_tokens, generation_tokens, prefill_s, decode_s)
 
     def _period(self) -> float:
         table = self.table
@@ -762,13 +826,20 @@ class Ledger:
         mine = self._own_totals()
         table = self.table
         if table is None:
-            return mine
+            return replace(mine, process=_PID[0])
         try:
             books = table.host(self._seat_books())
         except ValueError:  # the table closed under this call (the ledger is stopping)
             return mine
+        # The idle floor the host's windows were allocated, from the card's tape: what of it
+        # is this process's still in flight is known here; the rest is charged (or forfeit).
+        idle_given = max(0.0, books.drawn_j - books.measured_j - books.idle_unattributed_j)
         return replace(
-            mine, measured_j=books.measured_j, charged_j=books.charged_j,
+            mine, drawn_j=books.drawn_j, idle_unattributed_j=books.idle_unattributed_j,
+            # Never below what it showed: a holder killed with windows in flight took their
+            # idle part with it, and the allocated counter fell (a hostile tester: 298.65 -> 296.46).
+            idle_charged_j=self._high("host_idle_charged", max(0.0, idle_given - mine.idle_in_flight_j)),
+            measured_j=books.measured_j, charged_j=books.charged_j,
             unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j, foreign_j=books.foreign_j,
             windows_open=books.windows_open, workers=books.workers, estimated_j=books.estimated_j,
             reads=books.reads, read_errors=books.read_errors, resets=books.resets,
@@ -798,6 +869,9 @@ class Ledger:
                 windows_open=book.windows_open, estimated_j=book.estimated_j,
                 read_seconds_max=poller.read_seconds_max if poller else 0.0,
                 backend=self.book.provenance.backend, method=self.book.provenance.method,
+                drawn_j=high("drawn", book.drawn_j), idle_charged_j=high("idle_charged", book.idle_charged_j),
+                idle_in_flight_j=book.idle_in_flight_j,
+                idle_unattributed_j=high("idle_unattributed", book.idle_unattributed_j),
             )
         _fire(settled)
         return totals

@@ -150,13 +150,20 @@ class Windows:
         return tails, bool(tails)
 
     def coverage(self, t0: float, t1: float) -> Coverage:
-        """These windows' time in (t0, t1] (what a decider adds up for the host). Summed as
-        found: a list of a busy span's members (thousands) alive at once was most of the
-        reader's collections (benchmarks/ledger_path.py, see the commit)."""
-        covered, n = _summed(self._overlapping(t0, t1))
+        """These windows' time in (t0, t1] (what a decider adds up for the host), and when
+        they were busy in it. Summed as found: a list of a busy span's members (thousands)
+        alive at once was most of the reader's collections (benchmarks/ledger_path.py, see
+        the commit)."""
+        covered, n = 0.0, 0
+        busy = []
+        for window, overlap in self._overlapping(t0, t1):
+            covered += overlap
+            n += 1
+            start = max(window.t_open, t0)
+            busy.append((start, start + overlap))
         tails, n_tails = (0.0, 0) if n else _summed(self._tails(t0, t1))
         last = max((c for c in self._closes if c <= t0), default=-math.inf)
-        return Coverage(covered, n, tails, n_tails, last, self._n)
+        return Coverage(covered, n, tails, n_tails, last, self._n, tuple(busy))
 
     def unsettled(self) -> list[Window]:
         """Every window not settled yet: open, or closed and waiting on the card."""

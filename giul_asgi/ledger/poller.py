@@ -11,11 +11,17 @@ One thread reads and books, rather than a poller handing each read to a worker: 
 event loop every thread that wakes must win the GIL back from it. Measured on a busy
 simulated card, JSON requests in a tight loop, alternating processes: median 199 -> 178 us
 added per request without the hop; with one thread, four reads a period instead of ten
-measured the same within noise (176 against 179), so the reads stay frequent.
+measured the same within noise (176 against 179).
 
-Idle costs nothing: reading ten times a counter period only matters while a window is open
-or waiting to settle (``busy``). Once the node has been quiet for ``LINGER_PERIODS``
-periods the thread dozes, reading once per ``idle_s`` (the counter's own period where the
+While a window is open or waiting to settle (``busy``), a stepped counter is read ten times a
+period until the tape knows when it steps, then every 2 ms across each step from just before
+it until it is seen (:mod:`.pace`): about three wake-ups a period, each a wait for the GIL
+beside a busy loop, rather than ten; the thread reads as soon as it wakes, before the
+table's work. So that a loop cannot keep it from them for long, the process's GIL switch
+interval is 1 ms while readers run (:mod:`.switch`).
+
+Idle costs nothing: once the node has been quiet for ``LINGER_PERIODS`` periods the thread
+dozes, reading once per ``idle_s`` (the counter's own period where the
 node watches for a foreign load, else ``IDLE_S``), and :meth:`Poller.wake` (a window
 opened) brings it back at once. benchmarks/idle.py measures what that saves.
 
@@ -39,6 +45,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..readers.base import LoadDriven, Process, ProcessLister, Reader, Reading
+from .pace import StepPace
+from .switch import SWITCH
 
 log = logging.getLogger("giul_asgi.poller")
 
@@ -55,6 +63,11 @@ IDLE_S = 1.0
 #: or wake: closed windows settle once the counter has stepped past their ramp-down.
 LINGER_PERIODS = 5
 LINGER_MIN_S = 0.5
+#: The busy pace of a stepped counter: ``steps`` reads across each step once the tape knows
+#: them (:mod:`.pace`), with the GIL's switch interval at 1 ms (:mod:`.switch`); ``uniform``
+#: reads ``READS_PER_PERIOD`` times a period at random phases and leaves the interval alone,
+#: as before (benchmarks' A/B: ``attribution.py --pace``).
+PACE = "steps"
 
 
 class Sink(Protocol):
@@ -76,6 +89,11 @@ class Sink(Protocol):
     def ingest(self, reading: Reading) -> None: ...
 
     def note_processes(self, processes: list[Process] | None) -> None: ...
+
+    def next_step(self) -> tuple[float, float, float] | None:
+        """When the card's counter should step next, its spread and period (s); None where
+        it cannot say (see :meth:`Tape.next_step`). Asked on the reader thread only."""
+        ...
 
 
 @dataclass(slots=True)
@@ -154,8 +172,16 @@ class Poller:
         self.read_seconds_max = 0.0
         self.health = Health(reader_name, target)
         self._announced = False
+        self._switch = False  # this thread holds the GIL's switch interval (.switch)
 
     def start(self) -> None:
+        # The GIL's switch interval before the thread starts (.switch): it is set by the
+        # starting thread, which has the GIL, and NVML's start and probes are a dozen
+        # hand-overs of it that a busy loop could make wait. The plain pace is the old
+        # reader's, which left the interval alone; the thread puts it back as it ends.
+        self._switch = PACE == "steps"
+        if self._switch:
+            SWITCH.join(self.name)
         self._thread.start()
         self._watch.start()
 
@@ -187,6 +213,13 @@ class Poller:
 
     def _run(self) -> None:
         try:
+            self._run_reader()
+        finally:
+            if self._switch:
+                SWITCH.leave()
+
+    def _run_reader(self) -> None:
+        try:
             reader = self._call("building the reader", self._build)
         except Exception as exc:
             self._unavailable(exc)
@@ -204,6 +237,15 @@ class Poller:
             self.health.last_error = getattr(reader, "reason", "no reader for this node")
             self._announce(None)
             return
+        self._loop(reader)
+        self.health.state = "stopped"
+        try:
+            self._call("closing the reader", reader.close)
+        except Exception as exc:
+            log.warning("closing the reader of node %r: %s", self.name, exc)
+
+    def _loop(self, reader: Reader) -> None:
+        """Read at the node's pace until stopped, then once more."""
         hint = getattr(reader, "poll_s", None)
         per = READS_PER_PERIOD if reader.kind == "counter" else 4
         poll_s = float(hint) if hint else max(0.005, min(reader.period / per, 1.0))
@@ -215,11 +257,21 @@ class Poller:
         due = [0.0] * len(self.chores)
         self._active_until = self._clock() + linger
         shared_idle = max(poll_s, reader.period)
+        paced = reader.kind == "counter" and not hint
+        pace = StepPace()
+        reads = False
         while not self._stop.is_set():
-            reads = self._turn()
-            if reads:
+            # Read first, then the table's work: a read waits on nothing else once the
+            # thread is awake (on a busy loop every call that lets the GIL go costs a wait
+            # for it back), so it lands where the pace put it.
+            read = reads
+            if read:
                 self._read(reader)
-            else:
+            reads = self._turn()
+            if reads and not read:
+                read = True
+                self._read(reader)
+            elif not reads:
                 self._follow_health()
             now = self._clock()
             if reads and lists and now >= next_look:
@@ -230,17 +282,17 @@ class Poller:
                     due[i] = self._clock() + every
                     self._chore(chore)
             # Jittered reads bracket the counter's steps at varied phases, so the tape
-            # learns where they fall to well under a poll.
+            # learns where they fall to well under a poll; once it has, reads go around them.
+            # Not while the card is read for other processes: their pieces are decided 30 ms
+            # after their end at the soonest (the ledger's DECIDE_AFTER_S), at a lap, and two
+            # laps a period left them a period late (four workers' first figures 1.1-1.25x).
+            busy_wait = poll_s * jitter.uniform(0.5, 1.5)
             shared = self._shared is not None and self._shared()
-            self._pause(poll_s * jitter.uniform(0.5, 1.5), min(idle_s, shared_idle) if shared else idle_s,
-                        linger)
+            if paced and reads and not shared and PACE == "steps":
+                busy_wait = pace.wait(self._clock(), self._next_step(), busy_wait)
+            self._pause(busy_wait, min(idle_s, shared_idle) if shared else idle_s, linger)
         if self._turn():
             self._read(reader)  # the last reading settles what closed since the one before
-        self.health.state = "stopped"
-        try:
-            self._call("closing the reader", reader.close)
-        except Exception as exc:
-            log.warning("closing the reader of node %r: %s", self.name, exc)
 
     def _pause(self, busy_wait: float, idle_wait: float, linger: float) -> None:
         """Wait for the next read: the busy pace while windows need it, else doze."""
@@ -263,6 +315,13 @@ class Poller:
             self._dozing = False
             if not self._stop.is_set():
                 self._alarm.clear()
+
+    def _next_step(self) -> tuple[float, float, float] | None:
+        try:
+            return self._sink.next_step()
+        except Exception:  # a bug in the schedule must not stop the reading: plain pace
+            log.exception("node %r: the counter's schedule failed", self.name)
+            return None
 
     def _turn(self) -> bool:
         try:

@@ -45,8 +45,13 @@ EVERY_READ_SHARE = 0.9
 DEFAULT_MAX_W = 2000.0
 #: Brackets kept for learning the period and phase.
 BRACKETS = 24
-
-
+#: Brackets up to this share of a period wide count alike in the line (a reader's plain
+#: pace brackets every step about a tenth of a period wide); a wider one by its width^-2.
+WIDTH_FLOOR = 0.2
+#: Brackets a line rests on before the reader is paced by it (a line from the first four was
+#: seen 3% off the period), and the most spread, in periods, of a line it is paced by.
+PACE_BRACKETS = 8
+PACE_SPREAD = 0.1
 
 
 class StepClock:
@@ -56,7 +61,11 @@ class StepClock:
     first the median gap between consecutive changes; each recent bracket is then numbered
     by how many periods it lies before the newest, and a least-squares line through the
     brackets' middles gives the period to a fraction of a millisecond and where the newest
-    step fell, far closer than its own bracket says.
+    step fell, far closer than its own bracket says. A middle counts less where its bracket
+    is wider than ``WIDTH_FLOOR`` of a period (weight 1 / width^2): a reader paced across the
+    steps (giul_asgi.ledger.pace) brackets most within a few ms, and a step that its first
+    read already saw leaves a bracket a period wide, with a middle up to half a period off,
+    that would pull the line as hard as they do.
     """
 
     def __init__(self) -> None:
@@ -74,16 +83,20 @@ class StepClock:
         reads = self._reads
         return len(reads) >= 8 and sum(reads) >= EVERY_READ_SHARE * len(reads)
 
-    def step(self, a: float, b: float) -> tuple[float, float]:
-        """The step seen by a read at ``b`` after an unchanged read at ``a``: (time, +-)."""
+    def step(self, a: float, b: float, after: float | None = None) -> tuple[float, float]:
+        """The step seen by a read at ``b`` after an unchanged read at ``a``, the last step
+        booked being at ``after``: (time, +-)."""
         period, line = self.period, self._line
         if period is not None and line is not None and b - a > 1.5 * period:
             # A long silence (a reader that dozed while no window was open, a slow read):
             # many steps fell in it, the last within a period before the read, where the
             # learnt line puts it. The bracket's middle would put the step, and the span's
             # end, in the silence; nor does so wide a bracket teach the line anything.
+            # The last line point at or before the read, or the next where a step straying
+            # as far as steps do would fall before it (the read saw that one, early): the
+            # point before it would put the step, and the span's start, a period early.
             anchor, spread = line
-            at = anchor + period * math.floor((b - anchor) / period)
+            at = anchor + period * math.floor((b + 3 * spread - anchor) / period)
             return min(max(at, b - period, a + 1e-6), b), min(period / 2, spread + period / 20)
         self._brackets.append((a, b))
         if self.every_read:
@@ -98,12 +111,16 @@ class StepClock:
             return a + half, half
         newest = mids[-1]
         ks = [round((m - newest) / rough) for m in mids]
-        n = len(ks)
-        mean_k, mean_m = sum(ks) / n, sum(mids) / n
-        var_k = sum((k - mean_k) ** 2 for k in ks)
+        floor = WIDTH_FLOOR * rough
+        ws = [1.0 / max(y - x, floor) ** 2 for x, y in self._brackets]
+        total = sum(ws)
+        n = total * total / sum(w * w for w in ws)  # the brackets' worth, in equal ones
+        mean_k = sum(w * k for w, k in zip(ws, ks, strict=True)) / total
+        mean_m = sum(w * m for w, m in zip(ws, mids, strict=True)) / total
+        var_k = sum(w * (k - mean_k) ** 2 for w, k in zip(ws, ks, strict=True))
         if var_k <= 0:
             return a + half, half
-        period = sum((k - mean_k) * (m - mean_m) for k, m in zip(ks, mids, strict=True)) / var_k
+        period = sum(w * (k - mean_k) * (m - mean_m) for w, k, m in zip(ws, ks, mids, strict=True)) / var_k
         if not 0.5 * rough < period < 1.5 * rough:
             return a + half, half  # the numbering is off: the period drifts or reads stalled
         self.period = period
@@ -111,14 +128,38 @@ class StepClock:
         # The brackets' middles scatter about the line by the steps' own jitter and by where
         # in its bracket each step fell (uniform: width^2 / 12). Take the second out: what
         # is left is how far one step strays from the line, plus the line's own error.
-        scatter = sum((m - (at + period * k)) ** 2 for k, m in zip(ks, mids, strict=True)) / n
-        widths = sum((y - x) ** 2 for x, y in self._brackets) / (12 * n)
+        scatter = sum(w * (m - (at + period * k)) ** 2 for w, k, m in zip(ws, ks, mids, strict=True)) / total
+        widths = sum(w * (y - x) ** 2 for w, (x, y) in zip(ws, self._brackets, strict=True)) / (12 * total)
         spread = math.sqrt(max(0.0, scatter - widths) + scatter / n)
         # The newest step itself jitters about the line: where the line falls outside its
         # bracket, the step was at the bracket's nearer end.
-        clamped = min(max(at, a + 1e-6), b)
+        seen = at if after is None else self._seen(b, after, period, at, spread)
+        clamped = min(max(seen, a + 1e-6), b)
         self._line = (at, spread)
-        return clamped, min(half, max(spread, abs(clamped - at), 0.0005))
+        return clamped, min(half, max(spread, abs(clamped - seen), 0.0005))
+
+    @staticmethod
+    def _seen(b: float, after: float, period: float, at: float, spread: float) -> float:
+        """Which step on the line a read at ``b`` saw, the last booked being at ``after``: the
+        latest at or before ``b`` (give or take a step's stray) that comes a step after it,
+        else the first that does (a step the read saw early). The newest bracket's own
+        number on the line is no guide where it is wide: its middle, up to half a period
+        from its step, is rounded to either neighbour."""
+        first = at + period * (math.floor((after + period / 2 - at) / period) + 1)
+        last = at + period * math.floor((b + 3 * spread - at) / period)
+        return max(first, last)
+
+    def next_after(self, t: float) -> tuple[float, float] | None:
+        """The first step the learnt line puts after ``t``, and how far a step strays from
+        the line (s); None before the line rests on ``PACE_BRACKETS`` brackets, while its
+        spread is more than ``PACE_SPREAD`` of a period, or where the counter moves at every
+        read: nothing to read around."""
+        period, line = self.period, self._line
+        if (period is None or line is None or self.every_read or len(self._brackets) < PACE_BRACKETS
+                or line[1] > PACE_SPREAD * period):
+            return None
+        anchor, spread = line
+        return anchor + period * (math.floor((t - anchor) / period) + 1), spread
 
 
 class Tape:
@@ -238,7 +279,7 @@ class Tape:
                 return [self._gap(anchor, t, f"energy counter did not move for {t - anchor:.1f} s")]
             return []
         self.steps.saw(True)
-        step, stamp = self.steps.step(self._quiet_t, t)
+        step, stamp = self.steps.step(self._quiet_t, t, base_t)
         self._quiet_t = t
         if base_t is None:
             # The first step seen: the baseline's time is now known. What came before it
@@ -293,6 +334,17 @@ class Tape:
         self.max_w = max(self.max_w, w0, watts)
         self.end = t
         return [Span(t0, t, total - (self.idle_w or 0.0) * dt, total, 0.0, abs(watts - w0) * sensor)]
+
+    # -- the schedule -------------------------------------------------------------------------
+    def next_step(self) -> tuple[float, float, float] | None:
+        """When the counter should step next: the learnt line's step about a period after
+        the last one booked, how far a step strays from the line, and the period (s). None
+        before a step is booked or a line learnt, on a gauge, or on a counter that moves at
+        every read: the reader then reads at its plain pace."""
+        if self.kind == "power" or self._base_t is None:
+            return None
+        step = self.steps.next_after(self._base_t + self.period / 2)
+        return None if step is None else (*step, self.period)
 
     # -- health ---------------------------------------------------------------------------
     def baseline(self) -> tuple[float, float] | None:

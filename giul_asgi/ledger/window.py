@@ -92,22 +92,26 @@ class Window:
         "fill_unc",
         "filled_s",
         "first",
+        "idle_share",
         "linear_unc",
         "lost_s",
         "marks",
         "measured_s",
+        "phase_end",
         "power_j",
         "rules",
         "seen_end",
         "seq",
         "settled",
         "share",
+        "shared_prefill_s",
         "stage_shares",
         "t_close",
         "t_open",
         "tokens",
         "trouble",
         "unwatched",
+        "usage",
         "waiting",
         "waits_on",
         "weight",
@@ -121,10 +125,18 @@ class Window:
         self.t_close: float | None = None
         self.busy_close = 0.0
         self.tokens: int | None = None
+        #: The request's (prompt, completion) token counts, from ``usage``, given at close.
+        self.usage: tuple[int, int] | None = None
         self.weight: float | None = None
+        #: Where its prefill ended, for the phase split (NaN: unknown; None: not fixed yet),
+        #: and how much of its prefill the spans shared so far held.
+        self.phase_end: float | None = None
+        self.shared_prefill_s = 0.0
         self.marks: list[tuple[str, float]] | None = None
         self.stage_shares: list[float] | None = None
         self.share = 0.0
+        #: Its part of the idle floor of the spans it was open in (the allocated basis).
+        self.idle_share = 0.0
         self.edge_sq = 0.0  # squared ambiguity of partly covered spans
         self.linear_unc = 0.0  # stamp and foreign-level uncertainty, added linearly
         self.power_j = 0.0
@@ -170,6 +182,7 @@ class Waiting:
     members: list[tuple[Window, float]]
     open_members: int
     done: bool = False
+    idle: float = 0.0  # this book's part of the span's idle floor, shared as ``above`` is
 
 
 def spread(window: Window, a: float, b: float, value: float, into: list[float]) -> None:

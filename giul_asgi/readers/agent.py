@@ -83,13 +83,16 @@ class AgentReader:
         if not url.path.rstrip("/").endswith("/readings"):
             url = url.copy_with(path=url.path.rstrip("/") + "/readings")
         self.url = str(url)
-        self.remedy = (f"check that giul-agent runs at {self.url} and that this host reaches it "
-                       f"(giul-asgi probe --no-local --agent {self.url})")
+        self.expect_simulated = opts.flag("expect_simulated", False)
+        self.remedy = (  # the demo's simulated upstream serves the agent's schema itself
+            f"check that the simulated upstream at {self.url} runs and answers in time (a busy "
+            "machine delays it; figures fill from the node's rate meanwhile)" if self.expect_simulated
+            else f"check that giul-agent runs at {self.url} and that this host reaches it "
+                 f"(giul-asgi probe --no-local --agent {self.url})")
         self.spec = spec
         self.clock: Callable[[], float] = spec.clock
         self.period = spec.period or POLL_HINT_S
         self.gpus = tuple(spec.gpus)
-        self.expect_simulated = opts.flag("expect_simulated", False)
         self.method: Literal["measured", "simulated"] = "simulated" if self.expect_simulated else "measured"
         self.notes: list[str] = []
         self.host: str | None = None

@@ -265,6 +265,7 @@ class NvmlReader:
         prefer = opts.choice("prefer", PREFER, "auto")
         self._proc_root = Path(opts.text("proc_root", "/proc") or "/proc")
         self.mig_slices = opts.ints("mig_slices")
+        self._nested: tuple[bool | None] | None = None  # in a nested PID namespace (once known)
         self.spec = spec
         self._nvml = nvml = load_nvml(nvml)
         self.clock: Callable[[], float] = clock or spec.clock
@@ -311,13 +312,23 @@ class NvmlReader:
             )
 
     def read(self) -> Reading:
+        """The node's GPUs summed, stamped when the first driver call began.
+
+        The driver reads its register inside the C call, which ctypes makes with the GIL
+        let go; the call returns when this thread has the GIL back, which beside an event
+        loop running Python flat out is a loop slice or more later (2 ms median, seconds at
+        worst: benchmarks/gil_race.py). A stamp taken after the call would place every value
+        that late, and a step seen by it before the step happened; taken before, it is off
+        by the Python of the wrapper and the driver's own time (tens of us). A multi-GPU
+        node's later boards are read after the earlier calls came back: the stamp is the
+        first board's."""
+        t = self.clock()
         try:
             total_milli: float = 0
             for handle in self._handles:
                 total_milli += self._read_one(handle)
         except Exception as exc:
             return Reading(t=self.clock(), error=describe(exc))
-        t = self.clock()
         if self.kind == "counter":
             return Reading(t=t, joules=int(total_milli) / 1000.0)
         return Reading(t=t, watts=float(total_milli) / 1000.0)
@@ -326,7 +337,8 @@ class NvmlReader:
         """The compute processes on the node's boards; None when NVML cannot list them.
 
         NVML gives host PIDs. Inside a container (a nested PID namespace) ``/proc/<pid>`` is
-        another process or none, so names are left out there rather than guessed.
+        another process or none, so names are left out there rather than guessed. Which it is
+        is looked up once: a process never changes PID namespace.
         """
         try:
             pids: set[int] = set()
@@ -334,7 +346,11 @@ class NvmlReader:
                 pids |= compute_pids(self._nvml, handle, probe.mig)
         except Exception:
             return None
-        nested = nested_pid_namespace(self._proc_root)
+        if not pids:
+            return []
+        if self._nested is None:
+            self._nested = (nested_pid_namespace(self._proc_root),)
+        nested = self._nested[0]
         return [
             Process(pid, None if nested else process_name(pid, self._proc_root))
             for pid in sorted(pids)

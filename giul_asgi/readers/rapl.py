@@ -94,6 +94,8 @@ class RaplReader:
 
     backend = "rapl"
     source = "local"
+    #: A CPU node's energy, not a card's (what every figure's ``boundary`` says).
+    boundary = "cpu"
     method: Literal["measured", "simulated"] = "measured"
     kind: Kind = "counter"
 

@@ -17,6 +17,12 @@ Metric names (read in the servers' sources and docs):
 - SGLang: ``sglang:num_running_reqs`` (gauge), ``sglang:generation_tokens_total`` and
   ``sglang:prompt_tokens_total`` (counters).
 
+Where the server says how long its requests spent in each phase (vLLM's
+``vllm:request_prefill_time_seconds`` and ``vllm:request_decode_time_seconds`` histograms),
+their ``_sum`` s are read too: over the token counters they give the engine's seconds per
+prompt token and per generated token, which the ``phases`` split uses to cut a window
+without a first-token mark (:mod:`giul_asgi.ledger.phases`).
+
 Several models on one server: every label set is summed unless ``model`` names one (the
 ``model_name`` label for vLLM and SGLang, ``model_id`` where TGI sets one).
 
@@ -52,6 +58,9 @@ class LoadReading:
     running: float | None = None
     generation_tokens_total: float | None = None
     prompt_tokens_total: float | None = None
+    #: Its requests' summed seconds in prefill and in decode (histogram sums), where it says.
+    prefill_seconds_total: float | None = None
+    decode_seconds_total: float | None = None
     error: str | None = None
     server: str | None = None
 
@@ -69,11 +78,15 @@ class ServerMetrics:
     generation: tuple[str, ...]
     prompt: tuple[str, ...]
     model_labels: tuple[str, ...]
+    prefill_seconds: tuple[str, ...] = ()
+    decode_seconds: tuple[str, ...] = ()
 
 
 SERVERS: dict[str, ServerMetrics] = {
     "vllm": ServerMetrics("vllm", ("vllm:num_requests_running",), ("vllm:generation_tokens_total",),
-                          ("vllm:prompt_tokens_total",), ("model_name",)),
+                          ("vllm:prompt_tokens_total",), ("model_name",),
+                          ("vllm:request_prefill_time_seconds_sum",),
+                          ("vllm:request_decode_time_seconds_sum",)),
     "sglang": ServerMetrics("sglang", ("sglang:num_running_reqs",), ("sglang:generation_tokens_total",),
                             ("sglang:prompt_tokens_total",), ("model_name",)),
     "tgi": ServerMetrics("tgi", ("tgi_batch_current_size",), ("tgi_request_generated_tokens_sum",),
@@ -151,6 +164,8 @@ class UpstreamLoad:
             running=_sum(samples, metrics.running, self.model, metrics.model_labels),
             generation_tokens_total=_sum(samples, metrics.generation, self.model, metrics.model_labels),
             prompt_tokens_total=_sum(samples, metrics.prompt, self.model, metrics.model_labels),
+            prefill_seconds_total=_sum(samples, metrics.prefill_seconds, self.model, metrics.model_labels),
+            decode_seconds_total=_sum(samples, metrics.decode_seconds, self.model, metrics.model_labels),
             server=metrics.server,
         )
         if reading.running is None and reading.generation_tokens_total is None:

@@ -3,7 +3,7 @@
 :class:`EnergyEndpoint` is a small ASGI app that the middleware hands its own paths to
 (``endpoint.handles(path)``); it can also be mounted on its own. It serves
 
-- ``GET {path}``: the JSON of docs/energy-schema.md (``"schema": "giul-asgi/energy/2"``),
+- ``GET {path}``: the JSON of docs/energy-schema.md (``"schema": "giul-asgi/energy/3"``),
   filtered by ``?window=``, ``?route=``, ``?node=``, ``?tenant=`` (a tenant's label as
   /energy shows it: ``key:`` and a hash, never a key); the page instead when the client
   prefers ``text/html`` (a browser);
@@ -22,7 +22,9 @@ worker thread, off the event loop.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
@@ -32,17 +34,28 @@ import anyio.to_thread
 from ..errors import ConfigError, GiulError
 from ..exporters import ledger_totals
 from ..page import render_page
-from ..records import RecordStore
+from ..records import Lookup, RecordStore
 from ..stats import Cell
 from .access import Access, Guard
 
 Scope = MutableMapping[str, Any]
 RECORD_SCHEMA = "giul-asgi/energy-record/1"
+_REMEDY = "ask with the X-Energy-Id of a response of this server"
+#: What to do about each reason a record is missing (RecordStore.lookup's reasons).
+_REMEDIES = {
+    "expired after max_age_s": "ask sooner, or keep records longer: RecordStore(max_age_s=...)",
+    "evicted": "ask sooner, or keep more: RecordStore(max_records=...)",
+    "its process's journal was not shared": "give the host's place room or make it private "
+                                            "(see the server's log), so every worker shares records",
+    "its record makes no sense": "the journal was damaged: the server's log names the file",
+}
 LEDGER_FIELDS = (
     "measured_j", "charged_j", "unattributed_j", "foreign_j", "in_flight_j",
     "conservation_error_j", "idle_w", "mean_concurrency", "foreign_watts", "contended",
     "reads", "read_errors", "last_error", "last_reading_age_s", "resets", "period_s",
     "lost_s", "windows_open", "estimated_j", "workers",
+    "drawn_j", "allocated_j", "idle_charged_j", "idle_in_flight_j", "idle_unattributed_j",
+    "allocation_error_j",
 )
 
 try:
@@ -63,7 +76,7 @@ class EnergyEndpoint:
         self, *, stats: Any, ledgers: Iterable[Any] | None, path: str = "/energy",
         metrics_path: str | None = None, token: str | None = None, guard: Guard | None = None,
         records: RecordStore | None = None, refresh_s: float = 5.0,
-        token_name: str = "token", guard_name: str = "guard",
+        token_name: str = "token", guard_name: str = "guard", budgets: Any = None,
     ) -> None:
         for name, value in (("path", path), ("metrics_path", metrics_path)):
             if value is not None and (not isinstance(value, str) or not value.startswith("/")
@@ -77,6 +90,8 @@ class EnergyEndpoint:
         self.path = path
         self.metrics_path = metrics_path
         self.records = records
+        #: The middleware's budgets (``giul_asgi.budgets.Budgets``), or None.
+        self.budgets = budgets
         self.refresh_s = refresh_s
         self._collector: Any = None
         if metrics_path is not None:
@@ -138,6 +153,14 @@ class EnergyEndpoint:
         self._observe(totals)
         data: dict[str, Any] = self.stats.snapshot(window, route=route, node=node, tenant=tenant)
         data.setdefault("workers", 1)
+        data.setdefault("shared", False)
+        data.setdefault("shared_reason", "statistics of this process (an EnergyStats given as stats=)")
+        data.setdefault("server", None)
+        records = self.records
+        # Records by id are shared (or not) on their own: a full place can fail one and not the other.
+        data["records_shared"] = records.shared if records is not None else False
+        data["records_reason"] = (records.reason if records is not None
+                                  else "this endpoint keeps no records")
         view = self.stats.view() if hasattr(self.stats, "view") else self.stats
         rates = view.node_rates() if hasattr(view, "node_rates") else {}
         nodes = data["nodes"]
@@ -162,13 +185,14 @@ class EnergyEndpoint:
             nodes[name] = {**nodes[name], "ledger": ledger}
         for section in nodes.values():
             section.setdefault("ledger", None)
+        data["budgets"] = self.budgets.snapshot() if self.budgets is not None else None
         return data
 
     def metrics_text(self) -> bytes:
         from ..exporters.prometheus import EnergyCollector, prometheus_text
 
         if self._collector is None:
-            self._collector = EnergyCollector(self.stats, self.ledgers)
+            self._collector = EnergyCollector(self.stats, self.ledgers, budgets=self.budgets)
         self._observe(list(ledger_totals(self.ledgers)))
         return prometheus_text(self._collector)
 
@@ -190,10 +214,16 @@ class EnergyEndpoint:
                       b"connect-src 'self'; img-src data:")])
 
     async def _record(self, scope: Scope, send: Any, key: str) -> None:
-        energy = self.records.get(key) if self.records is not None and key else None
+        records = self.records
+        if records is None:
+            found = Lookup(None, "this endpoint keeps no records")
+        else:  # the other workers' journals are files: read off the event loop
+            found = await anyio.to_thread.run_sync(records.lookup, key)
+        energy = found.energy
         if energy is None:
-            body = _dumps({"error": f"no record under {key!r}",
-                           "remedy": "records are kept for a bounded time after the request"})
+            body = _dumps({"error": f"no record under {key!r}", "reason": found.reason,
+                           "remedy": _REMEDIES.get((found.reason or "").split(":")[0].split(" (")[0],
+                                                   _REMEDY)})
             await _send(send, scope, 404, body, "application/json")
             return
         await _send(send, scope, 200, _dumps({"schema": RECORD_SCHEMA, "record": energy.as_dict()}),
@@ -202,15 +232,19 @@ class EnergyEndpoint:
 
 def _check_prometheus_client(metrics_path: str) -> None:
     """Serving ``metrics_path`` needs prometheus-client: a missing one is a bad setting, said
-    at startup, never a 500 at each scrape."""
+    at startup, never a 500 at each scrape. Found, not imported: importing it runs its code
+    (its process collector reads ``/proc``), and the middleware is built on the event loop;
+    the first scrape imports it, on a worker thread."""
     try:
-        import prometheus_client  # noqa: F401
-    except ImportError as exc:
+        found = "prometheus_client" in sys.modules or importlib.util.find_spec("prometheus_client")
+        why = "it is not installed"
+    except (ImportError, ValueError) as exc:
+        found, why = None, f"{type(exc).__name__}: {exc}"
+    if not found:
         raise ConfigError(
-            f"metrics_path={metrics_path!r} needs prometheus-client, which cannot be imported "
-            f"({type(exc).__name__}: {exc})",
+            f"metrics_path={metrics_path!r} needs prometheus-client, which cannot be imported ({why})",
             remedy="pip install 'giul-asgi[prometheus]', or leave metrics_path unset",
-        ) from None
+        )
 
 
 def _histories(ledgers: Any) -> dict[str, list[Any]]:

@@ -9,7 +9,9 @@ below what either is measured to.
 
 A figure whose ``joules`` is unknown (``None``, zero, negative, NaN) counts as a request
 and in the durations, never as 0 J in a sum or a quantile. Its carbon likewise: grams are
-summed (in nanograms) over the figures whose ``carbon_grams`` is known, and counted.
+summed (in nanograms) over the figures whose ``carbon_grams`` is known, and counted; and its
+``allocated_joules`` (above idle plus its share of the idle floor: the basis a chargeback
+reconciles to the bill) over the figures where it is known.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from .sketch import BINS, BINS_PER_DECADE, JPT, KEYS, LOWEST_EXP, SEC, J, count,
 NJ = 1e9  # nanojoules a joule
 NG = 1e9  # nanograms a gram
 US = 1e6  # microseconds a second
-_INF = math.inf
+#: A figure past this (J, or g) is no request's (1e15 J: 280 GWh): a damaged record, not counted.
+_MAX = 1e15
+#: A count past this in another worker's row is damage, not a count (any float holds it).
+MAX_COUNT = 2**128
 _log10 = math.log10
 _ceil = math.ceil
 _FIRST = LOWEST_EXP * BINS_PER_DECADE  # sketch.bin_of, inlined in add(): three calls a record
@@ -39,8 +44,8 @@ class Cell:
     """Requests, known figures, nanojoules, tokens, microseconds, contended requests, and the
     occupied bins of the three sketches (``sketch.J + bin`` and so on) in one dict."""
 
-    __slots__ = ("bins", "carbon_known", "carbon_ng", "contended", "known", "nj", "requests",
-                 "tok_nj", "tok_tokens", "tokens", "us")
+    __slots__ = ("alloc_known", "alloc_nj", "bins", "carbon_known", "carbon_ng", "contended",
+                 "known", "nj", "requests", "tok_nj", "tok_tokens", "tokens", "us")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -53,23 +58,28 @@ class Cell:
         self.contended = 0
         self.carbon_known = 0  # requests whose carbon grams are known
         self.carbon_ng = 0  # their nanograms
+        self.alloc_known = 0  # requests whose allocated joules are known
+        self.alloc_nj = 0  # their nanojoules
         self.bins: dict[int, int] = {}
 
     def add(self, joules: float | None, tokens: int | None, seconds: float,
-            contended: bool | None, carbon: float | None = None) -> None:
+            contended: bool | None, carbon: float | None = None,
+            allocated: float | None = None) -> None:
         """Count one request. Checks everything before it changes anything, so a record that
         raises (a field of the wrong type) leaves the cell as it was."""
-        if not 0.0 <= seconds < _INF:
+        if not 0.0 <= seconds < _MAX:
             seconds = 0.0
-        if carbon is not None and not 0.0 <= carbon < _INF:
+        if carbon is not None and not 0.0 <= carbon < _MAX:
             carbon = None
+        if allocated is not None and not 0.0 < allocated < _MAX:
+            allocated = None
         s = seconds if seconds > 1e-6 else 1e-6
         k = _ceil(_log10(s) * BINS_PER_DECADE) - _FIRST
         ks = KEYS[SEC + (0 if k < 0 else (_TOP if k > _TOP else k))]
         if tokens is not None and not (isinstance(tokens, int) and tokens > 0):
             tokens = None
         bins = self.bins
-        if joules is not None and 0.0 < joules < _INF:
+        if joules is not None and 0.0 < joules < _MAX:
             nj = int(joules * NJ + 0.5)
             k = _ceil(_log10(joules) * BINS_PER_DECADE) - _FIRST
             kj = KEYS[0 if k < 0 else (_TOP if k > _TOP else k)]
@@ -89,6 +99,9 @@ class Cell:
         if carbon is not None:
             self.carbon_known += 1
             self.carbon_ng += int(carbon * NG + 0.5)
+        if allocated is not None:
+            self.alloc_known += 1
+            self.alloc_nj += int(allocated * NJ + 0.5)
         self.requests += 1
         self.us += int(seconds * US + 0.5)
         bins[ks] = bins.get(ks, 0) + 1
@@ -107,6 +120,8 @@ class Cell:
         self.contended += other.contended
         self.carbon_known += other.carbon_known
         self.carbon_ng += other.carbon_ng
+        self.alloc_known += other.alloc_known
+        self.alloc_nj += other.alloc_nj
         mine = self.bins
         if not mine:
             mine.update(other.bins)
@@ -127,6 +142,8 @@ class Cell:
         self.contended += sign * other.contended
         self.carbon_known += sign * other.carbon_known
         self.carbon_ng += sign * other.carbon_ng
+        self.alloc_known += sign * other.alloc_known
+        self.alloc_nj += sign * other.alloc_nj
 
     def copy(self) -> Cell:
         cell = Cell()
@@ -159,6 +176,11 @@ class Cell:
                 self.known)
 
     @property
+    def allocated_joules(self) -> float | None:
+        """The sum of known allocated figures, J (``None`` when none is known)."""
+        return self.alloc_nj / NJ if self.alloc_known else None
+
+    @property
     def carbon_grams(self) -> float | None:
         """The sum of known carbon figures, g (``None`` when none is known)."""
         return self.carbon_ng / NG if self.carbon_known else None
@@ -166,19 +188,37 @@ class Cell:
     def state(self) -> list[Any]:
         return [self.requests, self.known, self.nj, self.tokens, self.tok_nj, self.tok_tokens,
                 self.us, self.contended, [x for kv in self.bins.items() for x in kv],
-                self.carbon_known, self.carbon_ng]
+                self.carbon_known, self.carbon_ng, self.alloc_known, self.alloc_nj]
 
     @classmethod
     def from_state(cls, state: Sequence[Any]) -> Cell:
+        """A cell from another worker's :meth:`state`. Raises ValueError on one that makes
+        no sense (a count that is not a whole number at least 0, such as a float, NaN, a
+        string or a bool; a bin out of range; fewer requests than known figures)."""
+        if not isinstance(state, list) or len(state) not in (11, 13) or not isinstance(state[8], list):
+            raise ValueError("a cell of another shape")
         cell = cls()
         (cell.requests, cell.known, cell.nj, cell.tokens, cell.tok_nj, cell.tok_tokens, cell.us,
-         cell.contended) = (int(x) for x in state[:8])
+         cell.contended) = (_count(x) for x in state[:8])
         flat = state[8]
-        cell.bins = {int(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-        cell.carbon_known, cell.carbon_ng = int(state[9]), int(state[10])
+        if len(flat) % 2:
+            raise ValueError("a cell's bins of odd length")
+        cell.bins = {_count(flat[i]): _count(flat[i + 1]) for i in range(0, len(flat), 2)}
+        cell.carbon_known, cell.carbon_ng = _count(state[9]), _count(state[10])
+        if len(state) == 13:  # a worker that predates the allocated basis has none
+            cell.alloc_known, cell.alloc_nj = _count(state[11]), _count(state[12])
         if any(not 0 <= k < 3 * BINS for k in cell.bins):
             raise ValueError("a bin out of range")
+        if cell.known > cell.requests or cell.contended > cell.requests \
+                or cell.carbon_known > cell.requests or cell.alloc_known > cell.requests:
+            raise ValueError("a cell counts more figures than requests")
         return cell
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < MAX_COUNT:
+        raise ValueError(f"{value!r} is not a count")
+    return value
 
 
 def summary(cell: Cell, quantiles_of: Quantiles, statuses: Mapping[str, int],
@@ -210,6 +250,11 @@ def summary(cell: Cell, quantiles_of: Quantiles, statuses: Mapping[str, int],
         "tokens_per_joule": {
             "p50": rounded(1.0 / jpt_p50) if jpt_p50 else None,
             "aggregate": rounded(1.0 / jpt_agg) if jpt_agg else None,
+        },
+        "allocated_joules": {
+            "known": cell.alloc_known,
+            "sum": rounded(cell.alloc_nj / NJ) if cell.alloc_known else None,
+            "mean": rounded(cell.alloc_nj / NJ / cell.alloc_known) if cell.alloc_known else None,
         },
         "carbon": {
             "known": cell.carbon_known,

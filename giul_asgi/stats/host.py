@@ -1,22 +1,31 @@
-"""HostStats: several workers' statistics, merged when one of them is read.
+"""HostStats: one server's workers' statistics, merged when one of them is read; nothing answered lost.
 
 ``uvicorn --workers 4`` or gunicorn run one process per worker, each with its own
-:class:`~giul_asgi.stats.EnergyStats`. :class:`HostStats` wraps a worker's statistics
-after the model of prometheus_client's multiprocess mode: each worker writes its mergeable
-state (counters and DDSketch bins, per label and time slot, and its node samples) to its
-own row in the host's place (:mod:`giul_asgi.hostshare`: by default a per-user directory on
-shared memory, no setting), every ``flush_s`` seconds when it changed, atomically, and at
-exit. A worker answering ``/energy`` or ``/metrics`` merges its own live state with every
-other row it finds (sketches merge exactly). Other workers' figures are at most ``flush_s`` old.
+:class:`~giul_asgi.stats.EnergyStats`. :class:`HostStats` shares them after the model of
+prometheus_client's multiprocess mode, in the server's folder of the host's place
+(:mod:`.folder`; the place: :mod:`giul_asgi.hostshare`, by default a per-user directory
+on shared memory, no setting):
 
-The statistics are one server's: the rows whose parent process (pid and start time) is
-ours, the uvicorn or gunicorn master that started the workers. Rows are named by pid and
-start time, so a dead worker is told from a live one: the page counts live workers only,
-and a dead worker's counters still count (counters never go backwards) while its server
-runs. Another server's rows are left out, and an earlier run's removed after an hour, so
-nothing needs clearing at restart. Where nothing can be shared
-(``GIUL_ASGI_LOAD_DIR=off``, no writable place) the statistics are this worker's and say so
-(``workers: 1``, ``shared: false``), and the log says why once.
+- every request is written in place as it happens (:mod:`.tail`: a memory-mapped file, no
+  system call): the answer when the middleware has answered (:meth:`HostStats.answered`),
+  the figure when it settles;
+- every ``flush_s`` (sooner when the tail fills) the worker's whole mergeable state is cut
+  and written as its row, atomically: the row says where its tail goes on;
+- whoever answers ``/energy`` or ``/metrics`` merges its own live state, every other
+  worker's row and the figures in its tail after it, and the dead row; a dead worker's
+  answers that never settled count as requests of unknown energy. So a request that got its
+  answer is counted by any worker, even if its own was killed with -9 right after, and every
+  worker's answer is the same, up to what happened while it was read: counters never go
+  back from one answer to the next, whichever worker gives them.
+- a dead worker is folded into the dead row and its files removed (:meth:`ServerFolder.fold`):
+  churn (gunicorn's ``--max-requests``) keeps the folder at its bound.
+
+The statistics are one *server's* (:mod:`giul_asgi.hostshare.server`): the workers that
+inherited one listening socket, or a process of its own; another server's, and an earlier
+run's, are never counted, and a dead server's folder is removed at the next start. Where
+nothing can be shared (``GIUL_ASGI_LOAD_DIR=off``, no usable place, a place full or
+read-only: then said once as a WARNING with the reason) the statistics are this worker's
+and say so: ``workers: 1``, ``shared: false`` and ``shared_reason``.
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import logging
+import math
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -33,80 +45,147 @@ from typing import Any
 
 from ..energy import Energy
 from ..errors import ConfigError
-from ..hostshare import ENV, Rows, alive, log_unshared, process_start, resolve
+from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
 from ..listeners import Settled
+from .cell import Cell
+from .folder import Other, ServerFolder, dump, remove_dead_servers
+from .labels import NONE, OTHER, Key, status_class
 from .nodes import Sample
 from .stats import EnergyStats
+from .tail import AREA, Generation
+
+log = logging.getLogger("giul_asgi.stats")
 
 _instances = itertools.count()  # two HostStats in one process write two rows
+#: How long a reader waits for a fresh HostStats to join its server's place (seconds).
+JOIN_WAIT_S = 5.0
 
-#: Dead rows of an earlier run of the server are removed after this long (seconds).
-STALE_S = 3600.0
 #: A worker writes its state for the others at most this share of its time (a 50th).
 FLUSH_SHARE = 50.0
+#: Answers kept waiting for their figure, at most (the oldest are forgotten past it).
+MAX_PENDING = 100_000
 
 
 def multiproc_dir(directory: str | os.PathLike[str] | None = None) -> Path | None:
-    """Where the workers' statistics rows go: ``stats/`` in the host's place (``directory``,
-    else ``$GIUL_ASGI_LOAD_DIR``, else the per-user default); None where nothing can be
-    shared (said once in the log)."""
+    """Where the servers' statistics folders go: ``stats/`` in the host's place
+    (``directory``, else ``$GIUL_ASGI_LOAD_DIR``, else the per-user default); None where
+    nothing can be shared (said once in the log)."""
     place = resolve(directory)
     log_unshared(place)
     return place.path / "stats" if place.path is not None else None
 
 
 def clear_directory(directory: str | os.PathLike[str] | None = None) -> int:
-    """Remove the statistics rows; returns how many (never needed: an earlier run's rows
-    are left out by themselves)."""
+    """Remove every statistics file of this user's in the place; returns how many (never
+    needed: another server's files are left out, a dead one's removed at the next start)."""
     path = multiproc_dir(directory)
     removed = 0
-    for file in path.glob("*.json") if path is not None and path.is_dir() else ():
-        file.unlink(missing_ok=True)
-        removed += 1
+    if path is None or not path.is_dir():
+        return 0
+    for file in [*path.glob("*.json"), *path.glob("*/*")]:
+        if file.is_file() or file.is_symlink():
+            file.unlink(missing_ok=True)
+            removed += 1
     return removed
 
 
-def _parent() -> list[Any]:
-    ppid = os.getppid()
-    return [ppid, process_start(ppid)]
-
-
 class HostStats:
-    """A worker's statistics, shared with the other workers of the host through files.
+    """A worker's statistics, shared with the other workers of its server through files.
 
     Use it where an :class:`EnergyStats` goes: ``record`` counts in this worker; ``view()``
-    and ``snapshot()`` answer for the whole host.
+    and ``snapshot()`` answer for the whole server.
     """
 
     def __init__(
         self, stats: EnergyStats | None = None, directory: str | os.PathLike[str] | None = None,
-        *, flush_s: float = 1.0,
+        *, flush_s: float = 1.0, area: int = AREA, server: ServerId | None = None,
     ) -> None:
         if not (isinstance(flush_s, int | float) and flush_s > 0):
             raise ConfigError(f"flush_s={flush_s!r} must be positive", remedy="use 1.0")
         self.stats = stats if stats is not None else EnergyStats()
-        folder = multiproc_dir(directory)
-        #: This worker's row among the host's (None: nothing is shared, figures are ours).
-        self.rows = Rows(folder, tag=str(next(_instances))) if folder is not None else None
         self.flush_s = float(flush_s)
-        self.parent = _parent()
-        self._cache: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
-        self._live = 0
+        #: Which server's statistics these are (found, or given: a test's workers); None until
+        #: the writer thread has found it.
+        self.server: ServerId | None = server
+        #: Why nothing is shared (None while shared).
+        self.shared_reason: str | None = None
+        self.folder: ServerFolder | None = None
+        self._pending: dict[str, list[Any]] = {}  # answered, not settled yet: id -> labels
+        self._encoded: dict[tuple[Any, ...], bytes] = {}  # labels -> their JSON, made once
+        self._tail_lock = threading.Lock()
         self._written = -1
         self._stop = threading.Event()
+        self._due = threading.Event()  # the tail is filling: a row now
         self._flush_lock = threading.Lock()
+        self._live = 0
+        self._overflow_said = False
         self.write_errors = 0
-        if self.rows is None:
-            return
-        self.flush()
-        self._thread = threading.Thread(target=self._run, name="giul-host-stats", daemon=True)
+        self._ready = threading.Event()  # the place is joined (or found unusable)
+        self._early: list[tuple[str, float, tuple[Any, ...]]] = []  # answered while joining
+        # Starlette builds the middleware, and so these, on the event loop: the place is
+        # found and the first row written on the writer's own thread, never on the loop.
+        self._thread = threading.Thread(target=self._start, args=(directory, area),
+                                        name="giul-host-stats", daemon=True)
         self._thread.start()
-        atexit.register(self.close)
+
+    def _start(self, directory: str | os.PathLike[str] | None, area: int) -> None:
+        try:
+            self._join(directory, area)
+        finally:
+            self._ready.set()
+        if self.folder is not None:
+            atexit.register(self.close)
+            self._run()
+
+    def _join(self, directory: str | os.PathLike[str] | None, area: int) -> None:
+        if self.server is None:
+            self.server = server_identity()
+        place = resolve(directory)
+        log_unshared(place)
+        if place.path is None:
+            self.shared_reason = place.reason
+            return
+        try:
+            root = place.path / "stats"
+            folder = ServerFolder(root, self.server, tag=str(next(_instances)),
+                                  place=place.path, step_s=self.stats.step_s, area=area)
+            remove_dead_servers(root, self.server.key)
+        except OSError as exc:
+            self._unshare(f"cannot write the statistics in {place.path}: {exc.strerror or exc}", exc)
+            return
+        with self._tail_lock:  # answers made while joining go in place now, in order
+            self.folder, early, self._early = folder, self._early, []
+        for id, t, six in early:
+            self._write_answer(id, t, six)
+        self.stats.journal = self._journal
+        self._flush()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the server's statistics are joined (or found unusable); lifespan
+        startup waits on it off the loop, so the first request is counted for the server."""
+        return self._ready.wait(timeout)
 
     @property
     def shared(self) -> bool:
         """Whether the other workers' statistics are merged into this one's answers."""
-        return self.rows is not None
+        self._ready.wait(JOIN_WAIT_S)
+        return self.folder is not None
+
+    @property
+    def rows(self) -> Any:
+        """This worker's row among its server's (None: nothing is shared)."""
+        return self.folder.rows if self.folder is not None else None
+
+    def _unshare(self, reason: str, exc: BaseException | None = None) -> None:
+        """From now on, this worker's figures are its own: said once, loudly."""
+        self.shared_reason = reason
+        folder, self.folder = self.folder, None
+        self.stats.journal = None
+        if folder is not None:
+            folder.close()
+        log.warning("statistics are this worker's alone from now on: %s -> free space in the place, "
+                    "or set %s to a writable private directory (mkdir -m 700 DIR). Until then "
+                    "/energy says shared: false and counts this worker's requests only", reason, ENV)
 
     # What the middleware calls, as on EnergyStats: this worker counts.
     def settled(self, batch: Sequence[Settled]) -> None:
@@ -114,6 +193,99 @@ class HostStats:
 
     def record(self, energy: Energy, *, outcome: str, status: int | None) -> None:
         self.stats.record(energy, outcome=outcome, status=status)
+
+    def answered(self, id: str | None, route: str | None, node: str | None, tier: str | None,
+                 outcome: str, status: int | None, tenant: str | None) -> None:
+        """The middleware answered a request (its figure settles later): written in place,
+        so that it is counted even if this worker dies before it settles. Never raises."""
+        if not isinstance(id, str):
+            return
+        try:
+            t = time.time()
+            six = (route, node, tier, outcome, status, tenant)
+            if self.folder is None:
+                if not self._ready.is_set():  # still joining: written in place once joined
+                    with self._tail_lock:
+                        if self.folder is None and len(self._early) < MAX_PENDING:
+                            self._early.append((id, t, six))
+                            return
+                if self.folder is None:
+                    return
+            self._write_answer(id, t, six)
+        except Exception:
+            log.debug("an answer could not be written in place", exc_info=True)
+
+    def _write_answer(self, id: str, t: float, six: tuple[Any, ...]) -> None:
+        folder = self.folder
+        if folder is None:
+            return
+        part = self._encoded.get(six)
+        if part is None:
+            part = self._encode(six)
+        data = b'["a",%b,%b,%b]' % (_id_json(id), repr(t).encode(), part)
+        with self._tail_lock:
+            pending = self._pending
+            pending[id] = [t, *six]
+            if len(pending) > MAX_PENDING:
+                del pending[next(iter(pending))]
+            kept = folder.tail.append_json(data)
+            full = folder.tail.fill() > 0.5
+        if full:
+            self._due.set()
+        if not kept:
+            self._overflowed()
+
+    def _journal(self, counted: list[tuple[Key, Settled]], step: int) -> None:
+        """Under the statistics' lock: the figures just counted, written in place."""
+        folder = self.folder
+        if folder is None:
+            return
+        tail = folder.tail
+        encoded = self._encoded
+        entries = []
+        for key, s in counted:
+            e = s.energy
+            part = encoded.get(key)
+            if part is None:
+                part = self._encode(key)
+            entries.append((e.id, b'["s",%b,%d,%b,%b,%b,%b,%b,%b]' % (
+                _id_json(e.id), step, part, _number(e.joules), _number(e.tokens), _number(e.seconds),
+                _number(e.contended), _number(e.carbon_grams))))
+        kept = True
+        with self._tail_lock:
+            pending = self._pending
+            for id, data in entries:
+                if id is not None:
+                    pending.pop(id, None)
+                kept = tail.append_json(data) and kept
+            full = tail.fill() > 0.5
+        if full:
+            self._due.set()
+        if not kept:
+            self._overflowed()
+
+    def _overflowed(self) -> None:
+        if self._overflow_said:
+            return
+        self._overflow_said = True
+        log.warning("this worker's tail is full (the row writer cannot keep up): requests answered "
+                    "until its next row would be lost if it were killed now; they still count")
+
+    def _encode(self, labels: tuple[Any, ...]) -> bytes:
+        """Labels as the inside of a JSON list, kept (a bounded number) for the next entry."""
+        encoded = self._encoded
+        if len(encoded) >= 4096:
+            encoded.clear()
+        part = encoded[labels] = json.dumps(list(labels), separators=(",", ":"))[1:-1].encode()
+        return part
+
+    def _cut(self) -> dict[str, Any]:
+        """Under the statistics' lock, as the row's state is taken: the tail's next
+        generation, and the answers still waiting for their figure."""
+        folder = self.folder
+        with self._tail_lock:
+            gen = folder.tail.cut() if folder is not None else 0
+            return {"gen": gen, "pending": dict(self._pending)}
 
     def observe_nodes(self, totals: Any) -> None:
         self.stats.observe_nodes(totals)
@@ -142,93 +314,146 @@ class HostStats:
     def default_window(self) -> str:
         return self.stats.default_window
 
-    def _changes(self) -> int:
-        return self.stats.records
-
     def flush(self) -> None:
-        """Write this worker's state now (atomically), if it changed since the last write."""
-        rows = self.rows
-        if rows is None:
-            return
+        """Cut and write this worker's row now (atomically), if anything changed since the
+        last one; then fold the workers that died."""
+        self._ready.wait(JOIN_WAIT_S)
+        self._flush()
+
+    def _flush(self) -> None:
         with self._flush_lock:
-            changes = self._changes()
-            if changes == self._written and rows.path.exists():
+            folder = self.folder
+            if folder is None:
                 return
-            row = {"parent": self.parent, "state": self.stats.state(),
-                   "nodes": {name: [list(s) for s in samples]
-                             for name, samples in _samples(self.stats).items()}}
+            changes = self.stats.records
+            if changes != self._written or self._due.is_set() or not folder.rows.path.exists():
+                self._due.clear()
+                row = {"server": folder.server.key, "state": self.stats.state(cut=self._cut),
+                       "nodes": {name: [list(s) for s in samples]
+                                 for name, samples in _samples(self.stats).items()}}
+                try:
+                    folder.rows.write(dump(row))
+                    self._written = changes
+                except (OSError, ValueError) as exc:
+                    self.write_errors += 1
+                    self._unshare(f"cannot write this worker's row in {folder.folder}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}", exc)
+                    return
             try:
-                rows.write(json.dumps(row, separators=(",", ":")).encode())
-                self._written = changes
-            except OSError:
-                self.write_errors += 1
+                folder.fold(self._fold)
+            except (OSError, ValueError) as exc:
+                log.debug("folding the dead workers failed: %s", exc)
 
     def _run(self) -> None:
         wait = self.flush_s
-        while not self._stop.wait(wait):
+        while not self._stop.is_set():
+            self._due.wait(wait)
+            if self._stop.is_set():
+                return
             spent = time.thread_time()
-            self.flush()
+            self._flush()
             # A write costs what the state holds (about 0.5 s of CPU at 1e6 records over
             # 200 keys): the next waits FLUSH_SHARE times as long, so sharing the statistics
-            # costs a worker at most 1/FLUSH_SHARE of a core; the others read it that late.
+            # costs a worker at most 1/FLUSH_SHARE of a core; the tail keeps every request
+            # meanwhile (a full one asks for a row at once).
             wait = max(self.flush_s, (time.thread_time() - spent) * FLUSH_SHARE)
 
     def close(self) -> None:
-        """Stop the writer and write the final state (the worker's totals stay on disk)."""
+        """Stop the writer and write the final row (the worker's counts stay on disk, to be
+        folded once it is gone)."""
+        if self._stop.is_set():
+            return  # closed already (by its owner, then at exit)
         self._stop.set()
+        self._due.set()
+        atexit.unregister(self.close)
         self.flush()
 
-    def _others(self) -> list[dict[str, Any]]:
-        """The other workers' rows: live ones, and dead ones of this run of the server."""
-        rows = self.rows
-        if rows is None:
-            return []
-        found, seen, live = [], set(), set()
-        for row in rows.others():
-            seen.add(row.name)
-            if row.pid == os.getpid():
-                continue  # another middleware in this process: not another worker
-            try:
-                st = row.path.stat()
-                stamp = (st.st_mtime_ns, st.st_size)
-                cached = self._cache.get(row.name)
-                if cached is None or cached[0] != stamp:
-                    cached = (stamp, json.loads(row.path.read_bytes()))
-                    self._cache[row.name] = cached
-                data = cached[1]
-            except (OSError, ValueError):
-                continue  # a row removed meanwhile, or damaged: skip it this time
-            if data.get("parent") != self.parent:
-                # another server's (or an earlier run's): not ours to count
-                if not _alive_parent(data.get("parent")):
-                    rows.remove_dead(STALE_S, [row])
-                continue
-            if row.alive():
-                live.add(row.pid)
-            found.append(data)
-        for name in [n for n in self._cache if n not in seen]:
-            del self._cache[name]
-        self._live = len(live)
-        return found
-
+    # -- reading --------------------------------------------------------------------------
     def workers(self) -> int:
         """Live worker processes sharing these statistics, this one included."""
-        self._others()
-        return 1 + self._live
+        self._ready.wait(JOIN_WAIT_S)
+        folder = self.folder
+        if folder is None:
+            return 1
+        return 1 + sum(1 for o in folder.find().others if o.alive)
+
+    def _merge_other(self, merged: EnergyStats, other: Other, samples: list[dict[str, list[Sample]]]) -> bool:
+        """Add another worker (its row, its tail after it, and if dead its answers that
+        never settled) into ``merged``; False where its row makes no sense (skipped)."""
+        data = other.row
+        try:
+            state = data["state"]
+            nodes = _parse_samples(data.get("nodes", {}))
+            merged.merge_state(state)
+        except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError,
+                OverflowError) as exc:
+            if self.folder is not None:
+                self.folder.odd(other.name, f"{type(exc).__name__}: {exc}")
+            return False
+        samples.append(nodes)
+        merged.merge_cells([(k, at, c.copy()) for g in other.gens for (k, at), c in g.cells.items()])
+        if not other.alive:
+            cut = state.get("cut") if isinstance(state.get("cut"), dict) else {}
+            merged.merge_cells(_unsettled(cut.get("pending"), other.gens, merged.step_s))
+        return True
+
+    def _merge_dead(self, merged: EnergyStats, dead: dict[str, Any] | None,
+                    samples: list[dict[str, list[Sample]]]) -> None:
+        if dead is None or dead.get("state") is None:
+            return
+        try:
+            nodes = _parse_samples(dead.get("nodes", {}))
+            merged.merge_state(dead["state"])
+            samples.append(nodes)
+        except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError,
+                OverflowError) as exc:
+            if self.folder is not None:
+                self.folder.odd("dead.json", f"{type(exc).__name__}: {exc}")
+
+    def _merged(self, dead: dict[str, Any] | None, others: list[Other],
+                own: dict[str, Any] | None) -> tuple[EnergyStats, list[dict[str, list[Sample]]], int]:
+        """``dead`` (the dead row), ``others`` and ``own`` (this worker's state) merged, in an
+        order every worker takes alike (the dead row, then the rows by name), the tenants
+        labelled as the server's register says; and the node samples, and the live others."""
+        merged = self.stats.empty_like()
+        folder = self.folder
+        if folder is not None:
+            names = _tenants(dead.get("state") if dead is not None else None)
+            for other in others:
+                names |= _tenants(other.row.get("state"))
+                names |= {k[6] for g in other.gens for (k, _) in g.cells}
+            names |= _tenants(own)
+            merged.labels.allowed_tenants = folder.admit(names, self.stats.tenants.max_labels)
+        samples: list[dict[str, list[Sample]]] = []
+        self._merge_dead(merged, dead, samples)
+        mine = folder.rows.name if folder is not None else ""
+        live = 0
+        for other in sorted(others, key=lambda o: o.name):
+            if own is not None and mine < other.name:
+                merged.merge_state(own)
+                own = None
+            if self._merge_other(merged, other, samples) and other.alive:
+                live += 1
+        if own is not None:
+            merged.merge_state(own)
+        return merged, samples, live
+
+    def _fold(self, dead: dict[str, Any] | None, others: list[Other]) -> dict[str, Any]:
+        """The new dead row: the last one and ``others`` (dead workers) merged."""
+        merged, samples, _ = self._merged(dead, others, None)
+        nodes = _merge_samples(samples, merged.step_s)
+        return {"state": merged.state(),
+                "nodes": {name: [list(s) for s in items] for name, items in nodes.items()}}
 
     def view(self) -> EnergyStats:
-        """The whole host's statistics: this worker's live state merged with the others'."""
-        if self.rows is None:
+        """The whole server's statistics: this worker's live state merged with the others'."""
+        self._ready.wait(JOIN_WAIT_S)
+        folder = self.folder
+        if folder is None:
             return self.stats
-        merged = self.stats.empty_like()
-        merged.merge_state(self.stats.state())
-        samples: list[dict[str, list[Sample]]] = [_samples(self.stats)]
-        for data in self._others():
-            try:
-                merged.merge_state(data["state"])
-                samples.append({str(k): [Sample(*s) for s in v] for k, v in data.get("nodes", {}).items()})
-            except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError):
-                continue  # another configuration or a damaged row: left out
+        found = folder.find()
+        merged, samples, self._live = self._merged(found.dead, found.others, self.stats.state())
+        samples.append(_samples(self.stats))
         merged_samples = _merge_samples(samples, self.stats.step_s)
         with merged._lock:
             merged._nodes.samples = merged_samples
@@ -236,16 +461,86 @@ class HostStats:
 
     def snapshot(self, window: str | None = None, **kwargs: Any) -> dict[str, Any]:
         out = self.view().snapshot(window, **kwargs)
-        out["workers"] = self.workers() if self.rows is not None else 1
-        out["shared"] = self.rows is not None
+        out["workers"] = 1 + self._live if self.folder is not None else 1
+        out["shared"] = self.folder is not None
+        out["shared_reason"] = self.shared_reason
+        out["server"] = self.server.key if self.server is not None else None
         return out
 
 
-def _alive_parent(parent: Any) -> bool:
+def _tenants(state: Any) -> set[str]:
+    """The tenant labels in a state (its keys' last name), where it has any."""
     try:
-        return alive(int(parent[0]), parent[1])
-    except (TypeError, ValueError, IndexError):
-        return False
+        return {str(row[6]) for row in state["keys"]}
+    except (TypeError, KeyError, IndexError):
+        return set()
+
+
+_SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,80}")
+
+
+def _id_json(id: str | None) -> bytes:
+    """A request id as a JSON string (ids are plain: written as they are), or null."""
+    if id is None:
+        return b"null"
+    if _SAFE_ID.fullmatch(id):
+        return b'"%b"' % id.encode()
+    return json.dumps(id).encode()
+
+
+def _number(value: Any) -> bytes:
+    """A figure as JSON may carry it: NaN, infinities and anything not a number as null."""
+    if value is None:
+        return b"null"
+    if value is True or value is False:
+        return b"true" if value else b"false"
+    if type(value) is int:
+        return b"%d" % value
+    if type(value) is float:
+        return repr(value).encode() if math.isfinite(value) else b"null"
+    return b"null"
+
+
+def _unsettled(pending: Any, gens: list[Generation], step_s: float) -> list[tuple[Key, int, Cell]]:
+    """A dead worker's answers that never settled: requests of unknown energy."""
+    answers: dict[str, Any] = dict(pending) if isinstance(pending, dict) else {}
+    for g in gens:
+        answers.update(g.answered)
+    for g in gens:
+        for settled in g.settled:
+            answers.pop(settled, None)
+    cells: list[tuple[Key, int, Cell]] = []
+    for labels in answers.values():
+        try:
+            t, route, node, tier, outcome, status, tenant = labels
+            if not (isinstance(t, float | int) and math.isfinite(t)):
+                continue
+            key: Key = (str(route or "<unmatched>"), str(node or NONE), str(tier or NONE), "unknown",
+                        outcome if isinstance(outcome, str) else "incomplete",
+                        status_class(status), NONE if tenant is None else OTHER)
+            cell = Cell()
+            cell.add(None, None, 0.0, None)
+            cells.append((key, int(t // step_s), cell))
+        except (TypeError, ValueError):
+            continue
+    return cells
+
+
+def _parse_samples(nodes: Any) -> dict[str, list[Sample]]:
+    """A row's node samples; raises ValueError on one that makes no sense."""
+    if not isinstance(nodes, dict):
+        raise ValueError("nodes is not an object")
+    out: dict[str, list[Sample]] = {}
+    for name, items in nodes.items():
+        parsed = []
+        for item in items:
+            t, *values = item
+            if not (isinstance(t, float | int) and math.isfinite(t)) or len(values) != 4:
+                raise ValueError(f"a node sample without a time: {item!r}")
+            parsed.append(Sample(float(t), *(float(v) if isinstance(v, float | int) and math.isfinite(v)
+                                             else None for v in values)))
+        out[str(name)] = parsed
+    return out
 
 
 def _samples(stats: EnergyStats) -> dict[str, list[Sample]]:

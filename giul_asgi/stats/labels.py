@@ -55,7 +55,7 @@ class Labels:
     """Turns a record's raw labels into its bounded :data:`Key` (not thread-safe: the
     statistics call it under their lock)."""
 
-    __slots__ = ("_keys", "_most", "_names", "max_keys", "max_labels")
+    __slots__ = ("_keys", "_most", "_names", "allowed_tenants", "max_keys", "max_labels")
 
     def __init__(self, max_labels: int = 256, max_keys: int = 4096,
                  max_tenant_labels: int | None = None) -> None:
@@ -70,6 +70,9 @@ class Labels:
         self._names: tuple[set[str], set[str], set[str], set[str]] = (set(), set(), set(), set())
         self._most = (max_labels, max_labels, max_labels, max(max_labels, max_tenant_labels or 0))
         self._keys: set[Key] = set()
+        #: Where several workers' statistics merge: the only tenants that keep their label
+        #: (the server's register, :meth:`ServerFolder.admit`); ``None``: any, within the bound.
+        self.allowed_tenants: set[str] | None = None
 
     def key(self, route: object, node: object, tier: object, method: object, outcome: object,
             status: object, tenant: object = None) -> Key:
@@ -97,6 +100,9 @@ class Labels:
         return key
 
     def _name(self, group: int, name: str) -> str:
+        allowed = self.allowed_tenants
+        if group == 3 and allowed is not None and name not in allowed and name not in (NONE, OTHER):
+            return OTHER
         names = self._names[group]
         if name not in names:
             if len(names) >= self._most[group] - 1 and name != OTHER:

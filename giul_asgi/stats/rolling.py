@@ -149,10 +149,11 @@ class Rolling:
     ring), and ``start``: ``base`` plus the longest ring's slots before ``start_upto``, kept
     for the since-start counters."""
 
-    __slots__ = ("base", "cell", "dirty", "limit", "longest", "pending", "rings", "start",
+    __slots__ = ("base", "cell", "dirty", "key", "limit", "longest", "pending", "rings", "start",
                  "start_upto", "step")
 
-    def __init__(self, geometry: Geometry, step: int) -> None:
+    def __init__(self, geometry: Geometry, step: int, key: tuple[str, ...] = ()) -> None:
+        self.key = key  # the label key whose cells these are
         self.step = step  # the step ``cell`` counts
         self.cell = Cell()
         self.pending: dict[int, Cell] = {}  # step -> its cell, oldest first

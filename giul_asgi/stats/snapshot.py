@@ -17,7 +17,7 @@ from .groups import Table, totals
 from .labels import GROUPS
 from .nodes import Sample
 
-SCHEMA = "giul-asgi/energy/2"
+SCHEMA = "giul-asgi/energy/3"
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ increments ``dropped``.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +41,7 @@ from ..energy import Energy
 from ..errors import ConfigError
 from ..listeners import Settled
 from ..tenants import DEFAULT_MAX_TENANTS, TenantPlaces
-from .cell import NG, NJ, Cell, Point
+from .cell import MAX_COUNT, NG, NJ, Cell, Point
 from .groups import Sums, Table, points, table, window_table
 from .labels import NONE, OTHER, Key, Labels, is_key, key_bound
 from .nodes import NodeSamples, Sample
@@ -100,6 +101,9 @@ class EnergyStats:
         self.dropped = 0
         #: records taken (counted or dropped): what changed since a worker last wrote.
         self.records = 0
+        #: Called under the lock with each batch's counted records ``(key, settled)`` and
+        #: their step (a HostStats writes them in place, :mod:`.tail`).
+        self.journal: Callable[[list[tuple[Key, Settled]], int], None] | None = None
 
     @property
     def windows(self) -> tuple[str, ...]:
@@ -121,6 +125,8 @@ class EnergyStats:
     def settled(self, batch: Sequence[Settled]) -> None:
         """Count the figures one reading settled: one lock, one cell each. Never raises."""
         dropped = 0
+        journal = self.journal
+        counted: list[tuple[Key, Settled]] | None = [] if journal is not None else None
         with self._lock:
             step = self._now()
             raw = self._raw
@@ -135,11 +141,16 @@ class EnergyStats:
                     if rolling is None:
                         rolling = self._rolling(labels)
                     cell = rolling.cell if rolling.step == step else rolling.at(step)
-                    cell.add(e.joules, e.tokens, e.seconds, e.contended, e.carbon_grams)
+                    cell.add(e.joules, e.tokens, e.seconds, e.contended, e.carbon_grams,
+                             e.allocated_joules)
+                    if counted is not None:
+                        counted.append((rolling.key, s))  # type: ignore[arg-type]
                 except Exception:
                     dropped += 1
             self.dropped += dropped
             self.records += len(batch)
+            if journal is not None and counted:
+                journal(counted, step)  # under the lock: in the state or after its cut, never both
 
     def record(self, energy: Energy, *, outcome: str, status: int | None) -> None:
         """Count one request (a batch of one)."""
@@ -163,7 +174,7 @@ class EnergyStats:
     def _key_rolling(self, key: Key) -> Rolling:
         rolling = self._keys.get(key)
         if rolling is None:
-            rolling = self._keys[key] = Rolling(self.geometry, self._step)
+            rolling = self._keys[key] = Rolling(self.geometry, self._step, key)
         return rolling
 
     def observe_nodes(self, totals: Iterable[Any]) -> None:
@@ -389,6 +400,20 @@ class EnergyStats:
                 merged[four] = merged.get(four, 0) + ng
         return {four: ng / NG for four, ng in merged.items()}
 
+    def allocated_counters(self) -> dict[tuple[str, str, str, str, str], float]:
+        """Since-start allocated joules (above idle plus the idle floor's share) per (route,
+        node, tier, method, tenant), over the figures where they are known: exact integers."""
+        merged: dict[tuple[str, str, str, str, str], int] = {}
+        with self._read_lock, self._lock:
+            self._fold_all()
+            parts = [(key, r.closed_since_start(), r.open_cell(None)) for key, r in self._keys.items()]
+            sums = [((*key[:4], key[6]), closed.alloc_known + current.alloc_known,
+                     closed.alloc_nj + current.alloc_nj) for key, closed, current in parts]
+        for five, known, nj in sums:
+            if known:
+                merged[five] = merged.get(five, 0) + nj
+        return {five: nj / NJ for five, nj in merged.items()}
+
     def _closed_buckets(self, key: Key, closed: Cell) -> list[int]:
         """``joule_buckets`` of a key's since-start closed cell, kept until it grows."""
         kept = self._buckets.get(key)
@@ -426,10 +451,12 @@ class EnergyStats:
 
     # -- state, for several workers -------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state(self, cut: Callable[[], Any] | None = None) -> dict[str, Any]:
         """Everything mergeable, JSON-ready: what a worker writes for the others to read.
         Under the lock, only copies of what records still change (base, the open slots, the
-        current cell); the closed slots, which nothing writes, are written out after it."""
+        current cell); the closed slots, which nothing writes, are written out after it.
+        ``cut()`` runs under the lock too (what it returns is the state's ``"cut"``): records
+        are in this state exactly when :attr:`journal` saw them before it."""
         with self._read_lock, self._lock:
             step = self._fold_all()
             parts = [(key, r.base.copy(), [_slots(ring, step) for ring in r.rings], r.cell.copy())
@@ -441,6 +468,8 @@ class EnergyStats:
                 "started_at": self.started_at,
                 "dropped": self.dropped,
             }
+            if cut is not None:
+                head["cut"] = cut()
         head["keys"] = [[*key, base.state(), [[[slot, c.state()] for slot, c in ring] for ring in rings],
                          cell.state()] for key, base, rings, cell in parts]
         return head
@@ -461,24 +490,39 @@ class EnergyStats:
             if not is_key(key):
                 raise ValueError(f"a row without a key: {key!r}")
             parsed.append((key, Cell.from_state(row[7]), rings, Cell.from_state(row[9])))
-        their_step = int(state["step"])
+        their_step = _whole(state["step"], "step")
+        started_at = float(state["started_at"])
+        dropped = _whole(state.get("dropped", 0), "dropped")
+        if not math.isfinite(started_at):
+            raise ValueError(f"started_at={started_at!r} is not a time")
         with self._read_lock, self._lock:
             step = self._fold_all()
-            self.started_at = min(self.started_at, float(state["started_at"]))
-            self.dropped += int(state.get("dropped", 0))
+            self.started_at = min(self.started_at, started_at)
+            self.dropped += dropped
             for key, base, rings, cell in parsed:
                 rolling = self._key_rolling(self.labels.bounded(key))  # type: ignore[arg-type]
                 rolling.base.merge(base)
                 for ring, slots in zip(rolling.rings, rings, strict=True):
                     for slot, c in slots:
                         ring.add(slot, c, owned=True)  # parsed here: nobody else has it
-                if their_step >= step:
-                    rolling.cell.merge(cell)
-                elif cell.requests:  # their current cell is in the past here
-                    rolling.pending[their_step] = cell
-                    rolling.pending = dict(sorted(rolling.pending.items()))
+                _put(rolling, their_step, step, cell)
                 rolling.forget()
                 rolling.dirty = True  # the readers' sums must be merged again
+            self._buckets.clear()
+            self._fold_all()
+
+    def merge_cells(self, cells: Iterable[tuple[Key, int, Cell]]) -> None:
+        """Add cells counted elsewhere, each at its key and step (another worker's figures
+        settled since its last row, :mod:`.tail`). Keys are bounded here."""
+        with self._read_lock, self._lock:
+            step = self._fold_all()
+            for key, at, cell in cells:
+                if not is_key(key):
+                    continue
+                rolling = self._key_rolling(self.labels.bounded(key))
+                _put(rolling, at, step, cell)
+                rolling.forget()
+                rolling.dirty = True
             self._buckets.clear()
             self._fold_all()
 
@@ -487,6 +531,31 @@ class EnergyStats:
         return EnergyStats(self.windows, step_s=self.step_s, points=self.geometry.points,
                            max_labels=self.labels.max_labels, max_keys=self.labels.max_keys,
                            max_tenants=self.tenants.max_tenants, clock=self.clock)
+
+
+def _put(rolling: Rolling, at: int, step: int, cell: Cell) -> None:
+    """Add a cell counted at step ``at`` to ``rolling`` (whose step is ``step``): the
+    current cell, or a past step's, merged with what that step holds already."""
+    if not cell.requests:
+        return
+    if at >= step:
+        rolling.cell.merge(cell)
+        return
+    mine = rolling.pending.get(at)
+    if mine is not None:
+        mine.merge(cell)  # several rows, or a row and a tail, in one step: add, never replace
+        return
+    rolling.pending[at] = cell
+    if len(rolling.pending) > 1 and next(reversed(rolling.pending)) != at:
+        rolling.pending = dict(sorted(rolling.pending.items()))
+
+
+def _whole(value: Any, what: str) -> int:
+    """A count from another worker's row: a whole number, not negative (a bool, a float,
+    NaN or a string is a damaged row)."""
+    if type(value) is not int or not 0 <= value < MAX_COUNT:
+        raise ValueError(f"{what}={value!r} is not a count")
+    return value
 
 
 def _slots(ring: Ring, step: int) -> list[tuple[int, Cell]]:

@@ -60,7 +60,7 @@ def _block_template(e: Energy, key: tuple[Any, ...]) -> bytes:
         return text.replace("%", "%%")
 
     template = (
-        '{"joules":%s,'
+        '{"joules":%s,"allocated_joules":%s,'
         f'"method":{fixed(json_string(e.method))},"backend":{fixed(json_string(e.backend))},'
         f'"source":{fixed(json_string(e.source))},"node":{fixed(json_string(e.node))},'
         f'"tier":{fixed(json_string(e.tier))},"route":{fixed(json_string(e.route))},'
@@ -81,7 +81,8 @@ def _block_template(e: Energy, key: tuple[Any, ...]) -> bytes:
         f'"carbon_source":{fixed(json_string(e.carbon_source))},'
         f'"carbon_signal":{fixed(json_string(e.carbon_signal))},'
         '"carbon_age_s":%s,'
-        f'"mig":{fixed(json_string(e.mig))}}}'
+        f'"mig":{fixed(json_string(e.mig))},'
+        f'"boundary":{fixed(json_string(e.boundary))}}}'
     ).encode()
     if len(_BLOCKS) >= TEMPLATES_MAX:
         _BLOCKS.clear()
@@ -102,12 +103,13 @@ def energy_json(energy: Energy) -> bytes:
     key = (
         e.method, e.backend, e.source, e.node, e.tier, e.route, e.idle_watts, e.idle_known,
         e.token_kind, e.split, e.settled, e.contended, e.tenant, e.carbon_g_per_kwh, e.pue,
-        e.carbon_source, e.carbon_signal, e.mig,
+        e.carbon_source, e.carbon_signal, e.mig, e.boundary,
     )
     template = _BLOCKS.get(key) or _block_template(e, key)
     tokens, error, energy_id = e.tokens, e.error, e.id
     return template % (
-        json_number(e.joules), json_number(e.seconds), json_number(e.mean_watts),
+        json_number(e.joules), json_number(e.allocated_joules), json_number(e.seconds),
+        json_number(e.mean_watts),
         b"null" if tokens is None else b"%d" % tokens,
         json_number(e.joules_per_token), json_number(e.concurrency),
         json_number(e.uncertainty_joules), json_number(e.foreign_watts),

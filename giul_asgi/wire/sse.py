@@ -202,8 +202,9 @@ class SSESplicer(Lane):
         self.max_event = max_event
         #: ``chat``, ``responses`` or ``other``, once the first ``data:`` event is seen.
         self.kind: str | None = None
-        #: The last token count a ``usage`` object in the stream gave.
+        #: The last token count a ``usage`` object in the stream gave, and that object.
         self.tokens: int | None = None
+        self.usage: Any = None
         #: ``[DONE]`` followed the held event: call :meth:`resume` with the block.
         self.waiting = False
         #: The energy went out inside an event.
@@ -307,9 +308,10 @@ class SSESplicer(Lane):
         obj = None
         if self.kind in (CHAT, RESPONSES) and self._candidate(data):
             obj = parse_object(data)
-            count = usage_tokens(find_usage(obj), self.token_kind)
+            usage = find_usage(obj)
+            count = usage_tokens(usage, self.token_kind)
             if count is not None:
-                self.tokens = count
+                self.tokens, self.usage = count, usage
         if obj is not None and self.splice and not self.spliced and self._carries(obj):
             self._release(out)
             self._held, self._held_obj = raw, obj
@@ -359,11 +361,12 @@ class SSESplicer(Lane):
         self._release(out)
         return b"".join(out)
 
-    def resume(self, block: bytes | None, usage: bytes | None = None) -> bytes:
+    def resume(self, block: bytes | None, usage: bytes | None = None, *, before: bytes = b"") -> bytes:
         """After :attr:`waiting`: the held event with ``block`` in it (and ``usage``'s
-        fields in its ``usage``), and what followed."""
+        fields in its ``usage``), ``before`` (bytes of whole events: an SSE comment), and
+        what followed (``[DONE]`` on)."""
         self.waiting = False
-        out = self._spliced_held(block, usage)
+        out = self._spliced_held(block, usage) + before
         after, self._after = self._after, b""
         self.needle = None  # [DONE] went by: the rest passes
         self._ending = False
@@ -376,18 +379,23 @@ class SSESplicer(Lane):
         return self._held is not None or self._open is not None or self.waiting
 
     def close(
-        self, block: bytes | None, *, event: bool = False, usage: bytes | None = None
+        self, block: bytes | None, *, event: bool = False, usage: bytes | None = None,
+        before: bytes = b"",
     ) -> bytes:
-        """The end of the stream: what is held (a held event with ``block`` in it), then,
-        when ``event`` and the stream ends between events, a closing ``event: energy``."""
+        """The end of the stream: what is held (a held event with ``block`` in it), then
+        ``before`` (ahead of a held ``[DONE]``, else at the end where it ends between
+        events), then, when ``event`` and the stream ends between events, a closing
+        ``event: energy``."""
         out = self._spliced_held(block, usage)
         if self.waiting:
             self.waiting = False
-            out += self._after
-            self._after = b""
+            out += before + self._after
+            self._after = before = b""
         if self._open is not None:
             out += b"".join(self._open)
             self._open, self._open_size = None, 0
+        if before and at_boundary(self.tail[-4:]):
+            out += before
         if event and block is not None and at_boundary(self.tail[-4:]):
             out += energy_event(block)
         return out

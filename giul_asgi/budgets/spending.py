@@ -1,0 +1,530 @@
+"""What each key spent this period, across one server's workers, read with one dictionary lookup.
+
+The request's path asks one question per budget: has this key spent its limit?
+(``spent.get((budget, key), 0.0) >= limit``). Everything that makes that dictionary true
+happens elsewhere:
+
+- **at the request's close**, on the event loop, its first figure (the one its headers
+  said) is added to this worker's count for (budget, key, period) and to the dictionary, so
+  this worker's next admission sees it at once (a lock held for a few additions: no I/O);
+- **when the figure settles**, on the node's reader thread (:mod:`giul_asgi.listeners`),
+  the difference between the settled and the first figure is added the same way;
+- **on the budgets' thread**, this worker's counts are written as its row in the server's
+  folder (:mod:`.shared`) soon after a close (at most every :data:`MIN_GAP_S`), and every
+  :data:`EVERY_S` every other worker's rows (live and dead) are summed; the dictionary is
+  then rebuilt as their sum plus this worker's counts and swapped in whole. The thread
+  wakes at each period's end, so a new period's dictionary is in place within milliseconds.
+
+So a worker sees its own spending at once and the others' within about ``MIN_GAP_S +
+EVERY_S`` (tens of milliseconds): a hard budget admits what was left, plus the
+requests in flight when it was crossed (each is admitted while under budget) and those the
+other workers admitted within that lag. A figure that is unknown, or <= 0 (a failed
+measurement, never a free request), spends nothing: a reader that fails never refuses anyone.
+
+Where nothing can be shared (``GIUL_ASGI_LOAD_DIR=off``, no usable place, a full one) the
+budgets are this worker's alone and ``/energy`` says so (``shared: false`` and why).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from ..energy import Energy
+from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
+from ..hostshare.place import Setting
+from ..listeners import Settled
+from ..wire.headers import header_number, header_value
+from .budget import Budget
+from .shared import ServerSpending, Spent
+
+log = logging.getLogger("giul_asgi.budgets")
+
+#: How often the budgets' thread sums the other workers' rows (seconds; four times as
+#: long once nothing has changed for a second).
+EVERY_S = 0.05
+#: The least time between two rows of this worker (a busy worker writes at most this often).
+MIN_GAP_S = 0.025
+#: With nothing changed for this long, the thread looks four times less often.
+QUIET_S = 1.0
+#: How often dead workers' rows are folded (seconds).
+FOLD_S = 1.0
+#: First figures kept waiting for their settled figure, at most (the oldest are forgotten).
+MAX_PENDING = 100_000
+#: Keys a budget counts on their own in one period in this worker; past it, ``<other>``.
+MAX_KEYS = 10_000
+NONE = "<none>"
+OTHER = "<other>"
+#: Where a budget's key is in ``(tenant, route, tier)``.
+_FIELD = {"tenant": 0, "route": 1, "tier": 2}
+REMAINING = b"x-energy-budget-remaining"
+NAME = b"x-energy-budget"
+#: A request's slots: the (budget index, key) pairs it counts under.
+#: Each budget a request counts in: (budget index, key, period admitted in, joules or grams
+#: reserved for it at admission: a hard budget's usual cost of a request).
+Slots = tuple[tuple[int, str, int, float], ...]
+#: What :meth:`Budgets.admit` hands back: the slots, and the headers to add.
+Admitted = tuple[Slots, tuple[tuple[bytes, bytes], ...]]
+_NOTHING: Admitted = ((), ())
+
+_instances = itertools.count()
+
+
+#: How much each new figure moves a hard budget's usual cost of a request.
+USUAL_WEIGHT = 0.2
+
+
+class OverBudget(Exception):
+    """A request of a key over a hard budget, refused before the app runs: the 429."""
+
+    def __init__(self, budget: Budget, key: str, spent: float, period_end: float, now: float) -> None:
+        self.budget = budget
+        self.key = key
+        self.spent = spent
+        self.period_end = period_end
+        #: Whole seconds until the period ends (at least 1).
+        self.retry_after = max(1, math.ceil(period_end - now))
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        b = self.budget
+        what = "joules" if b.unit == "J" else "grams of CO2e"
+        until = datetime.fromtimestamp(self.period_end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is spent: "
+                f"{_number(self.spent)} of {_number(b.limit)} {what} used in the period ending {until}. "
+                f"Retry after {self.retry_after} s.")
+
+    def body(self) -> bytes:
+        """OpenAI's error shape, so its clients raise their rate-limit error with it."""
+        import json
+
+        return json.dumps({"error": {
+            "type": "energy_budget_exceeded", "message": self.message,
+            "code": "energy_budget_exceeded", "param": None,
+        }}).encode()
+
+    def headers(self, body: bytes) -> list[tuple[bytes, bytes]]:
+        out = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+               (b"retry-after", b"%d" % self.retry_after), (REMAINING, b"0"),
+               (NAME, header_value(self.budget.name))]
+        if self.retry_after > 60:
+            # OpenAI's clients retry a 429 after a short backoff unless told not to (older
+            # ones wait out a Retry-After of a minute at most, then back off by seconds):
+            # retrying before the period ends is refused again.
+            out.append((b"x-should-retry", b"false"))
+        return out
+
+
+def _number(value: float) -> str:
+    return header_number(value).decode()
+
+
+def _left(value: float) -> bytes:
+    """What is left, as a header: the wire's number, in whole units from 999,999 on (as
+    the wire writes them too, but cut rather than rounded: never more than is left, and a
+    third of the time it takes)."""
+    if value >= 999999.0:
+        return b"%d" % value
+    return header_number(value) if value > 0 else b"0"
+
+
+class Budgets:
+    """The budgets of one middleware: admission, spending, the shared sum, their state.
+
+    ``directory`` moves the host's place (as ``Node(workers_dir=...)``); ``server`` names the
+    server (found from the inherited listener by default); ``clock`` is wall-clock time
+    (``time.time``; a test's fake). :meth:`start` starts the budgets' thread (the
+    middleware does at its startup, in the worker); without it nothing is shared.
+    """
+
+    def __init__(
+        self, budgets: Sequence[Budget], *, directory: Setting = None, server: ServerId | None = None,
+        clock: Callable[[], float] = time.time, every_s: float = EVERY_S,
+    ) -> None:
+        self.budgets = tuple(budgets)
+        self._clock = clock
+        self._every_s = every_s
+        self._directory = directory
+        self._server = server
+        self._plan = tuple((i, _FIELD[b.per], b.key, b.limit, b.hard) for i, b in enumerate(self.budgets))
+        self._period_s = tuple(b.period_s for b in self.budgets)
+        self._joules = tuple(b.unit == "J" for b in self.budgets)
+        self._names = tuple(header_value(b.name) for b in self.budgets)
+        self._index = {b.name: i for i, b in enumerate(self.budgets)}
+        now = clock()
+        self._current = [int(now // p) for p in self._period_s]
+        #: (budget index, key) -> spent this period, server-wide: what admission reads.
+        self.spent: dict[tuple[int, str], float] = {}
+        self._own: dict[tuple[int, str, int], float] = {}  # this worker's, per period
+        self._refused: dict[tuple[int, str, int], float] = {}
+        self._keys = [0] * len(self.budgets)  # keys of the current period, per budget
+        self._others: dict[tuple[int, str], float] = {}
+        self._others_refused: dict[tuple[int, str], float] = {}
+        self._pending: dict[str, tuple[Slots, float, float | None, float | None]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._dirty = False
+        self._thread: threading.Thread | None = None
+        self.folder: ServerSpending | None = None
+        #: Why nothing is shared (None while shared).
+        self.shared_reason: str | None = "not started (the budgets' thread starts with the server)"
+        self.workers = 1
+        self._crossed_seen: set[tuple[int, str, int]] = set()
+        self._crossed: dict[tuple[str, str], int] = {}  # server-wide counts (this worker's alone unshared)
+        self._last_fold = 0.0
+        self._last_read = -math.inf
+        self._last_change = 0.0
+        self._failed_said = False
+        #: A hard budget's usual cost of one request (its figures' moving mean): reserved at
+        #: admission, so requests admitted together cannot all pass the limit.
+        self._usual = [0.0] * len(self.budgets)
+
+    # -- the request's path ---------------------------------------------------------------------
+    def admit(self, tenant: str | None, route: str, tier: str | None) -> Admitted:
+        """The request's slots and headers, or :class:`OverBudget` for a key over a hard
+        budget. One dictionary lookup per budget that applies."""
+        values = (tenant or NONE, route, tier or NONE)
+        spent = self.spent
+        slots: list[tuple[int, str, int, float]] = []
+        tightest, left_at, share = -1, 0.0, 2.0
+        for i, field, only, limit, hard in self._plan:
+            key = values[field]
+            if only is not None and key != only:
+                continue
+            used = spent.get((i, key), 0.0)
+            if used >= limit and hard:
+                used = self._refuse(i, key, used)
+            reserve = self._usual[i] if hard else 0.0
+            period = self._current[i]
+            if reserve > 0:  # counted as spent until the request's own figure replaces it
+                with self._lock:
+                    self._add(i, key, period, reserve)
+                    self._dirty = True
+            slots.append((i, key, period, reserve))
+            left = limit - used
+            if left / limit < share or (left / limit == share and left < left_at):
+                tightest, left_at, share = i, left, left / limit
+        if tightest < 0:
+            return _NOTHING
+        return tuple(slots), ((REMAINING, _left(left_at)), (NAME, self._names[tightest]))
+
+    def _refuse(self, i: int, key: str, used: float) -> float:
+        """Raise OverBudget, unless the period the dictionary counts has just ended (the
+        thread swaps it within milliseconds): then nothing of the new one is spent yet."""
+        now = self._clock()
+        period = int(now // self._period_s[i])
+        if period > self._current[i]:
+            self._wake.set()
+            return 0.0
+        with self._lock:
+            slot = (i, key, period)
+            self._refused[slot] = self._refused.get(slot, 0.0) + 1
+            self._dirty = True
+        raise OverBudget(self.budgets[i], key, used, (period + 1) * self._period_s[i], now)
+
+    def spend(self, slots: Slots, energy: Energy) -> None:
+        """A request closed with its first figure: counted now (the loop's thread)."""
+        if not slots:
+            return
+        j, g = energy.joules, energy.carbon_grams
+        now = self._clock()
+        with self._lock:
+            for i, key, period, reserved in slots:
+                value = j if self._joules[i] else g
+                if reserved:  # the reservation gives way to the figure
+                    self._add(i, key, period, -reserved)
+                if value is not None and value > 0:
+                    self._add(i, key, int(now // self._period_s[i]), value)
+                    usual = self._usual[i]
+                    self._usual[i] = value if usual == 0.0 else usual + USUAL_WEIGHT * (value - usual)
+            if energy.id is not None and not energy.settled:
+                pending = self._pending
+                pending[energy.id] = (slots, now, j, g)
+                if len(pending) > MAX_PENDING:
+                    del pending[next(iter(pending))]
+            self._dirty = True
+        if not self._wake.is_set():  # once a round, not once a request
+            self._wake.set()
+
+    def _add(self, i: int, key: str, period: int, value: float) -> None:
+        """Count ``value`` (under the lock)."""
+        slot = (i, key, period)
+        own = self._own
+        if slot not in own:
+            if self._keys[i] >= MAX_KEYS and period == self._current[i]:
+                slot = (i, OTHER, period)
+                key = OTHER
+            else:
+                self._keys[i] += 1
+        own[slot] = own.get(slot, 0.0) + value
+        if period == self._current[i]:
+            spent = self.spent
+            spent[(i, key)] = spent.get((i, key), 0.0) + value
+
+    # -- the reader thread --------------------------------------------------------------------
+    def settled(self, batch: Sequence[Settled]) -> None:
+        """Settled figures (a listener, on a reader thread): each corrects its first."""
+        pending = self._pending
+        changed = False
+        with self._lock:
+            if not pending:
+                return
+            for item in batch:
+                energy = item.energy
+                entry = pending.pop(energy.id, None) if energy.id is not None else None
+                if entry is None:
+                    continue
+                slots, t, j, g = entry
+                for i, key, _, _ in slots:
+                    first, last = (j, energy.joules) if self._joules[i] else (g, energy.carbon_grams)
+                    if last is None or not last > 0:
+                        continue  # unknown at the end: the first figure stands
+                    delta = last - (first if first is not None and first > 0 else 0.0)
+                    if delta:
+                        self._add(i, key, int(t // self._period_s[i]), delta)
+                        changed = True
+            if changed:
+                self._dirty = True
+        if changed and not self._wake.is_set():
+            self._wake.set()
+
+    # -- the budgets' thread ----------------------------------------------------------------
+    def start(self) -> None:
+        """Start the budgets' thread (once; in the process that serves, after any fork)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="giul-budgets", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def setup(self) -> None:
+        """Find the server's folder in the host's place (file I/O: on the budgets' thread)."""
+        place = resolve(self._directory)
+        log_unshared(place)
+        if place.path is None:
+            self.shared_reason = place.reason
+            return
+        server = self._server if self._server is not None else server_identity()
+        try:
+            self.folder = ServerSpending(place.path, server, tag=f"b{next(_instances)}")
+            self._dirty = True  # a row at once, spent or not: the others count this worker
+        except OSError as exc:
+            self._unshare(f"cannot write the budgets in {place.path}: {exc.strerror or exc}")
+            return
+        self.shared_reason = None
+
+    def _run(self) -> None:
+        try:
+            self.setup()
+        except Exception:  # never the server's: budgets per process, said
+            log.exception("budgets could not find their shared folder; they are this worker's alone")
+            self.shared_reason = "internal error finding the shared folder (see the log)"
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                if not self._failed_said:
+                    self._failed_said = True
+                    log.exception("budgets' thread failed a round (said once); it goes on")
+            if self._stop.wait(MIN_GAP_S):
+                break
+            self._wake.wait(self._wait())
+            self._wake.clear()
+        self._final_write()
+
+    def _wait(self) -> float:
+        """Until the next sum (``every_s``, four times that when all is quiet), or the next
+        period's start if sooner; a close wakes the thread before (to write its row)."""
+        mono, now = time.monotonic(), self._clock()
+        every = self._every_s if mono - self._last_change < QUIET_S else 4 * self._every_s
+        ends = min((c + 1) * p for c, p in zip(self._current, self._period_s, strict=True))
+        return max(0.0, min(every - (mono - self._last_read), ends - now + 0.0005))
+
+    def tick(self, *, read: bool = False) -> None:
+        """One round: write this worker's row if it changed, sum the others' rows every
+        ``every_s`` (or now: ``read``), swap the dictionary, count crossings, fold the dead
+        now and then."""
+        now, mono = self._clock(), time.monotonic()
+        current = [int(now // p) for p in self._period_s]
+        with self._lock:
+            rolled = current != self._current
+            if rolled:
+                self._prune(current)
+            dirty, self._dirty = self._dirty, False
+            own = self._named(self._own) if dirty or rolled else None
+            refused = self._named(self._refused) if own is not None else None
+        folder = self.folder
+        since = {b.name: current[i] for i, b in enumerate(self.budgets) if b.name is not None}
+        if dirty or rolled:
+            self._last_change = mono
+        if folder is not None:
+            try:
+                if own is not None and refused is not None:
+                    folder.write(own, refused)
+                every = self._every_s * (4 if mono - self._last_change >= QUIET_S else 1)
+                fold = mono - self._last_fold > FOLD_S
+                if read or rolled or fold or mono - self._last_read >= 0.9 * every:
+                    self._last_read = mono
+                    found = folder.read(since, again=rolled, alive_too=fold)
+                    if found.changed:
+                        self._last_change = mono
+                        self._others = self._indexed(found.spent)
+                        self._others_refused = self._indexed(found.refused)
+                        self.workers = 1 + found.live
+                        self._crossed = found.crossed
+                if fold:
+                    self._last_fold = mono
+                    if folder.fold(since):
+                        self._last_read = -math.inf  # the folder changed: sum it next round
+            except OSError as exc:
+                self._unshare(f"cannot write or read the budgets in {folder.folder}: "
+                              f"{exc.strerror or exc}")
+        elif rolled:
+            self._others, self._others_refused = {}, {}
+        with self._lock:
+            spent = dict(self._others)
+            for (i, key, period), value in self._own.items():
+                if period == current[i]:
+                    spent[(i, key)] = spent.get((i, key), 0.0) + value
+            self.spent = spent
+            self._current = current
+            totals = list(spent.items())  # the loop adds to ``spent`` from now on
+        self._crossings(totals, current)
+
+    def _prune(self, current: list[int]) -> None:
+        """Forget this worker's counts of periods that are over (under the lock)."""
+        for table in (self._own, self._refused):
+            for slot in [s for s in table if s[2] < current[s[0]]]:
+                del table[slot]
+        self._keys = [0] * len(self.budgets)
+        for i, _key, period in self._own:
+            if period == current[i]:
+                self._keys[i] += 1
+        self._crossed_seen = {s for s in self._crossed_seen if s[2] >= current[s[0]]}
+
+    def _named(self, table: dict[tuple[int, str, int], float]) -> Spent:
+        names = [b.name or "" for b in self.budgets]
+        return {(names[i], key, period): value for (i, key, period), value in table.items()}
+
+    def _indexed(self, table: Spent) -> dict[tuple[int, str], float]:
+        out: dict[tuple[int, str], float] = {}
+        for (name, key, _period), value in table.items():
+            i = self._index.get(name)
+            if i is not None:
+                out[(i, key)] = out.get((i, key), 0.0) + value
+        return out
+
+    def _crossings(self, totals: list[tuple[tuple[int, str], float]], current: list[int]) -> None:
+        """Log and count each (budget, key) that reached its limit this period, once
+        server-wide: whichever worker claims it first."""
+        for (i, key), value in totals:
+            budget = self.budgets[i]
+            slot = (i, key, current[i])
+            if value < budget.limit or slot in self._crossed_seen:
+                continue
+            self._crossed_seen.add(slot)
+            folder = self.folder
+            name = budget.name or ""
+            if folder is not None:
+                try:
+                    crossed = folder.claim(name, key, current[i])
+                    if crossed is None:
+                        continue
+                    self._crossed = crossed
+                except OSError as exc:
+                    log.warning("budget %r: cannot count its crossing in %s: %s", name, folder.folder,
+                                exc.strerror or exc)
+                    continue
+            else:
+                self._crossed[(name, key)] = self._crossed.get((name, key), 0) + 1
+            end = datetime.fromtimestamp((current[i] + 1) * budget.period_s, UTC)
+            what = ("its requests are refused (429) until then" if budget.hard
+                    else "soft: its requests go on")
+            log.warning("energy budget %r crossed for %s %r: %s of %s %s spent in the period ending "
+                        "%s; %s", name, budget.per, key, _number(value), _number(budget.limit),
+                        "J" if budget.unit == "J" else "g CO2e", end.strftime("%Y-%m-%dT%H:%M:%SZ"), what)
+
+    def _unshare(self, reason: str) -> None:
+        """From now on, this worker's budgets are its own: said once, loudly."""
+        self.shared_reason = reason
+        folder, self.folder = self.folder, None
+        if folder is not None:
+            folder.close()
+        self._others, self._others_refused = {}, {}
+        self.workers = 1
+        log.warning("budgets are this worker's alone from now on: %s -> free space in the place, or "
+                    "set %s to a writable private directory (mkdir -m 700 DIR). Until then each "
+                    "worker admits up to each budget's whole limit, and /energy says shared: false",
+                    reason, ENV)
+
+    def _final_write(self) -> None:
+        folder = self.folder
+        if folder is None:
+            return
+        with self._lock:
+            own, refused = self._named(self._own), self._named(self._refused)
+        with contextlib.suppress(OSError):
+            folder.write(own, refused)  # the row stays: a dead worker's spending counts
+        folder.close()
+        self.folder = None
+        self.shared_reason = "stopped (the server shut down)"
+
+    def close(self) -> None:
+        """Stop the thread; this worker's last counts are written (its row stays, folded
+        once it is dead: what it spent counts until its period ends)."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
+
+    # -- what /energy and Prometheus show -------------------------------------------------------
+    def exceeded(self) -> dict[tuple[str, str], int]:
+        """How many times each (budget, key) was crossed since the server started."""
+        return dict(self._crossed)
+
+    def snapshot(self, *, max_keys: int = 100) -> dict[str, Any]:
+        """Each budget's state this period: limit, spent, remaining per key (the
+        ``max_keys`` that spent most), when the period ends."""
+        now = self._clock()
+        with self._lock:  # the loop adds to the dictionary: a copy, not a view
+            spent = dict(self.spent)
+            refused = dict(self._others_refused)
+            for (i, key, period), n in self._refused.items():
+                if period == self._current[i]:
+                    refused[(i, key)] = refused.get((i, key), 0.0) + n
+        crossed = self.exceeded()
+        items = []
+        for i, budget in enumerate(self.budgets):
+            period = int(now // budget.period_s)
+            mine = period == self._current[i]
+            keys = sorted(((k, v) for (j, k), v in spent.items() if j == i and mine),
+                          key=lambda kv: -kv[1])
+            shown = {}
+            for key, value in keys[:max_keys]:
+                shown[key] = {"spent": value, "remaining": max(0.0, budget.limit - value),
+                              "over": value >= budget.limit,
+                              "refused": int(refused.get((i, key), 0))}
+            items.append({
+                "name": budget.name, "unit": budget.unit, "limit": budget.limit, "per": budget.per,
+                "key": budget.key, "period_s": budget.period_s, "hard": budget.hard,
+                "period_start": period * budget.period_s, "period_end": (period + 1) * budget.period_s,
+                "keys": shown, "keys_more": max(0, len(keys) - max_keys),
+                "exceeded": {k: n for (name, k), n in sorted(crossed.items()) if name == budget.name},
+            })
+        return {"shared": self.folder is not None, "shared_reason": self.shared_reason,
+                "workers": self.workers, "items": items}
+
+
+__all__ = ["EVERY_S", "MAX_KEYS", "NAME", "REMAINING", "Admitted", "Budgets", "OverBudget", "Slots"]

@@ -1,0 +1,121 @@
+"""The GIL's switch interval, 1 ms while a node's reader thread runs, so a busy loop cannot
+keep it from its reads.
+
+CPython hands the GIL to a waiting thread when its holder lets it go, or when the waiter has
+waited a whole switch interval (5 ms by default) with no hand-over meanwhile and asks for
+it. An event loop running Python flat out lets the GIL go at every poll of its selector and
+takes it straight back: more often than the interval, it starts the waiter's wait again each
+time, and the waiter has the GIL only when it wins a race it mostly loses. Every read the
+reader thread makes is such a wait twice over (its wake-up, and the driver call's return:
+ctypes lets the GIL go for it), and building the reader a dozen more. Beside a loop running
+2 ms slices of Python on a 2-core machine at load 2 (benchmarks/results/
+attribution-2026-12-02-reads.md), the reader went unread for up to 9 s at a time: 42-100% of
+300 ms windows got a first figure, charged/caused 0.37-1.17 (main's reader), 79-100% and
+0.98-1.23 with reads paced on the counter's steps alone (:mod:`.pace`); with the interval at
+1 ms the reader had the GIL back within 2 ms at p90 and 0.99-1.06 of what was caused was
+charged. Reading fewer times makes fewer such waits; only the interval bounds each.
+
+Nothing narrower than the process exists, so the setting is the process's. A library must
+not change it behind the user's back, so it is said, once, in the log, and documented; it is
+made only where the application has not chosen its own (the interval is CPython's default
+when the first reader thread starts), put back when the last reader stops (unless changed
+meanwhile), and ``GIUL_ASGI_SWITCH_INTERVAL=off`` leaves it alone (the reader then reads
+when the loop lets it); a number of seconds is the interval to set instead. It is lowered at
+the start rather than on evidence of a starved reader because the start is when the reader
+needs the GIL most (NVML's start and probes) and a starved thread cannot say it is starved
+until it has the GIL. What it costs: where several threads want the GIL at once, they change
+hands every 1 ms rather than 5; a thread alone with the GIL is never asked to let it go.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+
+log = logging.getLogger("giul_asgi.poller")
+
+ENV = "GIUL_ASGI_SWITCH_INTERVAL"
+#: The interval set while reader threads run (s).
+INTERVAL_S = 0.001
+#: CPython's own: an interval other than this is the application's choice, and is kept.
+CPYTHON_S = 0.005
+
+
+def configured(env: Mapping[str, str] = os.environ) -> float | None:
+    """The interval to set: ``INTERVAL_S``, the environment's, or None (off)."""
+    text = (env.get(ENV) or "").strip().lower()
+    if not text:
+        return INTERVAL_S
+    if text in ("off", "no", "false", "0"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        log.warning("%s=%r is neither off nor seconds between 0 and 1: using %g s", ENV, text, INTERVAL_S)
+        return INTERVAL_S
+    return value
+
+
+class Switch:
+    """The process's switch interval, as its reader threads need it."""
+
+    def __init__(
+        self,
+        get: Callable[[], float] = sys.getswitchinterval,
+        put: Callable[[float], None] = sys.setswitchinterval,
+        env: Mapping[str, str] = os.environ,
+    ) -> None:
+        self._get, self._put, self._env = get, put, env
+        self._lock = threading.Lock()
+        self._readers = 0
+        self._set: float | None = None  # the interval this set
+        self._was: float | None = None  # the interval before it
+        self._said = False
+
+    @property
+    def lowered(self) -> float | None:
+        """The interval this set, while it holds (None: CPython's or the application's)."""
+        return self._set
+
+    def join(self, node: str) -> None:
+        """A reader thread starts: the first sets the interval, where it may."""
+        with self._lock:
+            self._readers += 1
+            if self._readers > 1 or self._set is not None:
+                return
+            wanted, now = configured(self._env), self._get()
+            if wanted is None or now != CPYTHON_S or wanted >= now:
+                if wanted is not None and now != CPYTHON_S and not self._said:
+                    self._said = True
+                    log.info("node %r: the GIL switch interval is the application's (%g s): left as it "
+                             "is; above %g s a busy event loop can keep the reader from its reads", node,
+                             now, INTERVAL_S)
+                return
+            self._was, self._set = now, wanted
+            self._put(wanted)
+            said, self._said = self._said, True
+        if not said:
+            log.info("node %r: the process's GIL switch interval is %g s (CPython's %g) while readers run, "
+                     "so a busy event loop cannot keep the reader from its reads for long; %s=off leaves "
+                     "it alone", node, wanted, now, ENV)
+
+    def leave(self) -> None:
+        """A reader thread stops: the last puts the interval back (if still the one set)."""
+        with self._lock:
+            self._readers = max(0, self._readers - 1)
+            if self._readers or self._set is None or self._was is None:
+                return
+            if self._get() == self._set:
+                self._put(self._was)
+            self._set = self._was = None
+
+
+#: The process's one: the interval is the process's.
+SWITCH = Switch()
+
+__all__ = ["CPYTHON_S", "ENV", "INTERVAL_S", "SWITCH", "Switch", "configured"]

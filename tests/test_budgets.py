@@ -1,0 +1,419 @@
+"""Budgets: a bad one stops the startup; a soft one says what is left; a hard one refuses with 429.
+
+Figures come from the real middleware: a node with no reader and a tier's hint price each
+answer's 100 tokens at exactly 100 J (estimated), so every header value is known in advance.
+The refusal is read by the real ``openai`` client from a real uvicorn; the period's end is
+moved on a fake clock; the sharing between workers is checked here with rows written as a
+live and a dead worker write them, and with real workers in test_budgets_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server import serve
+
+from giul_asgi import Budget, ConfigError, EnergyMiddleware, Ledgers, Node, Route, Tier
+from giul_asgi.budgets import Budgets, OverBudget
+from giul_asgi.budgets.shared import DEAD, ROW_SCHEMA, framed, unframed
+from giul_asgi.energy import Energy
+from giul_asgi.hostshare.rows import process_start
+from giul_asgi.hostshare.server import ServerId
+from giul_asgi.listeners import Settled
+
+J = 100.0  # each answer: 100 completion tokens at 1,000 J per 1k tokens (estimated)
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    app.calls += 1  # type: ignore[attr-defined]
+    body = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "m",
+                       "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": "hi"}}],
+                       "usage": {"prompt_tokens": 5, "completion_tokens": 100, "total_tokens": 105}})
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body.encode()})
+
+
+app.calls = 0  # type: ignore[attr-defined]
+
+
+def team(scope: dict[str, Any]) -> str | None:
+    value = dict(scope["headers"]).get(b"x-team")
+    return value.decode() if value is not None else None
+
+
+def middleware(budgets: list[Budget], place: Path | str = "off", **kwargs: Any) -> EnergyMiddleware:
+    kwargs.setdefault("tenant", team)
+    return EnergyMiddleware(app, nodes=[Node("dark", reader="none", workers_dir=str(place))],
+                            tiers=[Tier("8b", 1000.0)], ledgers=Ledgers(), budgets=budgets,
+                            metrics_path="/metrics", **kwargs)
+
+
+def client(metered: EnergyMiddleware) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=metered), base_url="http://gw")
+
+
+# -- a bad budget is said once, with its remedy ---------------------------------------------------
+
+BAD_BUDGETS: list[tuple[dict[str, Any], str]] = [
+    ({}, "needs joules= or grams="),
+    ({"joules": 1.0, "grams": 1.0}, "not both"),
+    ({"joules": 0}, "must be a number > 0"),
+    ({"joules": -5.0}, "must be a number > 0"),
+    ({"joules": float("nan")}, "must be a number > 0"),
+    ({"joules": float("inf")}, "must be a number > 0"),
+    ({"joules": "100"}, "must be a number > 0"),
+    ({"joules": True}, "must be a number > 0"),
+    ({"grams": 0.0}, "must be a number > 0"),
+    ({"joules": 1.0, "per": "team"}, "must be one of"),
+    ({"joules": 1.0, "key": ""}, "non-empty name"),
+    ({"joules": 1.0, "key": 7}, "non-empty name"),
+    ({"joules": 1.0, "key": "team a!"}, "is not a tenant as the middleware names one"),
+    ({"joules": 1.0, "period": "week"}, "is not a period"),
+    ({"joules": 1.0, "period": 0.5}, "seconds"),
+    ({"joules": 1.0, "period": 1e9}, "seconds"),
+    ({"joules": 1.0, "period": True}, "seconds"),
+    ({"joules": 1.0, "period": float("nan")}, "seconds"),
+    ({"joules": 1.0, "hard": "yes"}, "must be True or False"),
+    ({"joules": 1.0, "name": "has space"}, "must be 1 to 64"),
+    ({"joules": 1.0, "name": ""}, "must be 1 to 64"),
+    ({"joules": 1.0, "name": "x" * 65}, "must be 1 to 64"),
+]
+
+
+@pytest.mark.parametrize(("values", "said"), BAD_BUDGETS, ids=[str(v) for v, _ in BAD_BUDGETS])
+def test_a_bad_budget_is_refused_when_built_with_its_remedy(values: dict[str, Any], said: str) -> None:
+    with pytest.raises(ConfigError, match=said) as caught:
+        Budget(**values)
+    assert caught.value.remedy
+
+
+BAD_SETTINGS: list[tuple[dict[str, Any], str]] = [
+    ({"budgets": Budget(joules=1.0)}, "must be a list of Budget"),
+    ({"budgets": "tenant/day"}, "must be a list of Budget"),
+    ({"budgets": [42]}, "must be a Budget"),
+    ({"budgets": [{"joules": 1.0, "perr": "tier"}]}, "unknown key 'perr'"),
+    ({"budgets": [Budget(joules=1.0), Budget(joules=2.0)]}, "two budgets are named 'tenant/day/J'"),
+    ({"budgets": [Budget(joules=1.0)], "tenant": None}, "has no tenant"),
+    ({"budgets": [Budget(joules=1.0, per="tier", key="70b")]}, "tier '70b', which is not declared"),
+    ({"budgets": [Budget(joules=1.0, per="route")]}, "no route is declared"),
+    ({"budgets": [Budget(joules=1.0, per="route", key="/v1/*")], "routes": [Route("/v2/*")]},
+     "which is no Route's pattern"),
+    ({"budgets": [Budget(grams=1.0)]}, "no node has a carbon intensity"),
+]
+
+
+@pytest.mark.parametrize(("settings", "said"), BAD_SETTINGS, ids=[s for _, s in BAD_SETTINGS])
+def test_a_budget_that_names_what_the_middleware_lacks_is_refused(
+    settings: dict[str, Any], said: str,
+) -> None:
+    with pytest.raises(ConfigError, match=said) as caught:
+        middleware(**settings)
+    assert caught.value.remedy
+
+
+def test_a_per_tier_budget_without_tiers_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no tier is declared"):
+        EnergyMiddleware(app, nodes=[Node("dark", reader="none")], ledgers=Ledgers(),
+                         budgets=[Budget(joules=1.0, per="tier")])
+
+
+def test_budgets_read_from_tables_and_good_ones_are_normalised() -> None:
+    metered = middleware([{"joules": 5, "period": "hour", "hard": True}])  # type: ignore[list-item]
+    assert metered.budgets is not None
+    (budget,) = metered.budgets.budgets
+    assert (budget.joules, budget.period_s, budget.name, budget.unit) == (5.0, 3600.0, "tenant/hour/J", "J")
+    assert Budget(grams=2, per="tier", key="70b", period=900).name == "tier=70b/900s/g"
+    assert EnergyMiddleware(app, nodes=[Node("dark", reader="none")], ledgers=Ledgers()).budgets is None
+
+
+# -- soft: what is left, on every answer; one line and one count when crossed -----------------------
+
+@pytest.mark.anyio
+async def test_a_soft_budget_says_what_is_left_and_counts_its_crossing_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="giul_asgi.budgets")
+    metered = middleware([Budget(joules=250.0)])
+    async with client(metered) as c:
+        seen = []
+        for _ in range(5):
+            r = await c.post("/v1/chat/completions", headers={"x-team": "team-a"})
+            assert r.status_code == 200
+            assert float(r.headers["x-energy-joules"]) == J
+            seen.append(r.headers["x-energy-budget-remaining"])
+            assert r.headers["x-energy-budget"] == "tenant/day/J"
+        assert seen == ["250", "150", "50", "0", "0"]  # left when each was admitted; never below 0
+        other = await c.post("/v1/chat/completions", headers={"x-team": "team-b"})
+        assert other.headers["x-energy-budget-remaining"] == "250"  # each tenant on its own
+        anonymous = await c.post("/v1/chat/completions")
+        assert anonymous.headers["x-energy-budget-remaining"] == "250"  # <none>: one budget for all
+        crossed = _wait(lambda: [r for r in caplog.records if "crossed" in r.getMessage()])
+        assert len(crossed) == 1, [r.getMessage() for r in crossed]
+        assert "'tenant/day/J' crossed for tenant 'team-a'" in crossed[0].getMessage()
+        assert "soft: its requests go on" in crossed[0].getMessage()
+        for _ in range(3):  # past it, nothing more is said
+            await c.post("/v1/chat/completions", headers={"x-team": "team-a"})
+        metrics = (await c.get("/metrics")).text
+        state = (await c.get("/energy", params={"window": "all"})).json()["budgets"]
+    time.sleep(0.1)
+    assert len([r for r in caplog.records if "crossed" in r.getMessage()]) == 1
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(metrics) for s in f.samples}
+    assert samples[("giul_budget_exceeded_total", (("budget", "tenant/day/J"), ("key", "team-a")))] == 1.0
+    assert not [k for k in samples if k[0] == "giul_budget_exceeded_total" and ("key", "team-b") in k[1]]
+    (item,) = state["items"]
+    assert item["keys"]["team-a"] == {"spent": 800.0, "remaining": 0.0, "over": True, "refused": 0}
+    assert item["keys"]["team-b"]["remaining"] == 150.0
+    assert item["keys"]["<none>"]["spent"] == J
+    assert item["period_end"] - item["period_start"] == 86400.0 and item["period_end"] % 86400.0 == 0
+    assert item["exceeded"] == {"team-a": 1}
+    assert state["shared"] is False and "sharing is off" in state["shared_reason"]
+
+
+@pytest.mark.anyio
+async def test_the_tightest_budget_is_the_one_said_and_a_named_key_counts_alone() -> None:
+    metered = middleware([Budget(joules=1000.0), Budget(joules=150.0, key="team-a", name="team-a-daily")])
+    async with client(metered) as c:
+        a = [await c.post("/", headers={"x-team": "team-a"}) for _ in range(2)]
+        b = await c.post("/", headers={"x-team": "team-b"})
+    assert [(r.headers["x-energy-budget"], r.headers["x-energy-budget-remaining"]) for r in a] == [
+        ("team-a-daily", "150"), ("team-a-daily", "50")]
+    assert (b.headers["x-energy-budget"], b.headers["x-energy-budget-remaining"]) == ("tenant/day/J", "1000")
+
+
+@pytest.mark.anyio
+async def test_route_and_tier_budgets_count_by_the_route_pattern_and_the_tier() -> None:
+    metered = EnergyMiddleware(
+        app, nodes=[Node("dark", reader="none", workers_dir="off")],
+        tiers=[Tier("8b", 1000.0), Tier("70b", 2000.0)], ledgers=Ledgers(),
+        routes=[Route("/v1/chat/*", tier="8b"), Route("/v1/big/*", tier="70b")],
+        budgets=[Budget(joules=500.0, per="route", key="/v1/chat/*"), Budget(joules=5000.0, per="tier")])
+    async with client(metered) as c:
+        chat = [await c.post("/v1/chat/completions") for _ in range(2)]
+        big = [await c.post("/v1/big/completions") for _ in range(2)]
+    assert [r.headers["x-energy-budget-remaining"] for r in chat] == ["500", "400"]  # the route's is tighter
+    assert [r.headers["x-energy-budget"] for r in big] == ["tier/day/J"] * 2
+    assert [r.headers["x-energy-budget-remaining"] for r in big] == ["5000", "4800"]  # 200 J each on 70b
+
+
+@pytest.mark.anyio
+async def test_no_budget_no_header_and_unmetered_paths_are_never_refused() -> None:
+    metered = middleware([Budget(joules=50.0, hard=True)])
+    async with client(metered) as c:
+        first = await c.post("/v1/chat/completions", headers={"x-team": "t"})
+        over = await c.post("/v1/chat/completions", headers={"x-team": "t"})
+        health = await c.get("/health", headers={"x-team": "t"})
+    assert first.status_code == 200 and over.status_code == 429
+    assert health.status_code == 200 and "x-energy-budget-remaining" not in health.headers
+    async with client(EnergyMiddleware(app, nodes=[Node("dark", reader="none")], ledgers=Ledgers())) as c:
+        plain = await c.post("/v1/chat/completions")
+    assert "x-energy-budget-remaining" not in plain.headers
+
+
+# -- hard: refused before the app runs, as OpenAI's clients read a rate limit ------------------------
+
+def test_a_hard_budget_refuses_before_the_app_with_a_429_the_openai_client_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="giul_asgi.budgets")
+    metered = middleware([Budget(joules=250.0, hard=True)])
+    with serve(metered) as base:
+        ai = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", default_headers={"x-team": "team-a"},
+                           max_retries=0)
+        before = app.calls  # type: ignore[attr-defined]
+        for _ in range(3):  # 250 J left, 100 J each: the third is admitted with 50 J left
+            answer = ai.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "hi"}])
+            assert answer.http_response.status_code == 200
+        with pytest.raises(openai.RateLimitError) as caught:
+            ai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert app.calls - before == 3  # type: ignore[attr-defined]  # the refused one never ran
+        other = ai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                           extra_headers={"x-team": "team-b"})
+        assert other.model_extra is not None and other.model_extra["energy"]["joules"] == J
+        state = httpx.get(base + "/energy", params={"window": "all"}).json()["budgets"]
+    error = caught.value
+    assert error.status_code == 429
+    assert error.type == "energy_budget_exceeded" and error.code == "energy_budget_exceeded"
+    assert isinstance(error.body, dict) and error.body["type"] == "energy_budget_exceeded"
+    assert "'tenant/day/J' for tenant 'team-a' is spent: 300 of 250 joules" in error.body["message"]
+    headers = error.response.headers
+    to_end = 86400 - time.time() % 86400
+    assert abs(int(headers["retry-after"]) - to_end) <= 2, (headers["retry-after"], to_end)
+    assert headers["x-energy-budget-remaining"] == "0" and headers["x-energy-budget"] == "tenant/day/J"
+    if to_end > 60:
+        assert headers["x-should-retry"] == "false"
+    assert state["items"][0]["keys"]["team-a"]["refused"] == 1
+    assert any("its requests are refused (429) until then" in r.getMessage() for r in caplog.records)
+
+
+# -- the period ends on the clock everyone reads ------------------------------------------------------
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_period_ends_on_the_epoch_and_the_next_starts_empty(tmp_path: Path) -> None:
+    clock = Clock(1000 * 60.0 + 30.0)  # 30 s into a minute
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=60)], directory="off", clock=clock)
+    budgets.setup()
+    slots, headers = budgets.admit("t", "/", None)
+    assert dict(headers)[b"x-energy-budget-remaining"] == b"100"
+    budgets.spend(slots, Energy(120.0, "measured", id="r1", settled=True))
+    with pytest.raises(OverBudget) as caught:
+        budgets.admit("t", "/", None)
+    assert caught.value.retry_after == 30 and caught.value.period_end == 1001 * 60.0
+    budgets.tick()
+    assert budgets.exceeded() == {("tenant/60s/J", "t"): 1}
+    clock.t = 1000 * 60.0 + 59.9  # a request closes just before the end, its figure settles after
+    slots, _ = budgets.admit("u", "/", None)
+    budgets.spend(slots, Energy(40.0, "measured", id="r2", settled=False))
+    clock.t = 1001 * 60.0 + 0.001
+    slots, headers = budgets.admit("t", "/", None)  # before the thread swaps: the new period's
+    assert dict(headers)[b"x-energy-budget-remaining"] == b"100"
+    budgets.tick()
+    assert budgets.spent == {}
+    budgets.settled([Settled(Energy(90.0, "measured", id="r2"))])  # corrects the period it was in
+    assert budgets.spent == {}
+    budgets.spend(slots, Energy(30.0, "measured", id="r3"))
+    assert budgets.spent == {(0, "t"): 30.0}
+    slots, headers = budgets.admit("t", "/", None)
+    assert dict(headers)[b"x-energy-budget-remaining"] == b"70"
+    budgets.spend(slots, Energy(None, "unknown", id="r4"))  # its reservation goes with it
+    budgets.tick()
+    assert budgets.spent == {(0, "t"): 30.0}
+    assert budgets.snapshot()["items"][0]["period_end"] == 1002 * 60.0
+
+
+def test_a_hard_budget_reserves_a_request_s_usual_cost_while_it_runs() -> None:
+    """A hostile tester opened 40 requests at once on one key: all were admitted, and the
+    key spent 2.5x its hard budget. Each admission now reserves the key's usual cost until
+    its own figure replaces it, so requests admitted together see each other."""
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=clock)
+    budgets.setup()
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(20.0, "measured", id="r0", settled=True))  # usual: 20 J
+    admitted = []
+    with pytest.raises(OverBudget):
+        for _ in range(40):  # in flight together: none has closed
+            admitted.append(budgets.admit("t", "/", None)[0])
+    assert len(admitted) == 4  # 20 spent + 4 x 20 reserved reaches 100
+    for k, slots in enumerate(admitted):
+        budgets.spend(slots, Energy(25.0, "measured", id=f"r{k + 1}", settled=True))
+    assert budgets.spent == {(0, "t"): pytest.approx(120.0)}  # the figures, no reservation left
+
+
+def test_a_settled_figure_corrects_the_first_and_an_unknown_one_spends_nothing() -> None:
+    clock = Clock(5000.0)
+    budgets = Budgets([Budget(joules=100.0), Budget(grams=1.0, name="g")], directory="off", clock=clock)
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(10.0, "measured", id="a", settled=False, carbon_grams=0.01))
+    budgets.spend(slots, Energy(None, "unknown", id="b", settled=False))
+    budgets.spend(slots, Energy(-1.0, "measured", id="c", settled=True))  # a failed measurement
+    assert budgets.spent == {(0, "t"): 10.0, (1, "t"): 0.01}
+    budgets.settled([Settled(Energy(12.5, "measured", id="a", carbon_grams=0.0125)),
+                     Settled(Energy(3.0, "measured", id="b")),
+                     Settled(Energy(99.0, "measured", id="unknown-id"))])
+    assert budgets.spent == {(0, "t"): pytest.approx(15.5), (1, "t"): pytest.approx(0.0125)}
+    budgets.settled([Settled(Energy(50.0, "measured", id="a"))])  # settled once: a second is ignored
+    assert budgets.spent[(0, "t")] == pytest.approx(15.5)
+
+
+# -- one server's workers: rows as a live and a dead worker leave them ----------------------------------
+
+def test_other_workers_rows_count_and_a_dead_one_counts_until_its_period_ends(tmp_path: Path) -> None:
+    place = tmp_path / "place"
+    place.mkdir(mode=0o700)
+    server = ServerId("ltest", "a test's server", (os.getpid(), None))
+    clock = Clock(time.time())
+    budgets = Budgets([Budget(joules=100.0, hard=True)], directory=str(place), server=server, clock=clock)
+    budgets.setup()
+    assert budgets.folder is not None and budgets.shared_reason is None
+    folder = budgets.folder.folder
+    day = int(clock.t // 86400)
+    parent = os.getppid()  # a live process that is not this one: a live worker's row
+    live = folder / f"{parent}-{process_start(parent)}-b0.json"
+    live.write_bytes(row(["tenant/day/J", "t", day, 60.0], ["tenant/day/J", "t", day - 1, 500.0]))
+    (folder / "4194303-1-b0.json").write_bytes(row(  # no such process: a dead worker's
+        ["tenant/day/J", "t", day, 30.0], ["elsewhere", "t", day, 9.0],
+        refused=[["tenant/day/J", "t", day, 2]]))
+    (folder / "77-1-b0.json").write_text("{not json")  # skipped, said once
+    budgets.tick()
+    assert budgets.spent == {(0, "t"): 90.0}  # today's, of this configuration's budgets
+    assert budgets.workers == 2
+    slots, headers = budgets.admit("t", "/", None)
+    assert dict(headers)[b"x-energy-budget-remaining"] == b"10"
+    budgets.spend(slots, Energy(15.0, "measured", id="x"))
+    with pytest.raises(OverBudget):
+        budgets.admit("t", "/", None)
+    budgets._last_fold = 0.0
+    clock.t += 2.0
+    budgets.tick(read=True)  # folds the dead worker's row into dead.json
+    assert not (folder / "4194303-1-b0.json").exists() and (folder / DEAD).exists()
+    assert budgets.spent == {(0, "t"): 105.0}
+    data = unframed(budgets.folder.rows.path.read_bytes())
+    assert data is not None
+    mine = json.loads(data)
+    assert mine["spent"] == [["tenant/day/J", "t", day, 15.0]]
+    assert mine["refused"] == [["tenant/day/J", "t", day, 1]]
+    assert budgets.snapshot()["items"][0]["keys"]["t"]["refused"] == 3
+    assert budgets.exceeded() == {("tenant/day/J", "t"): 1}
+    # a write half done (the frame's sum disagrees): what was read before stands
+    live.write_bytes(row(["tenant/day/J", "t", day, 70.0])[:-3])
+    budgets.tick(read=True)
+    assert budgets.spent == {(0, "t"): 105.0}
+    live.write_bytes(row(["tenant/day/J", "t", day, 70.0]))
+    budgets.tick(read=True)
+    assert budgets.spent == {(0, "t"): 115.0}
+    clock.t = (day + 1) * 86400.0 + 1.0
+    budgets.tick()
+    assert budgets.spent == {}  # a new day: the dead worker's spending is over with its period
+
+
+def row(*spent: list[Any], refused: list[list[Any]] | None = None) -> bytes:
+    return framed(json.dumps({"schema": ROW_SCHEMA, "spent": list(spent), "refused": refused or []}).encode())
+
+
+def test_where_nothing_can_be_shared_the_budgets_are_the_workers_own_and_say_why(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    budgets = Budgets([Budget(joules=10.0, hard=True)], directory=str(tmp_path / "a-file"))
+    budgets.setup()
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(20.0, "measured", id="x"))
+    budgets.tick()
+    with pytest.raises(OverBudget):  # its own spending, at once
+        budgets.admit("t", "/", None)
+    state = budgets.snapshot()
+    assert state["shared"] is False and "not a directory" in state["shared_reason"]
+    assert state["workers"] == 1
+
+
+def _wait(found: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = found()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)

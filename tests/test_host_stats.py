@@ -1,0 +1,308 @@
+"""One server's statistics in files, in process: merged exactly, nothing answered lost, bounded,
+monotone, and what is odd or full said and survived.
+
+Other workers are real processes (``python -c``) of one server (a :class:`ServerId` given to
+each), killed with -9 or ended; the reader is this test's :class:`HostStats`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from giul_asgi.energy import Energy
+from giul_asgi.hostshare.server import ServerId
+from giul_asgi.stats import EnergyStats, HostStats
+from giul_asgi.stats.folder import DEAD
+from giul_asgi.stats.tail import SUFFIX
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def server(name: str = "test") -> ServerId:
+    return ServerId(f"t{name}-{os.getpid()}", "a test's server", (os.getpid(), None))
+
+
+WORKER = textwrap.dedent('''
+    import os, signal, sys
+    from giul_asgi.energy import Energy
+    from giul_asgi.hostshare.server import ServerId
+    from giul_asgi.stats import EnergyStats, HostStats
+    place, key, end = sys.argv[1], sys.argv[2], sys.argv[5]
+    settled, answered_only = int(sys.argv[3]), int(sys.argv[4])
+    stats = HostStats(EnergyStats(), place, flush_s=3600, server=ServerId(key, "test", (1, None)))
+    stats.wait_ready()  # joined on its own thread
+    for i in range(settled):
+        stats.answered(f"s{i}", "/work", "gpu", None, "ok", 200, None)
+        stats.record(Energy(2.0, "measured", route="/work", node="gpu", id=f"s{i}"), outcome="ok", status=200)
+        if i == settled // 2:
+            stats.flush()  # a row halfway: the rest is in the tail only
+    for i in range(answered_only):
+        stats.answered(f"a{i}", "/work", "gpu", None, "ok", 200, None)
+    if end == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if end == "busy":  # a live worker answering for a while, its rows every 0.1 s
+        import time
+        stats.flush_s = 0.1
+        for i in range(answered_only, answered_only + 3000):
+            stats.answered(f"b{i}", "/work", "gpu", None, "ok", 200, None)
+            if i % 3:
+                stats.record(Energy(1.0, "measured", route="/work", node="gpu", id=f"b{i}"),
+                             outcome="ok", status=200)
+            if i % 10 == 0:
+                stats.flush()
+                time.sleep(0.002)
+        os.kill(os.getpid(), signal.SIGKILL)
+''')
+
+
+def worker(place: Path, key: str, settled: int, answered_only: int = 0, end: str = "kill") -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", WORKER, str(place), key, str(settled), str(answered_only), end],
+                   env=env, check=False, timeout=120)
+
+
+def requests(stats: HostStats) -> int:
+    return int(stats.snapshot("all")["totals"]["requests"])
+
+
+def files(stats: HostStats) -> list[str]:
+    assert stats.folder is not None
+    return sorted(os.listdir(stats.folder.folder))
+
+
+def test_rows_past_max_keys_merge_to_the_exact_sum() -> None:
+    clock = Clock()
+    rows = []
+    for w in range(42):  # 42 workers of 100 tenants each, past the merge's 64 keys
+        stats = EnergyStats(clock=clock, max_keys=64, max_tenants=100)
+        for t in range(100):
+            stats.record(Energy(1.0, "measured", route="/r", tenant=f"t{w}-{t}"), outcome="ok", status=200)
+        rows.append(stats.state())
+    clock.t += 25.0  # the rows' current cells are in the past for the reader
+    merged = EnergyStats(clock=clock, max_keys=64, max_tenants=100)
+    for row in rows:
+        merged.merge_state(row)
+    totals = merged.snapshot("all")["totals"]
+    assert totals["requests"] == 4200 and totals["joules"]["sum"] == 4200.0
+    assert sum(c[1] for c in merged.counters()) == 4200
+
+
+def test_a_worker_killed_counts_what_it_answered_and_is_folded_once(tmp_path: Path) -> None:
+    me = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("kill"))
+    me.wait_ready()  # joined on its own thread
+    try:
+        worker(tmp_path, me.server.key, settled=40, answered_only=5)
+        snap = me.snapshot("all")
+        # 40 settled (20 of them only in its tail, after its last row) and 5 answered that
+        # never settled: requests of unknown energy
+        assert snap["totals"]["requests"] == 45, snap["totals"]
+        assert snap["totals"]["joules"]["sum"] == 80.0
+        assert snap["methods"]["unknown"]["requests"] == 5
+        assert snap["workers"] == 1
+        me.flush()  # folds the dead worker: its files go, its counts stay
+        assert [f for f in files(me) if f.endswith((".json", SUFFIX)) and f[0].isdigit()
+                and not f.startswith(f"{os.getpid()}-")] == []
+        assert DEAD in files(me)
+        assert requests(me) == 45
+        worker(tmp_path, me.server.key, settled=10, end="exit")  # ended, its row written at exit
+        assert requests(me) == 55
+        me.flush()
+        me.flush()
+        assert requests(me) == 55
+    finally:
+        me.close()
+
+
+def test_churn_keeps_the_folder_bounded_and_counters_never_go_down(tmp_path: Path) -> None:
+    me = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("churn"))
+    me.wait_ready()  # joined on its own thread
+    try:
+        seen = []
+        for i in range(12):
+            worker(tmp_path, me.server.key, settled=5, answered_only=1,
+                   end="kill" if i % 2 else "exit")
+            seen.append(requests(me))
+            if i % 3 == 2:
+                me.flush()  # folds whoever died
+            # this worker's row and tail, the dead row, server.json, the lock; at most the
+            # three that died since the last fold
+            assert len(files(me)) <= 2 + 3 + 2 * 3, files(me)
+        me.flush()
+        assert len(files(me)) <= 6, files(me)
+        assert seen == sorted(seen), seen
+        # killed ones: 5 + 1 unknown; ended ones: 5 settled (the answered-only one was
+        # pending at its last row, and it is dead: counted as unknown too)
+        assert seen[-1] == 12 * 6, seen
+        assert requests(me) == 72
+    finally:
+        me.close()
+
+
+def test_rows_that_make_no_sense_are_skipped_and_said_once(tmp_path: Path, caplog: Any) -> None:
+    me = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("odd"))
+    me.wait_ready()  # joined on its own thread
+    try:
+        me.record(Energy(3.0, "measured", route="/a"), outcome="ok", status=200)
+        assert me.folder is not None
+        good = me.stats.state()
+        folder = me.folder.folder
+        other = os.getppid()  # a live process, so the rows are a live worker's
+
+        def plant(n: int, state: Any) -> None:
+            (folder / f"{other}-{n}-z.json").write_text(json.dumps({"state": state, "nodes": {}}))
+
+        plant(1, {**good, "step": "soon"})
+        plant(2, {**good, "step": math.nan})
+        plant(3, {**good, "dropped": math.inf})
+        plant(4, {**good, "started_at": "yesterday"})
+        row = list(good["keys"][0])
+        row[7] = [-5, *row[7][1:]]  # a negative count
+        plant(5, {**good, "keys": [row]})
+        row = list(good["keys"][0])
+        row[7] = [1.5, *row[7][1:]]  # a count that is not whole
+        plant(6, {**good, "keys": [row]})
+        (folder / f"{other}-7-z.json").write_text(
+            '{"state": {"cut": {"gen": 1}}, "nodes": {"gpu": [[NaN, 1, 2, 3, 4]]}}')
+        (folder / f"{other}-8-z.json").write_text("[1, 2]")
+        row = list(good["keys"][0])
+        row[7] = [row[7][0], row[7][1], 10**400, *row[7][3:]]  # valid JSON, no float holds it
+        plant(9, {**good, "keys": [row]})  # (a hostile tester: /energy answered 500 for good)
+        with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
+            for _ in range(3):
+                snap = me.snapshot("all")
+                assert snap["totals"]["requests"] == 1 and snap["totals"]["joules"]["sum"] == 3.0
+                me.view().counters()
+        said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+        for n in range(1, 10):
+            assert sum(f"{other}-{n}-z.json" in m for m in said) == 1, (n, said)
+        assert snap["dropped"] == 0 and all(math.isfinite(c[3]) for c in me.view().counters())
+    finally:
+        me.close()
+
+
+def _tiny_place(tmp_path: Path) -> Path:
+    where = tmp_path / "tiny"
+    where.mkdir(mode=0o700)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)],
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    return where
+
+
+def test_a_full_place_is_said_loudly_and_in_energy(tmp_path: Path, caplog: Any) -> None:
+    where = _tiny_place(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
+            stats = HostStats(EnergyStats(), where, flush_s=3600, server=server("tiny"))
+            stats.wait_ready()  # joined on its own thread
+        stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
+        snap = stats.snapshot("all")
+        assert snap["shared"] is False and "No space left" in snap["shared_reason"]
+        assert snap["totals"]["requests"] == 1 and snap["workers"] == 1
+        loud = [r for r in caplog.records if r.levelno == logging.WARNING and "alone" in r.getMessage()]
+        assert len(loud) == 1 and "No space left" in loud[0].getMessage()
+        stats.close()
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def test_a_place_that_fills_later_is_said_too(tmp_path: Path, monkeypatch: Any, caplog: Any) -> None:
+    stats = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("later"))
+    stats.wait_ready()  # joined on its own thread
+    assert stats.shared
+    import giul_asgi.hostshare.rows as rows
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(rows, "replace", full)
+    monkeypatch.setattr("giul_asgi.stats.folder.replace", full)
+    stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
+    with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
+        stats.flush()
+        stats.flush()
+    snap = stats.snapshot("all")
+    assert snap["shared"] is False and "No space left" in snap["shared_reason"]
+    assert snap["totals"]["requests"] == 1
+    assert len([r for r in caplog.records if "alone" in r.getMessage()]) == 1
+    stats.close()
+
+
+def test_ten_thousand_tenants_from_many_rows_keep_the_labels_bound(tmp_path: Path) -> None:
+    me = HostStats(EnergyStats(max_tenants=100), tmp_path, flush_s=3600, server=server("tenants"))
+    me.wait_ready()  # joined on its own thread
+    try:
+        assert me.folder is not None
+        other = os.getppid()
+        for w in range(50):  # 50 workers' rows, 200 tenants each: 10,000 tenants
+            stats = EnergyStats(max_tenants=100)
+            for t in range(200):
+                stats.record(Energy(1.0 + t, "measured", route="/r", tenant=f"w{w}-t{t}"),
+                             outcome="ok", status=200)
+            (me.folder.folder / f"{other}-{w}-z.json").write_text(
+                json.dumps({"state": stats.state(), "nodes": {}}))
+        answers = [me.snapshot("all") for _ in range(3)]
+        for snap in answers:
+            assert len(snap["tenants"]) <= 200 + 2, len(snap["tenants"])
+            assert snap["totals"]["requests"] == 10_000
+            assert sum(t["requests"] for t in snap["tenants"].values()) == 10_000
+        assert answers[0]["tenants"] == answers[-1]["tenants"]  # the same labels every time
+        tenants = {c[0][5] for c in me.view().counters()}
+        assert len(tenants) <= 202
+    finally:
+        me.close()
+
+
+def test_readers_on_several_threads_see_counts_that_never_go_down(tmp_path: Path) -> None:
+    import threading
+
+    me = HostStats(EnergyStats(), tmp_path, flush_s=0.05, server=server("threads"))
+
+    me.wait_ready()  # joined on its own thread
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), me.server.key, "0", "0", "busy"],
+                             env=env)
+    seen: list[list[int]] = [[], []]
+    errors: list[BaseException] = []
+
+    def poll(out: list[int]) -> None:
+        try:
+            while child.poll() is None:
+                out.append(requests(me))
+            out.append(requests(me))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=poll, args=(out,)) for out in seen]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        child.wait(timeout=60)
+        assert not errors, errors
+        for out in seen:
+            assert out == sorted(out), out
+        assert requests(me) == 3000  # 2,000 settled, 1,000 answered only: unknown
+    finally:
+        me.close()

@@ -1,0 +1,162 @@
+"""The reader gets its readings at the counter's steps while the event loop runs Python flat
+out (issue 22 item 2), and the GIL's switch interval it runs under is said and put back.
+
+The saturated loop is real (2 ms slices of Python with ``await asyncio.sleep(0)`` between, as
+a busy gateway's loop does) and so is the reader thread; what is asserted is a count of the
+counter's steps read and the windows' figures, never a speed, with a wide margin: it held
+ten runs in ten on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from giul_asgi.config import Node
+from giul_asgi.energy import Energy
+from giul_asgi.ledger import Ledger
+from giul_asgi.ledger.switch import CPYTHON_S, ENV, INTERVAL_S, Switch, configured
+from giul_asgi.meter import Meter
+from giul_asgi.readers.base import Reading
+from giul_asgi.readers.nvml import NvmlReader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_nvml import FakeGpu, FakeNvml, LiveGpu
+
+STEP_S = 0.05
+SLICE_S = 0.002
+WINDOW_S = 0.3
+
+
+class ReleasingNvml(FakeNvml):
+    """The counter read as the real library reads it: the register's value, then the rest of
+    the driver call with the GIL let go (ctypes), 20 us."""
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
+        value = super().nvmlDeviceGetTotalEnergyConsumption(gpu)
+        time.sleep(20e-6)
+        return value
+
+
+class Recording(NvmlReader):
+    """NvmlReader that keeps every reading it gives."""
+
+    readings: list[Reading]
+
+    def read(self) -> Reading:
+        reading = super().read()
+        self.readings.append(reading)
+        return reading
+
+
+async def _saturated(ledger: Ledger, seconds: float) -> tuple[float, float, list[tuple[Energy, Energy]]]:
+    """Windows of WINDOW_S one after another while the loop runs Python flat out beside them;
+    (start, end, each window's first and settled figures)."""
+    stop = asyncio.Event()
+
+    async def saturate() -> None:
+        while not stop.is_set():
+            until = time.perf_counter() + SLICE_S
+            while time.perf_counter() < until:
+                pass
+            await asyncio.sleep(0)
+
+    busy = asyncio.create_task(saturate())
+    start = time.monotonic()
+    meters = []
+    while time.monotonic() - start < seconds - WINDOW_S:
+        meter = Meter(ledger)
+        meter.open()
+        await asyncio.sleep(WINDOW_S)
+        meter.close()
+        meters.append((meter, meter.figure()))
+    end = time.monotonic()
+    figures = [(first, await meter.settled(timeout=20.0)) for meter, first in meters]
+    stop.set()
+    await busy
+    return start, end, figures
+
+
+def test_a_saturated_loop_leaves_the_reader_its_reads_at_every_step() -> None:
+    gpu = LiveGpu(watts=150.0, step_s=STEP_S, processes=[])
+    reader = Recording((0,), nvml=ReleasingNvml([gpu]))
+    reader.readings = []
+    ledger = Ledger(Node("saturated", idle_w=60.0, period_s=0.1), reader)
+    ledger.ensure_started()
+    try:
+        deadline = time.monotonic() + 20.0
+        while ledger.tape is None or ledger.tape.steps.period is None:  # the schedule is learnt
+            assert time.monotonic() < deadline, "the reader never learnt the counter's period"
+            time.sleep(0.05)
+        start, end, figures = asyncio.run(_saturated(ledger, 1.5))
+    finally:
+        ledger.stop(5.0)
+    seen = {r.joules for r in reader.readings if r.ok and start <= r.t <= end}
+    steps = math.floor(end / STEP_S) - math.floor(start / STEP_S)
+    print(f"{len(seen) - 1} of {steps} steps read beside the saturated loop")
+    assert len(seen) >= 0.8 * steps, f"{len(seen) - 1} of {steps} steps read beside the saturated loop"
+    assert figures and all(first.joules is not None for first, _ in figures), figures
+    assert all(settled.joules is not None and settled.settled for _, settled in figures), figures
+
+
+class Interval:
+    def __init__(self, value: float = CPYTHON_S) -> None:
+        self.value = value
+        self.puts: list[float] = []
+
+    def get(self) -> float:
+        return self.value
+
+    def put(self, value: float) -> None:
+        self.value = value
+        self.puts.append(value)
+
+
+def test_the_switch_interval_is_lowered_while_readers_run_and_said(caplog: pytest.LogCaptureFixture) -> None:
+    interval = Interval()
+    switch = Switch(interval.get, interval.put, env={})
+    with caplog.at_level(logging.INFO, logger="giul_asgi.poller"):
+        switch.join("a")
+        switch.join("b")
+    assert interval.puts == [INTERVAL_S] and switch.lowered == INTERVAL_S  # once, by the first
+    assert caplog.text.count(ENV) == 1 and "GIL switch interval is 0.001 s (CPython's 0.005)" in caplog.text
+    switch.leave()
+    assert interval.value == INTERVAL_S  # another reader still runs
+    switch.leave()
+    assert interval.value == CPYTHON_S and switch.lowered is None
+
+
+def test_the_switch_interval_is_left_alone_when_off_or_the_applications_own() -> None:
+    interval = Interval()
+    switch = Switch(interval.get, interval.put, env={ENV: "off"})
+    switch.join("a")
+    switch.leave()
+    assert interval.puts == []
+    chosen = Interval(0.01)  # the application chose its own
+    switch = Switch(chosen.get, chosen.put, env={})
+    switch.join("a")
+    switch.leave()
+    assert chosen.puts == []
+
+
+def test_a_change_meanwhile_is_not_undone() -> None:
+    interval = Interval()
+    switch = Switch(interval.get, interval.put, env={ENV: "0.002"})
+    switch.join("a")
+    assert interval.value == 0.002
+    interval.value = 0.01  # the application set its own meanwhile
+    switch.leave()
+    assert interval.value == 0.01
+
+
+def test_the_setting_reads_off_seconds_or_the_default() -> None:
+    assert configured({}) == INTERVAL_S
+    assert configured({ENV: "off"}) is None
+    assert configured({ENV: "0.0005"}) == 0.0005
+    assert configured({ENV: "fast"}) == INTERVAL_S
