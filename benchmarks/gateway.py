@@ -104,6 +104,8 @@ async def stream(request: Request):
     return StreamingResponse(body(), media_type=upstream.headers.get("content-type"))
 
 {middleware}
+from threads import name_os_threads
+name_os_threads()  # the reader thread found from outside, for its share of the CPU
 uvicorn.run(app, host="127.0.0.1", port={port}, log_level="error", access_log=False,
             http="httptools", loop="uvloop")
 """

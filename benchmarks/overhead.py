@@ -199,6 +199,8 @@ SERVER = """
 import sys, uvicorn
 sys.path.insert(0, {bench!r})
 from _apps import build
+from threads import name_os_threads
+name_os_threads()  # the reader thread found from outside, for its share of the CPU
 uvicorn.run(build({variant!r}), host="127.0.0.1", port={port}, log_level="error",
             access_log=False, http="httptools", loop="uvloop")
 """

@@ -10,6 +10,7 @@ every figure is nan.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -68,6 +69,26 @@ def named_thread_times(prefix: str, *, exact: bool = False) -> ThreadTimes:
                          and t.native_id is not None])
 
 
+def name_os_threads(prefix: str = "giul-", every_s: float = 0.2) -> None:
+    """Give this process's threads whose Python name starts with ``prefix`` that name in
+    the OS too (``/proc/self/task/TID/comm``, 15 bytes), now and every ``every_s`` from a
+    daemon thread: Python 3.11 does not, and :func:`process_thread_cpu` finds a server's
+    reader thread from outside by it. For benchmark servers only."""
+
+    def name() -> None:
+        for thread in threading.enumerate():
+            if thread.name.startswith(prefix) and thread.native_id is not None:
+                with contextlib.suppress(OSError):
+                    Path(f"/proc/self/task/{thread.native_id}/comm").write_text(thread.name[:15])
+
+    def loop() -> None:
+        while True:
+            name()
+            time.sleep(every_s)
+
+    threading.Thread(target=loop, name="bench-thread-names", daemon=True).start()
+
+
 def process_thread_cpu(pid: int, prefix: str) -> float:
     """CPU seconds (user + system) of another process's threads whose name starts with
     ``prefix`` (Linux ``/proc/PID/task/*/stat``; a thread's name is cut to 15 bytes there),
@@ -94,4 +115,5 @@ def main_thread_times() -> ThreadTimes:
     return thread_times([native] if native is not None else [])
 
 
-__all__ = ["ThreadTimes", "main_thread_times", "named_thread_times", "process_thread_cpu", "thread_times"]
+__all__ = ["ThreadTimes", "main_thread_times", "name_os_threads", "named_thread_times", "process_thread_cpu",
+           "thread_times"]

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from .energy import Energy
 
@@ -25,9 +24,10 @@ log = logging.getLogger("giul_asgi.listeners")
 OUTCOMES: tuple[str, ...] = ("ok", "error", "disconnect", "cancelled", "incomplete")
 
 
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """One request's settled figure and how the request ended."""
+class Settled(NamedTuple):
+    """One request's settled figure and how the request ended. Immutable, and made per
+    request on the reader thread: a named tuple (a frozen dataclass's four
+    ``object.__setattr__`` cost 7.3k instructions a record, the tuple 3.4k: callgrind)."""
 
     energy: Energy
     outcome: str = "ok"

@@ -94,9 +94,9 @@ class Meter:
         self._ledgers = ledgers
         self._catalog = catalog or _NO_NAMES
         self._window: Window | None = None
+        self._closed = False  # the window's close is recorded (the book takes it later)
         self._tokens: int | None = None
         self._usage: tuple[int, int] | None = None  # (prompt, completion), for the phase split
-        self._at_close: Share | None = None  # the share read when the window closed
         self._waiting: list[Callable[[], None]] | None = None  # on_settled before the close
         self._final: Energy | None = None  # the settled figure, graded once
 
@@ -133,7 +133,7 @@ class Meter:
 
     @property
     def closed(self) -> bool:
-        return self._window is not None and self._window.t_close is not None
+        return self._closed
 
     def open(self) -> Meter:
         """Open the window (the async context manager calls this for you)."""
@@ -144,11 +144,11 @@ class Meter:
 
     def close(self) -> None:
         window = self._window
-        if window is None or window.t_close is not None:
+        if window is None or self._closed:
             return
+        self._closed = True
         tier = self.tier.name if self.tier is not None else None
-        self._at_close = self.ledger.close(window, self._tokens, (self.id, self.route, tier),
-                                           self._usage)
+        self.ledger.close(window, self._tokens, (self.id, self.route, tier), self._usage)
         if self._waiting:
             for settled in self._waiting:
                 self.ledger.when_settled(window, settled)
@@ -188,7 +188,7 @@ class Meter:
         """The answer's first token went out (a stream's first event): where the node weighs
         phases, this ends the window's prefill (its ``prefill`` mark); elsewhere nothing."""
         window = self._window
-        if window is not None and window.t_close is None:
+        if window is not None and not self._closed:
             self.ledger.first_out(window)
 
     @property
@@ -218,7 +218,7 @@ class Meter:
             if target != self.ledger.node:
                 ledgers = self._ledgers if self._ledgers is not None else default_ledgers()
                 new_ledger = ledgers.get(target)
-                if self._window is not None and self._window.t_close is None:
+                if self._window is not None and not self._closed:
                     self.ledger.abandon(self._window)
                     self._window = new_ledger.open()
                 self.ledger = new_ledger
@@ -274,9 +274,7 @@ class Meter:
             self.tokens(tokens)
         if self._final is not None:
             return self._final  # settled: nothing can change it, and it was graded once
-        share, self._at_close = self._at_close, None  # read with the close: no second lock
-        if share is None or (window.settled and not share.settled):
-            share = self.ledger.share(window)
+        share = self.ledger.share(window)  # one lock: the book takes the close, then shares
         energy = self._grade(share, window)
         if energy.settled:
             self._final = energy
@@ -335,7 +333,7 @@ class Meter:
             callback(self.figure())
 
         window = self._window
-        if window is not None and window.t_close is not None:
+        if window is not None and self._closed:
             self.ledger.when_settled(window, settled)
         else:
             self._waiting = [*(self._waiting or ()), settled]  # registered at the close
@@ -344,7 +342,7 @@ class Meter:
         """Send the settled figure to ``listeners`` with how the request ended, once it
         settles: in one batch with every other window the same reading settles."""
         window = self._closed_window()
-        self.ledger.when_settled(window, Ticket(
+        self.ledger.report(window, Ticket(
             window, self.ledger, self._settle, listeners, outcome, status, time.time(),
         ))
 
@@ -356,7 +354,7 @@ class Meter:
 
     def _closed_window(self) -> Window:
         window = self._window
-        if window is None or window.t_close is None:
+        if window is None or not self._closed:
             raise RuntimeError("figure() before the window closed: leave `async with` first")
         return window
 

@@ -39,6 +39,7 @@ import math
 import mmap
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -334,6 +335,11 @@ class CardTable:
             self.close()
             raise Unusable(f"cannot join the card's table in {self.folder}: {exc.strerror or exc}") from exc
         self._events = 0
+        #: The request path writes opens and closes from any thread, the reader adopts the
+        #: windows opened before the seat existed: one small lock keeps the events in order.
+        self._events_lock = threading.Lock()
+        self._posted: set[int] = set()  # windows whose open is written and close is not
+        self._gone: set[int] | None = set()  # closed unwritten, until the adoption is done
         self._taken = 0  # pieces of the tape this ledger has taken (or skipped)
         self._answers_read = 0
         self._looked = self._census_t = -math.inf
@@ -348,10 +354,27 @@ class CardTable:
 
     # -- the request path: two stores ---------------------------------------------------------
     def opened(self, window: int, t: float) -> None:
-        self._event(_OPEN, window, t)
+        with self._events_lock:
+            self._posted.add(window)
+            self._event(_OPEN, window, t)
 
     def closed(self, window: int, t: float) -> None:
-        self._event(_CLOSE, window, t)
+        with self._events_lock:
+            if window in self._posted:
+                self._posted.discard(window)
+                self._event(_CLOSE, window, t)
+            elif self._gone is not None:
+                self._gone.add(window)  # opened before the seat: never to be adopted
+
+    def adopt(self, windows: Iterable[tuple[int, float]]) -> None:
+        """Write the opens of windows that were open before this seat existed (the reader,
+        once, when it joins), but not those the request path wrote or closed meanwhile."""
+        with self._events_lock:
+            gone, self._gone = self._gone or set(), None
+            for window, t in windows:
+                if window not in self._posted and window not in gone:
+                    self._posted.add(window)
+                    self._event(_OPEN, window, t)
 
     def _event(self, kind: int, window: int, t: float) -> None:
         index = self._events

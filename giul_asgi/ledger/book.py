@@ -134,10 +134,16 @@ class Book:
         self._time_booked = 0.0
 
     # -- windows ------------------------------------------------------------------------
-    def open(self, t: float) -> Window:
-        window = self.windows.add(t)
+    def enter(self, window: Window) -> Window:
+        """A window the request path opened joins the book (the ledger's tray hands it on).
+        Time it had before the last piece booked (its open was stamped, then the reader
+        booked a reading before the window reached the tray) is not measured for it: filled."""
+        self.windows.enter(window)
         if self.split.known_at_open:
             window.weight = 1.0
+        end = self._t_end
+        if end is not None and window.t_open < end:
+            window.filled_s += end - window.t_open
         return window
 
     def open_windows(self) -> list[Window]:
@@ -455,11 +461,9 @@ class Book:
 
     def _see_ends(self, t: float, settled: list[Window]) -> None:
         """Windows whose close (and ramp-down after it) the tape has now passed settle."""
-        for window in self.windows.closing:
-            assert window.t_close is not None
-            if t >= window.t_close + self.ramp_s:
-                window.seen_end = True
-                self._try_settle(window, settled)
+        for window in self.windows.ended(t):
+            window.seen_end = True
+            self._try_settle(window, settled)
         self.windows.drop_settled()
 
     def _try_settle(self, window: Window, settled: list[Window]) -> None:
@@ -513,35 +517,43 @@ class Book:
     # -- answers --------------------------------------------------------------------------
     def share(self, window: Window) -> Share:
         """The window's share now: settled, or first (with the unreported part filled)."""
-        contended, foreign_w = self.contended()
-        mean_w = window.power_j / window.measured_s if window.measured_s > 0 else None
-        split = window.rules or "exclusive"
-        base = dict(
-            provenance=self.provenance, seconds=window.seconds, mean_watts=mean_w,
-            concurrency=window.concurrency, split=split, contended=contended,
-            foreign_watts=foreign_w,
-        )
+        settled = window.settled
+        joules: float | None = None
+        uncertainty = interpolated = 0.0
+        idle: float | None = None
+        error, trouble, basis = window.error, window.trouble, None
         if not self.measures or window.lost_s > 0:
-            return Share(None, 0.0, 0.0, window.settled, error=window.error or self.error, **base)  # type: ignore[arg-type]
-        measured_unc = _measured_unc(window)
-        if window.settled:
-            return Share(
-                window.share + window.fill_j, measured_unc + window.fill_unc, window.fill_j, True,
-                error=window.error, trouble=window.trouble, basis=window.basis,
-                idle_joules=window.idle_share + self._idle_guess(window, window.filled_s),
-                **base,  # type: ignore[arg-type]
-            )
-        trouble = window.trouble or self.trouble
-        first = window.first
-        if first is None:
-            return Share(
-                None, 0.0, 0.0, False, error=window.error or trouble or _NOT_REPORTED,
-                trouble=trouble, **base,  # type: ignore[arg-type]
-            )
+            error, trouble = error or self.error, None
+        elif settled:
+            joules, interpolated, basis = window.share + window.fill_j, window.fill_j, window.basis
+            uncertainty = _measured_unc(window) + window.fill_unc
+            idle = window.idle_share + self._idle_guess(window, window.filled_s)
+        else:
+            trouble = trouble or self.trouble
+            first = window.first
+            if first is None:
+                error = error or trouble or _NOT_REPORTED
+            else:
+                joules, uncertainty, interpolated, idle = self._first(window, first)
+                basis = first.basis
+        contended, foreign_w = self.contended()
+        # One construction: a dict of the common fields and ** was a third of the share's
+        # cost (see the commit).
+        return Share(
+            joules, uncertainty, interpolated, settled, self.provenance, window.seconds,
+            mean_watts=window.power_j / window.measured_s if window.measured_s > 0 else None,
+            concurrency=window.concurrency, split=window.rules or "exclusive",
+            contended=contended, foreign_watts=foreign_w, error=error, trouble=trouble,
+            basis=basis, idle_joules=idle,
+        )
+
+    def _first(self, window: Window, first: First) -> tuple[float, float, float, float]:
+        """A first figure's (joules, uncertainty, interpolated, idle joules): the reported
+        share, the filled part, and what of the guess neither has taken yet."""
         bias, spread_ = self.prior.bias_spread()
         # The spans still to come will add their own doubt to the settled figure (a shared
         # last span, an edge): as much as it grew for COVER of the windows settled before.
-        measured_unc = max(measured_unc, first.unc + self.prior.growth_at() * first.scale)
+        measured_unc = max(_measured_unc(window), first.unc + self.prior.growth_at() * first.scale)
         guess = max(0.0, first.guess + bias * first.scale)
         # What has been reported (or found unreportable) since close belongs to the same
         # part: the figure is the reported share, the filled part, and what of the guess
@@ -559,13 +571,9 @@ class Book:
         booked = self._t_end if self._t_end is not None else window.t_open
         assert window.t_close is not None
         unreported = max(0.0, window.t_close - max(window.t_open, booked))
-        return Share(
-            window.share + fill_j + left,
-            measured_unc + spread_ * first.scale + FLOOR * guess + fill_unc, fill_j + left, False,
-            error=window.error, trouble=trouble, basis=first.basis,
-            idle_joules=window.idle_share + self._idle_guess(window, window.filled_s + unreported),
-            **base,  # type: ignore[arg-type]
-        )
+        return (window.share + fill_j + left,
+                measured_unc + spread_ * first.scale + FLOOR * guess + fill_unc, fill_j + left,
+                window.idle_share + self._idle_guess(window, window.filled_s + unreported))
 
     def _idle_guess(self, window: Window, seconds: float) -> float:
         """The idle floor of ``seconds`` of the window that no span has shared: idle_w x the

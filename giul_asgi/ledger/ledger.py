@@ -2,8 +2,11 @@
 
 The seed's ruler gave every window the card's whole energy, so N overlapping requests were
 charged N times. A ledger ties its parts together under one lock and answers the request
-path: opening and closing a window records a time (no I/O, no task, no thread per request);
-asking for a share reads the book. Its parts (see the package's docstring): the tape
+path: opening and closing a window records a time and nothing else (no lock, no I/O, no
+task, no thread per request: the time goes into an in-tray); the book takes what the tray
+holds, in order, at the reader thread's next look, or when a figure is asked for (one lock:
+a first figure rests on the book as it stands). Shares, settling, grading and the records
+are the reader thread's, in batches, per reading. Its parts (see the package's docstring): the tape
 (readings -> spans), the book (spans -> shares), the poller (the one thread that reads the
 card), the chores beside it, and its seat at the card's table
 (:mod:`giul_asgi.hostshare.cards`), through which every process of the host that meters
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -42,12 +46,14 @@ from .phases import PREFILL, PhaseSplit, split_for
 from .poller import IDLE_S, Health, Poller
 from .sources import explicit, reader_factory
 from .tape import Tape
-from .tickets import fire
+from .tickets import Ticket, fire
 from .trace import WRITE_EVERY_S, for_node
 
 log = logging.getLogger("giul_asgi.ledger")
 
 _STARTING = "the node's reader is starting"
+#: What the request path puts in a ledger's tray besides a window that opened.
+_CLOSE, _REPORT = "close", "report"
 #: How often a ledger at a card's table publishes its books for the others (seconds).
 BOOKS_EVERY_S = 0.05
 #: While other processes share the card, a piece is decided this long after its end at the
@@ -141,6 +147,11 @@ class Ledger:
         #: False: nothing reads the card by itself; the caller feeds :meth:`ingest` (tests).
         self.poll = poll
         self._lock = threading.Lock()
+        #: What the request path recorded and the book has not taken yet, in order (any
+        #: thread appends; whoever holds the lock takes): a window opened, ``(CLOSE, window,
+        #: t, tokens, about, usage)``, ``(REPORT, window, ticket)``.
+        self._tray: deque[Any] = deque()
+        self._seqs = itertools.count(1)  # windows' numbers, which the card's table knows
         self._build = reader_factory(node) if reader is None else (lambda: reader)
         #: The reader was made in code (handed in, or the node's factory): shared with other
         #: processes only if it says which card it reads.
@@ -196,26 +207,27 @@ class Ledger:
         return self.book.measures
 
     def open(self) -> Window:
+        """A window opens now: its time, into the tray (and the card's table)."""
         self.ensure_started()
-        with self._lock:
-            t = self.clock()
-            window = self.book.open(t)
-            table = self.table
-            if table is not None:  # in the holder's own file too: whoever takes over reads them
-                table.opened(window.seq, t)
-            if self._note is not None:
-                self._note(("o", t, id(window)))
-            return window
+        window = Window(self.clock(), 0.0, next(self._seqs))
+        self._tray.append(window)
+        table = self.table
+        if table is not None:  # in the holder's own file too: whoever takes over reads them
+            table.opened(window.seq, window.t_open)
+        if not self._deferring():
+            self._take_tray()
+        return window
 
     def mark(self, window: Window, name: str) -> None:
         with self._lock:
+            settled = self._tray_locked()
             t = self.clock()
-            settled = self.book.mark(window, name, t)
+            marked = self.book.mark(window, name, t)
+            settled += marked
             if self._note is not None:
                 self._note(("m", t, id(window), name))
-                self._noted(settled)
-        if settled:
-            _fire(settled)
+                self._noted(marked)
+        _fire(settled)
 
     @property
     def weighs_phases(self) -> bool:
@@ -235,28 +247,30 @@ class Ledger:
         self, window: Window, tokens: int | None = None,
         about: tuple[str | None, str | None, str | None] | None = None,
         usage: tuple[int, int] | None = None,
-    ) -> Share:
-        """Close the window and return its share at close (one lock for both). ``about``
-        is the request's (id, route, tier), for the node's trace only; ``usage`` its
-        (prompt, completion) tokens, where known (the phase split weighs them)."""
-        with self._lock:
-            t = self.clock()
-            settled = self.book.close(window, t, tokens, usage)
-            table = self.table
-            if table is not None:
-                table.closed(window.seq, t)
-            if self._note is not None:
-                self._note(("c", t, id(window), tokens, about))
-                self._noted(settled)
-            share = self.book.share(window)
-        if settled:
-            _fire(settled)
-        return share
+    ) -> None:
+        """The window closes now: its time (and ``tokens``), into the tray. ``about`` is the
+        request's (id, route, tier), for the node's trace only; ``usage`` its (prompt,
+        completion) tokens, where known (the phase split weighs them)."""
+        t = self.clock()
+        self._tray.append((_CLOSE, window, t, tokens, about, usage))
+        table = self.table
+        if table is not None:
+            table.closed(window.seq, t)
+        if not self._deferring():
+            self._take_tray()
+
+    def report(self, window: Window, ticket: Ticket) -> None:
+        """Deliver ``ticket`` once the (closed) window settles: into the tray, for the reader
+        thread to file with the batch that settles it."""
+        self._tray.append((_REPORT, window, ticket))
+        if not self._deferring():
+            self._take_tray()
 
     def abandon(self, window: Window) -> None:
         with self._lock:
+            settled = self._tray_locked()
             t = self.clock()
-            settled = self.book.abandon(window, t)
+            settled += self.book.abandon(window, t)
             table = self.table
             if table is not None:
                 table.closed(window.seq, t)
@@ -265,9 +279,58 @@ class Ledger:
                 self._noted(settled)
         _fire(settled)
 
-    def share(self, window: Window) -> Share:
+    def _deferring(self) -> bool:
+        """Whether the tray may wait for the reader thread: one is running and measuring.
+        Else (no poller, no reader, stopped) the caller books what it recorded at once."""
+        return self._poller is not None and self.book.measures and not self._stopped
+
+    def _take_tray(self) -> None:
         with self._lock:
-            return self.book.share(window)
+            settled = self._tray_locked()
+        _fire(settled)
+
+    def _tray_locked(self) -> list[Window]:
+        """The book takes what the request path recorded, in order (under the lock): opens,
+        closes, reports. Returns the windows that settled (to fire outside the lock)."""
+        tray = self._tray
+        if not tray:
+            return []
+        book, note = self.book, self._note
+        settled: list[Window] = []
+        fired: list[Window] = []
+        while tray:
+            item = tray.popleft()
+            if type(item) is Window:
+                book.enter(item)
+                if note is not None:
+                    note(("o", item.t_open, id(item)))
+                continue
+            window = item[1]
+            if item[0] == _CLOSE:
+                if window.t_close is not None:
+                    continue  # closed twice: the first one stands
+                _, _, t, tokens, about, usage = item
+                settled += book.close(window, t, tokens, usage)
+                if note is not None:
+                    note(("c", t, id(window), tokens, about))
+            else:  # a report
+                if not window.settled:
+                    window.callbacks = [*(window.callbacks or ()), item[2]]
+                else:
+                    window.callbacks = [item[2]]
+                    fired.append(window)
+        if settled and note is not None:
+            self._noted(settled)
+        return settled + fired
+
+    def share(self, window: Window) -> Share:
+        """The window's share now (its first figure's, before it settles): one lock, in
+        which the book first takes what the tray holds."""
+        with self._lock:
+            settled = self._tray_locked()
+            share = self.book.share(window)
+        _fire(settled)
+        return share
 
     def share_unlocked(self, window: Window) -> Share:
         """:meth:`share` for a caller that holds the lock (a batch of tickets)."""
@@ -275,18 +338,24 @@ class Ledger:
 
     def stage_values(self, window: Window) -> list[float] | None:
         with self._lock:
-            return self.book.stage_values(window)
+            settled = self._tray_locked()
+            values = self.book.stage_values(window)
+        _fire(settled)
+        return values
 
     def when_settled(self, window: Window, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the window settles (now, if it has)."""
         with self._lock:
-            if not window.settled:
+            settled = self._tray_locked()
+            waits = not window.settled
+            if waits:
                 if window.callbacks is None:
                     window.callbacks = [callback]
                 else:
                     window.callbacks.append(callback)
-                return
-        callback()
+        _fire(settled)
+        if not waits:
+            callback()
 
     async def wait_settled(self, window: Window, timeout: float | None = None) -> bool:
         """Wait (at most ``timeout``) until a reading settles the window."""
@@ -304,6 +373,7 @@ class Ledger:
         with self._lock:
             if self.reader is reader:
                 return
+            settled = self._tray_locked()
             self.reader = reader
             # A simulated card's own floor stands in only where the operator gave none.
             idle_w = self.node.idle_w
@@ -320,12 +390,12 @@ class Ledger:
                                               self.mig.caveat if self.mig is not None else None,
                                               boundary=getattr(reader, "boundary", "gpu"), pue=self.node.pue)
             if reader.kind == "none":
-                self.book.measures = False
+                self.book.measures = False  # first: the request path books at once from now
                 self.book.error = getattr(reader, "reason", "no reader for this node")
-                settled = self.book.force_settle()
+                settled += self._tray_locked()
+                settled += self.book.force_settle()
             else:
                 self.book.error = None
-                settled = []
         _fire(settled)
 
     def failed(self, error: BaseException) -> None:
@@ -333,9 +403,10 @@ class Ledger:
         reason = getattr(error, "message", None) or f"{type(error).__name__}: {error}"
         with self._lock:
             self.failure = error
-            self.book.measures = False
+            self.book.measures = False  # first: the request path books at once from now
             self.book.error = f"reader unavailable: {reason}"
-            settled = self.book.force_settle()
+            settled = self._tray_locked()
+            settled += self.book.force_settle()
             if self._note is not None:
                 self._note(("f", reason))
         _fire(settled)
@@ -343,30 +414,38 @@ class Ledger:
     def ingest(self, reading: Reading) -> None:
         """Book one reading: the spans it closes are decided for the host (this process holds
         the card, or is alone on it) and taken, and what they settle fires."""
-        settled: list[Window] = []
         table = self.table
         holding = table is not None and table.holding
         with self._lock:
+            settled = self._tray_locked()  # windows opened before the reading: booked first
             tape = self.tape
             if tape is None or not self.book.measures:
-                return
-            if self._note is not None:
+                tape = None
+            elif self._note is not None:
                 self._note(("r", reading.t, reading.joules, reading.watts, reading.error))
-            if not reading.ok:  # first figures made from now until the next span say so
-                self.book.note_trouble(f"the reader is failing: {reading.error or 'empty reading'}")
-            pieces = tape.feed(reading)
-            if table is None or not holding:
-                for piece in pieces:
-                    settled += self.book.book(piece, reading.t)
-            else:
-                self._due.extend(pieces)
-                table.count_reads(tape.reads, tape.errors, tape.resets, tape.last_good)
-                table.note_baseline(tape.baseline())
-            if settled and self._note is not None:
-                self._noted(settled)
+            if tape is not None:
+                settled += self._book_reading(tape, reading, table, holding)
         _fire(settled)
-        if table is not None and holding:
+        if tape is not None and table is not None and holding:
             self._decide(table)
+
+    def _book_reading(self, tape: Tape, reading: Reading, table: CardTable | None,
+                      holding: bool) -> list[Window]:
+        """:meth:`ingest` under the lock: the reading's pieces, taken or left to decide."""
+        settled: list[Window] = []
+        if not reading.ok:  # first figures made from now until the next span say so
+            self.book.note_trouble(f"the reader is failing: {reading.error or 'empty reading'}")
+        pieces = tape.feed(reading)
+        if table is None or not holding:
+            for piece in pieces:
+                settled += self.book.book(piece, reading.t)
+        else:
+            self._due.extend(pieces)
+            table.count_reads(tape.reads, tape.errors, tape.resets, tape.last_good)
+            table.note_baseline(tape.baseline())
+        if settled and self._note is not None:
+            self._noted(settled)
+        return settled
 
     def _decide(self, table: CardTable, *, all_now: bool = False) -> None:
         """Holder: decide for the host, and publish, the pieces old enough (all of them
@@ -375,8 +454,8 @@ class Ledger:
         if not self._due:
             return
         table.look()
-        settled: list[Window] = []
         with self._lock:
+            settled = self._tray_locked()
             tape = self.tape
             now = self.clock()
             wait = DECIDE_AFTER_S if table.others and not all_now else 0.0
@@ -453,8 +532,8 @@ class Ledger:
     def take(self, pieces: list[tuple[CardSpan | Gap, float]]) -> None:
         """Take this process's part (window-seconds) of pieces another process decided (the
         card's holder; replay, from a trace)."""
-        settled: list[Window] = []
         with self._lock:
+            settled = self._tray_locked()
             now = self.clock()
             for piece, mine in pieces:
                 if self._note is not None:
@@ -487,17 +566,24 @@ class Ledger:
                         "Figures are this process's alone; give %s a private directory with room",
                         self.node.name, exc, "GIUL_ASGI_LOAD_DIR")
             return
-        with self._lock:  # windows opened before the seat existed
-            for window in self.book.open_windows():
-                table.opened(window.seq, window.t_open)
+        with self._lock:
+            # The seat first: a window the request path opens from now writes its own open;
+            # those already in the tray or the book are adopted (the table skips the ones
+            # the request path wrote or closed meanwhile).
             self.table = table
+            settled = self._tray_locked()
+            table.adopt([(window.seq, window.t_open) for window in self.book.open_windows()])
+        _fire(settled)
 
     def _seat_books(self) -> SeatBooks:
         with self._lock:
+            settled = self._tray_locked()
             book = self.book.totals()
-            return SeatBooks(book.received_j, self._high("charged", book.charged_j),
+            seat = SeatBooks(book.received_j, self._high("charged", book.charged_j),
                              self._high("forfeit", book.forfeit_j), book.in_flight_j,
                              book.estimated_j, book.windows_open)
+        _fire(settled)
+        return seat
 
     def _high(self, name: str, value: float) -> float:
         """The highest ``value`` this book's counter ``name`` has shown (under the lock): a
@@ -547,9 +633,11 @@ class Ledger:
                 for p in processes
             )
         with self._lock:
+            settled = self._tray_locked()
             self.book.note_processes(foreign)
             if self._note is not None:
                 self._note(("p", foreign))
+        _fire(settled)
 
     def _chores(self) -> list[tuple[float, Callable[[], None]]]:
         """What the poller does beside reading the card: the load nobody here can see, the
@@ -596,16 +684,21 @@ class Ledger:
     def own_load(self) -> tuple[float, int]:
         """This process's window-seconds integral on the node so far, and windows open."""
         with self._lock:
-            return self.book.load_at(self.clock())
+            settled = self._tray_locked()
+            load = self.book.load_at(self.clock())
+        _fire(settled)
+        return load
 
     def note_upstream(self, t: float, running: float) -> None:
         """The upstream (the inference server) ran ``running`` requests at ``t``."""
         table = self.table
         others = table.others_open_at(t) if table is not None and table.holding else 0
         with self._lock:
+            settled = self._tray_locked()
             self.book.note_upstream(t, running, others)
             if self._note is not None:
                 self._note(("up", t, running))
+        _fire(settled)
 
     def note_phases(self, prompt_tokens: float | None, generation_tokens: float | None,
                     prefill_s: float | None, decode_s: float | None) -> None:
@@ -652,7 +745,7 @@ class Ledger:
         """Whether windows are open on the node, or closed and not settled yet (the poller's
         busy pace: a closed window waits on the next steps to settle): this process's, and
         where it reads the card for others, theirs."""
-        if self.own_load()[1] > 0 or self.book.unsettled:
+        if self._tray or self.own_load()[1] > 0 or self.book.unsettled:
             return True
         table = self.table
         return table is not None and table.holding and table.others_busy(self.clock(), self._period())
@@ -703,7 +796,8 @@ class Ledger:
         if table is not None and table.holding:
             self._decide(table, all_now=True)  # what the last readings yielded, published
         with self._lock:
-            settled = self.book.force_settle()
+            settled = self._tray_locked()
+            settled += self.book.force_settle()
             if self._note is not None:
                 self._note(("s",))
                 self._noted(settled)
@@ -754,11 +848,12 @@ class Ledger:
 
     def _own_totals(self) -> LedgerTotals:
         with self._lock:
+            settled = self._tray_locked()
             book = self.book.totals()
             tape = self.tape
             poller = self._poller
             high = self._high
-            return LedgerTotals(
+            totals = LedgerTotals(
                 node=self.node.name, measured_j=high("measured", book.measured_j),
                 charged_j=high("charged", book.charged_j),
                 unattributed_j=high("unattributed", book.unattributed_j),
@@ -778,6 +873,8 @@ class Ledger:
                 idle_in_flight_j=book.idle_in_flight_j,
                 idle_unattributed_j=high("idle_unattributed", book.idle_unattributed_j),
             )
+        _fire(settled)
+        return totals
 
 
 def _watches_idle(node: Node) -> bool:
@@ -805,7 +902,8 @@ def _target(node: Node) -> str:
 
 def _fire(windows: list[Window]) -> None:
     # Tickets in one batch per ledger and listeners; plain callbacks one by one.
-    fire(windows)
+    if windows:
+        fire(windows)
 
 
 def _waker() -> tuple[Callable[[], Awaitable[object]], Callable[[], None]]:

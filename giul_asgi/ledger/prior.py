@@ -96,11 +96,15 @@ class _Line:
     which is as much on average), less its ramp-up: what makes short windows cost more a
     second than long ones."""
 
-    __slots__ = ("n", "sw", "sx", "sxx", "sxy", "sy")
+    __slots__ = ("_fit", "_stale", "n", "sw", "sx", "sxx", "sxy", "sy")
 
     def __init__(self) -> None:
         self.n = 0
         self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        # The fit, made once after each window added (every close asks for it; windows
+        # settle in batches, a reading's at a time): see the commit for the A/B.
+        self._fit: tuple[float, float] | None = None
+        self._stale = True
 
     def add(self, seconds: float, joules: float) -> None:
         if not (seconds > 0 and math.isfinite(joules)):
@@ -112,9 +116,15 @@ class _Line:
         self.sy = self.sy * k + joules
         self.sxx = self.sxx * k + seconds * seconds
         self.sxy = self.sxy * k + seconds * joules
+        self._stale = True
 
     def fit(self) -> tuple[float, float] | None:
         """(joules per second of running, joules beyond it), once enough windows settled."""
+        if self._stale:
+            self._fit, self._stale = self._fitted(), False
+        return self._fit
+
+    def _fitted(self) -> tuple[float, float] | None:
         if self.n < LINE_MIN or self.sx <= 0:
             return None
         mx, my = self.sx / self.sw, self.sy / self.sw
