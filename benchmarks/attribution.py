@@ -639,7 +639,7 @@ def main() -> None:
     if saturated:
         print(f"\nThe saturated loop, run by run ({SLICE_S * 1000:g} ms slices of Python with "
               "`await asyncio.sleep(0)` between; the uniform pace, main's, asks for 10 readings a "
-              "period, the steps' 2; the "
+              "period, the steps' pace about 3; the "
               "reader's blocks are its voluntary switches, /proc/self/task/TID/status: every sleep, "
               "wait for the GIL or a lock):\n")
         print(runs_table(saturated))

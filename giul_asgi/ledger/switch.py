@@ -8,12 +8,14 @@ takes it straight back: more often than the interval, it starts the waiter's wai
 time, and the waiter has the GIL only when it wins a race it mostly loses. Every read the
 reader thread makes is such a wait twice over (its wake-up, and the driver call's return:
 ctypes lets the GIL go for it), and building the reader a dozen more. Beside a loop running
-2 ms slices of Python on a 2-core machine at load 2 (benchmarks/results/
-attribution-2026-12-02-reads.md), the reader went unread for up to 9 s at a time: 42-100% of
-300 ms windows got a first figure, charged/caused 0.37-1.17 (main's reader), 79-100% and
-0.98-1.23 with reads paced on the counter's steps alone (:mod:`.pace`); with the interval at
-1 ms the reader had the GIL back within 2 ms at p90 and 0.99-1.06 of what was caused was
-charged. Reading fewer times makes fewer such waits; only the interval bounds each.
+2 ms slices of Python on a 2-core machine at load 1.5-3 (benchmarks/results/
+attribution-2026-12-02-reads.md), the reader went unread for up to 14 s at a time: 0-96% of
+300 ms windows got a first figure and charged/caused was 0.17-1.97 (main's reader, no run in
+ten within the targets), 0-100% and 0.19-1.03 with reads paced on the counter's steps alone
+(:mod:`.pace`: 3 runs in ten); with the interval at 1 ms as well, the reader had the GIL back
+within 2 ms at p90 and 10 ms at worst, and every window had its figures, 1.00 of what was
+caused charged, ten runs in ten. Reading fewer times makes fewer such waits; only the
+interval bounds each.
 
 Nothing narrower than the process exists, so the setting is the process's. A library must
 not change it behind the user's back, so it is said, once, in the log, and documented; it is
