@@ -13,6 +13,7 @@ from giul_asgi.energy import Energy
 from giul_asgi.listeners import Settled
 from giul_asgi.readers import Reading
 from giul_asgi.readers.simulated import SimulatedCard, SimulatedReader
+from giul_asgi.stats import EnergyStats
 
 Message = dict[str, Any]
 
@@ -125,24 +126,26 @@ class Record(NamedTuple):
     status: int | None
 
 
-class RecordingStats:
-    """A listener of settled figures (``settled(batch)``), kept as a list: what the
-    middleware told the statistics, in the order the figures settled."""
+class RecordingStats(EnergyStats):
+    """Statistics that also keep each settled figure, as a list: what the middleware told
+    the statistics, in the order the figures settled."""
 
     def __init__(self) -> None:
-        self.records: list[Record] = []
+        super().__init__()
+        self.kept: list[Record] = []
         self.lock = threading.Lock()
 
     def settled(self, batch: Sequence[Settled]) -> None:
+        super().settled(batch)
         with self.lock:  # settled figures arrive from the ledger's reader thread
-            self.records.extend(Record(s.energy, s.outcome, s.status) for s in batch)
+            self.kept.extend(Record(s.energy, s.outcome, s.status) for s in batch)
 
     def __iter__(self) -> Iterator[Record]:
         with self.lock:
-            return iter(list(self.records))
+            return iter(list(self.kept))
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.kept)
 
 
 async def settled_records(stats: RecordingStats, n: int = 1, timeout: float = 2.0) -> list[Record]:

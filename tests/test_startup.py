@@ -182,6 +182,24 @@ def test_a_bad_setting_built_by_a_person_still_raises() -> None:
         EnergyMiddleware(Starlette(), energy_in_usgae=True)  # a person building it: raised
 
 
+def test_a_listener_given_as_stats_is_refused_with_its_remedy() -> None:
+    """``stats=`` is what /energy and /metrics answer from: a mere listener of settled
+    figures (a sink) would make each of their requests a 500, so it stops the startup."""
+    from starlette.applications import Starlette
+
+    from giul_asgi import ConfigError, EnergyMiddleware, Ledgers
+    from giul_asgi.stats import EnergyStats
+
+    class Sink:
+        def settled(self, batch: object) -> None:
+            pass
+
+    with pytest.raises(ConfigError, match="is not statistics") as raised:
+        EnergyMiddleware(Starlette(), stats=Sink())
+    assert "sinks=[...]" in (raised.value.remedy or "")
+    EnergyMiddleware(Starlette(), stats=EnergyStats(), ledgers=Ledgers())  # statistics: taken
+
+
 def test_without_a_lifespan_a_bad_setting_is_one_error_line_and_the_app_serves_unmetered(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

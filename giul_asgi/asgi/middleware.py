@@ -48,7 +48,7 @@ from .startup import fails_the_startup, failure_line
 if TYPE_CHECKING:
     from ..serve.access import Guard
     from ..serve.endpoint import EnergyEndpoint
-    from ..stats import HostStats
+    from ..stats import HostStats, Statistics
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -117,7 +117,7 @@ class EnergyMiddleware:
         #: The nodes' ledgers (None: this process's, shared with its other middlewares).
         ledgers: Ledgers | None = None,
         #: The statistics ``/energy`` and Prometheus answer from (None: the server's, shared).
-        stats: Listener | None = None,
+        stats: Statistics | None = None,
         #: Where records are found by id (None: the server's, shared between its workers).
         records: RecordStore | None = None,
         #: More listeners of every settled record (``JsonLinesSink``, ``CallbackSink``).
@@ -139,6 +139,11 @@ class EnergyMiddleware:
         logs.show()  # our startup lines and reader failures, visible under a plain server
         if isinstance(tenant, str):  # a header name is a plain setting; a function is held
             settings["tenant_header"], tenant = tenant, None
+        if stats is not None and not _is_statistics(stats):
+            raise ConfigError(f"stats={stats!r} is not statistics /energy can answer from (it lacks "
+                              "snapshot, view, observe_nodes or observe_history)",
+                              remedy="pass EnergyStats() or HostStats(EnergyStats()), give a sink "
+                              "as sinks=[...], or leave stats unset")
         if stats is not None and "max_tenants" in settings:
             raise ConfigError("max_tenants applies to the statistics the middleware builds",
                               remedy="pass EnergyStats(max_tenants=...) as stats=, or leave stats unset")
@@ -446,6 +451,12 @@ async def _refuse(over: OverBudget, send: Send) -> None:
     body = over.body()
     await send({"type": "http.response.start", "status": 429, "headers": over.headers(body)})
     await send({"type": "http.response.body", "body": body})
+
+
+def _is_statistics(stats: object) -> bool:
+    from ..stats import Statistics
+
+    return isinstance(stats, Statistics)
 
 
 def _close_on_a_thread(stats: HostStats) -> None:

@@ -31,7 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ..stats import JOULE_BUCKETS
+from ..stats import JOULE_BUCKETS, Statistics, StatsView
 from . import ledger_totals
 
 #: A tenant label is one of the statistics' bounded tenants (``<other>`` for the rest, and
@@ -72,14 +72,15 @@ class EnergyCollector(Collector):
     :class:`~giul_asgi.stats.HostStats` (then the counters are the whole host's).
     """
 
-    def __init__(self, stats: Any, ledgers: Iterable[Any] | None = None, *, budgets: Any = None) -> None:
+    def __init__(self, stats: Statistics, ledgers: Iterable[Any] | None = None, *,
+                 budgets: Any = None) -> None:
         self.stats = stats
         self.ledgers = ledgers
         #: The middleware's budgets (``giul_asgi.budgets.Budgets``), or None.
         self.budgets = budgets
 
     def collect(self) -> Iterator[Metric]:
-        view = self.stats.view() if hasattr(self.stats, "view") else self.stats
+        view = self.stats.view()
         joules = CounterMetricFamily(
             "giul_energy_joules", "Energy above idle charged to requests (known figures), J.",
             labels=LABELS)
@@ -94,9 +95,9 @@ class EnergyCollector(Collector):
             "giul_request_joules", "Joules per request (known figures).", labels=LABELS)
         by_key: dict[tuple[str, ...], list[Any]] = {}
         for key, n, known, j, tok, buckets in view.counters():
-            labels = (*key[:4], key[5])  # key: route, node, tier, method, outcome, tenant
-            requests.add_metric([*labels, key[4]], n)
-            acc = by_key.setdefault(labels, [0, 0, 0.0, 0, [0] * len(buckets)])
+            five = (*key[:4], key[5])  # key: route, node, tier, method, outcome, tenant
+            requests.add_metric([*five, key[4]], n)
+            acc = by_key.setdefault(five, [0, 0, 0.0, 0, [0] * len(buckets)])
             acc[0] += n
             acc[1] += known
             acc[2] += j
@@ -131,31 +132,29 @@ def budget_family(budgets: Any) -> Metric:
     return exceeded
 
 
-def allocated_family(view: Any) -> Metric:
+def allocated_family(view: StatsView) -> Metric:
     """Allocated joules since start per label (figures where they are known): the basis a
     chargeback reconciles to the bill (a label with none has no series)."""
     allocated = CounterMetricFamily(
         "giul_energy_allocated_joules", "Energy charged to requests with their share of the idle "
         "floor while they ran (known figures), J.", labels=LABELS)
-    counters = view.allocated_counters() if hasattr(view, "allocated_counters") else {}
-    for labels, joules in sorted(counters.items()):
+    for labels, joules in sorted(view.allocated_counters().items()):
         allocated.add_metric(list(labels), joules)
     return allocated
 
 
-def carbon_family(view: Any) -> Metric:
+def carbon_family(view: StatsView) -> Metric:
     """Grams of CO2eq since start per label (figures whose carbon is known; a label with
     none has no series: unknown is never 0)."""
     carbon = CounterMetricFamily(
         "giul_carbon_grams", "CO2eq of the energy charged to requests (joules x PUE x the grid's "
         "gCO2eq/kWh / 3.6e6), over figures whose carbon is known, g.", labels=LABELS)
-    counters = view.carbon_counters() if hasattr(view, "carbon_counters") else {}
-    for labels, grams in sorted(counters.items()):
+    for labels, grams in sorted(view.carbon_counters().items()):
         carbon.add_metric(list(labels), grams)
     return carbon
 
 
-def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
+def node_families(totals: Iterable[Any], view: StatsView | None = None) -> Iterator[Metric]:
     """Node counters and gauges from ledger totals; a field that is None is left out."""
     counters: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
         f: CounterMetricFamily(n, h, labels=["node"]) for f, n, h in _NODE_COUNTERS}
@@ -165,7 +164,7 @@ def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
         "giul_node_power_watts",
         "Above-idle power between the last two samples of the ledger (rate() of "
         "giul_node_measured_joules_total is the Prometheus way), W.", labels=["node"])
-    latest = view.node_power() if view is not None and hasattr(view, "node_power") else {}
+    latest = view.node_power() if view is not None else {}
     for t in totals:
         node = str(getattr(t, "node", "") or "<none>")
         # The host's card: the same books from every worker. A card each worker has alone
@@ -180,8 +179,9 @@ def node_families(totals: Iterable[Any], view: Any = None) -> Iterator[Metric]:
             if isinstance(value, int | float):
                 suffix = "_total" if family.type == "counter" else ""
                 family.add_sample(family.name + suffix, labels, float(value))
-        if latest.get(node) is not None:
-            power.add_metric([node], latest[node])
+        watts = latest.get(node)
+        if watts is not None:
+            power.add_metric([node], watts)
     yield from counters.values()
     yield from gauges.values()
     yield power

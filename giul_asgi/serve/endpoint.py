@@ -35,7 +35,7 @@ from ..errors import ConfigError, GiulError
 from ..exporters import ledger_totals
 from ..page import render_page
 from ..records import Lookup, RecordStore
-from ..stats import Cell
+from ..stats import Cell, Statistics
 from .access import Access, Guard
 
 Scope = MutableMapping[str, Any]
@@ -73,7 +73,7 @@ class EnergyEndpoint:
     """The ``/energy`` app. ``stats`` is an EnergyStats or a HostStats (whole host)."""
 
     def __init__(
-        self, *, stats: Any, ledgers: Iterable[Any] | None, path: str = "/energy",
+        self, *, stats: Statistics, ledgers: Iterable[Any] | None, path: str = "/energy",
         metrics_path: str | None = None, token: str | None = None, guard: Guard | None = None,
         records: RecordStore | None = None, refresh_s: float = 5.0,
         token_name: str = "token", guard_name: str = "guard", budgets: Any = None,
@@ -161,8 +161,7 @@ class EnergyEndpoint:
         data["records_shared"] = records.shared if records is not None else False
         data["records_reason"] = (records.reason if records is not None
                                   else "this endpoint keeps no records")
-        view = self.stats.view() if hasattr(self.stats, "view") else self.stats
-        rates = view.node_rates() if hasattr(view, "node_rates") else {}
+        rates = self.stats.view().node_rates()
         nodes = data["nodes"]
         empty = None
         readers = _reader_health(self.ledgers)
@@ -200,7 +199,7 @@ class EnergyEndpoint:
         """The power series: the samples each ledger took a step on its reader thread, and a
         sample now of a ledger that keeps none (a reading of two reads' difference)."""
         histories = _histories(self.ledgers)
-        if histories and hasattr(self.stats, "observe_history"):
+        if histories:
             self.stats.observe_history(histories)
         self.stats.observe_nodes([t for t in totals
                                   if str(getattr(t, "node", None) or "<none>") not in histories])

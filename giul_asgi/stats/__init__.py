@@ -3,7 +3,8 @@
 Parts, each named for what it holds: :mod:`.labels` (the key a record counts under, and
 its bound), :mod:`.sketch` (the quantile sketch), :mod:`.cell` (one key's counters and
 sketches in one slot), :mod:`.rolling` (windows as rings of slots), :mod:`.stats`
-(:class:`EnergyStats`, the listener that records), :mod:`.groups` (the groups /energy
+(:class:`EnergyStats`, the listener that records), :mod:`.contract` (what the endpoint and
+the exporters read of them), :mod:`.groups` (the groups /energy
 shows, merged from keys at read and kept between reads), :mod:`.snapshot` (the JSON
 /energy serves, built at read time), :mod:`.nodes` (the ledgers' samples for the power
 series) and :mod:`.host` (:class:`HostStats`: several workers merged at read).
@@ -12,6 +13,7 @@ series) and :mod:`.host` (:class:`HostStats`: several workers merged at read).
 from __future__ import annotations
 
 from .cell import Cell
+from .contract import Statistics, StatsView
 from .host import ENV, HostStats, clear_directory, multiproc_dir
 from .labels import (
     GROUPS,
@@ -45,6 +47,8 @@ __all__ = [
     "Cell",
     "EnergyStats",
     "HostStats",
+    "Statistics",
+    "StatsView",
     "clear_directory",
     "key_bound",
     "multiproc_dir",

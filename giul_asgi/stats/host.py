@@ -39,7 +39,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -287,10 +287,10 @@ class HostStats:
             gen = folder.tail.cut() if folder is not None else 0
             return {"gen": gen, "pending": dict(self._pending)}
 
-    def observe_nodes(self, totals: Any) -> None:
+    def observe_nodes(self, totals: Iterable[Any]) -> None:
         self.stats.observe_nodes(totals)
 
-    def observe_history(self, histories: Any) -> None:
+    def observe_history(self, histories: Mapping[str, Sequence[Sequence[Any]]]) -> None:
         self.stats.observe_history(histories)
 
     @property

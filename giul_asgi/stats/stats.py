@@ -42,6 +42,7 @@ from ..errors import ConfigError
 from ..listeners import Settled
 from ..tenants import DEFAULT_MAX_TENANTS, TenantPlaces
 from .cell import MAX_COUNT, NG, NJ, Cell, Point
+from .contract import Counter, LabelSums
 from .groups import Sums, Table, points, table, window_table
 from .labels import NONE, OTHER, Key, Labels, is_key, key_bound
 from .nodes import NodeSamples, Sample
@@ -51,7 +52,6 @@ from .snapshot import Points, Reading, render
 
 #: Format of :meth:`EnergyStats.state` (what one worker writes for the others).
 STATE_SCHEMA = "giul-asgi/stats-state/4"
-Counter = tuple[tuple[str, str, str, str, str, str], int, int, float, int, list[int]]
 
 
 class EnergyStats:
@@ -386,7 +386,7 @@ class EnergyStats:
         return [(six, n, known, nj / NJ, tokens, buckets)
                 for six, (n, known, nj, tokens, buckets) in merged.items()]
 
-    def carbon_counters(self) -> dict[tuple[str, str, str, str, str], float]:
+    def carbon_counters(self) -> LabelSums:
         """Since-start grams of CO2eq per (route, node, tier, method, tenant), summed over the
         figures whose carbon is known (labels with none are left out): exact integers."""
         merged: dict[tuple[str, str, str, str, str], int] = {}
@@ -400,7 +400,7 @@ class EnergyStats:
                 merged[four] = merged.get(four, 0) + ng
         return {four: ng / NG for four, ng in merged.items()}
 
-    def allocated_counters(self) -> dict[tuple[str, str, str, str, str], float]:
+    def allocated_counters(self) -> LabelSums:
         """Since-start allocated joules (above idle plus the idle floor's share) per (route,
         node, tier, method, tenant), over the figures where they are known: exact integers."""
         merged: dict[tuple[str, str, str, str, str], int] = {}
