@@ -42,7 +42,7 @@ from ..energy import Energy
 from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
 from ..hostshare.place import Setting
 from ..listeners import Settled
-from ..wire.headers import header_number, header_value
+from ..wire.headers import header_number, header_value, number
 from .budget import Budget
 from .shared import ServerSpending, Spent
 
@@ -100,7 +100,7 @@ class OverBudget(Exception):
         what = "joules" if b.unit == "J" else "grams of CO2e"
         until = datetime.fromtimestamp(self.period_end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is spent: "
-                f"{_number(self.spent)} of {_number(b.limit)} {what} used in the period ending {until}. "
+                f"{number(self.spent)} of {number(b.limit)} {what} used in the period ending {until}. "
                 f"Retry after {self.retry_after} s.")
 
     def body(self) -> bytes:
@@ -122,10 +122,6 @@ class OverBudget(Exception):
             # retrying before the period ends is refused again.
             out.append((b"x-should-retry", b"false"))
         return out
-
-
-def _number(value: float) -> str:
-    return header_number(value).decode()
 
 
 def _left(value: float) -> bytes:
@@ -452,7 +448,7 @@ class Budgets:
             what = ("its requests are refused (429) until then" if budget.hard
                     else "soft: its requests go on")
             log.warning("energy budget %r crossed for %s %r: %s of %s %s spent in the period ending "
-                        "%s; %s", name, budget.per, key, _number(value), _number(budget.limit),
+                        "%s; %s", name, budget.per, key, number(value), number(budget.limit),
                         "J" if budget.unit == "J" else "g CO2e", end.strftime("%Y-%m-%dT%H:%M:%SZ"), what)
 
     def _unshare(self, reason: str) -> None:
