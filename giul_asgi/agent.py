@@ -43,7 +43,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import ConfigError, ReaderUnavailable
-from .readers.nvml import describe, instant_power_mw, load_nvml, open_gpus
+from .readers.nvml import describe, load_nvml, open_gpus, read_gpu, shut_down
 from .serve.access import Access, check_token, is_loopback
 
 SCHEMA = "giul-agent/1"
@@ -99,29 +99,18 @@ class NvmlSource:
     def read_gpus(self) -> list[GpuRecord]:
         out = []
         for probe, handle in zip(self.probes, self._handles, strict=True):
-            energy_j: float | None = None
-            power_w: float | None = None
-            error: str | None = None
-            try:
-                if probe.counter:
-                    energy_j = int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0
-                if probe.instant_power:
-                    power_w = instant_power_mw(self._nvml, handle) / 1000.0
-                if not (probe.counter or probe.instant_power):
-                    error = "this GPU answers neither the energy counter nor the instant power field"
-            except Exception as exc:
-                energy_j, power_w, error = None, None, describe(exc)
+            reading = read_gpu(self._nvml, probe, handle)
             out.append({
                 "index": probe.index, "uuid": probe.uuid, "name": probe.name, "t": self.clock(),
-                "energy_j": energy_j, "power_w": power_w, "mig": probe.mig, "error": error,
+                "energy_j": reading.energy_j, "power_w": reading.power_w, "mig": probe.mig,
+                "error": reading.error,
             })
         return out
 
     def close(self) -> None:
         if self._open:
             self._open = False
-            with contextlib.suppress(Exception):
-                self._nvml.nvmlShutdown()
+            shut_down(self._nvml)
 
 
 @dataclass(slots=True)

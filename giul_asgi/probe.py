@@ -106,7 +106,7 @@ def analyse(samples: list[Sample]) -> dict[str, Any]:
 
 def _nvml_section(nvml: Any | None, gpus: Sequence[int], seconds: float, idle_seconds: float | None,
                   clock: Callable[[], float], sleep: Callable[[float], None]) -> dict[str, Any]:
-    from .readers.nvml import NvmlReader, instant_power_mw
+    from .readers.nvml import NvmlReader
 
     try:
         reader = NvmlReader(ReaderSpec(gpus=tuple(gpus), clock=clock), nvml=nvml)
@@ -121,8 +121,7 @@ def _nvml_section(nvml: Any | None, gpus: Sequence[int], seconds: float, idle_se
             else [{"pid": p.pid, "name": p.name} for p in processes],
             "gpus": [],
         }
-        nv = reader._nvml
-        for probe, handle in zip(reader.probes, reader._handles, strict=True):
+        for position, probe in enumerate(reader.probes):
             gpu: dict[str, Any] = {
                 "index": probe.index, "name": probe.name, "uuid": probe.uuid,
                 "counter": probe.counter, "instant_power": probe.instant_power,
@@ -130,22 +129,12 @@ def _nvml_section(nvml: Any | None, gpus: Sequence[int], seconds: float, idle_se
                 "processes_listed": probe.processes,
             }
 
-            def read_one(handle: Any = handle, probe: Any = probe) -> tuple[float | None, float | None]:
-                counter = watts = None
-                try:
-                    if probe.counter:
-                        counter = int(nv.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0
-                    if probe.instant_power:
-                        watts = instant_power_mw(nv, handle) / 1000.0
-                except Exception:
-                    pass
-                return counter, watts
+            def read_one(position: int = position) -> tuple[float | None, float | None]:
+                reading = reader.read_gpu(position)
+                return reading.energy_j, reading.power_w
 
             if probe.average_power:
-                try:
-                    gpu["average_power_w"] = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
-                except Exception:
-                    gpu["average_power_w"] = None
+                gpu["average_power_w"] = reader.read_gpu(position, average=True).average_w
             if probe.counter or probe.instant_power:
                 gpu["sampling"] = analyse(sample(read_one, seconds, clock=clock, sleep=sleep))
             out["gpus"].append(gpu)

@@ -16,7 +16,7 @@ from fake_nvml import (
 
 from giul_asgi.errors import ConfigError, ReaderUnavailable
 from giul_asgi.readers.base import Process, ProcessLister, Reader, ReaderSpec
-from giul_asgi.readers.nvml import POLL_HINT_S, NvmlReader, probe_nvml
+from giul_asgi.readers.nvml import POLL_HINT_S, GpuReading, NvmlReader, probe_nvml, read_gpu
 
 
 def test_counter_is_preferred_and_summed_over_the_nodes_gpus() -> None:
@@ -223,3 +223,23 @@ def test_the_gpu_check_runs_against_the_fake_card(tmp_path: Path) -> None:
     assert set(report["latency"]) == {"counter", "instant_field", "averaged", "processes"}
     assert "instant_before_w" in report["power_step"]
     assert "windows" in report["ledger"] or "skipped" in report["ledger"]
+
+
+def test_one_board_read_on_its_own_in_joules_and_watts_never_raises() -> None:
+    """What the probe and the agent read of a board: through readers/, never NVML itself."""
+    gpus = [FakeGpu(energy_mj=2_500, power_mw=150_000, average_mw=120_000),
+            FakeGpu(counter=False), FakeGpu(counter=False, instant=False, average=False)]
+    reader = NvmlReader((0, 1), nvml=FakeNvml(gpus), options={"prefer": "instant"})
+    try:
+        assert reader.read_gpu(0) == GpuReading(energy_j=2.5, power_w=150.0)
+        assert reader.read_gpu(0, average=True).average_w == 120.0
+        assert reader.read_gpu(1) == GpuReading(power_w=100.0)
+        gpus[0].fail = 15  # the board fell off the bus: the reading says so, nothing raises
+        failed = reader.read_gpu(0)
+        assert failed.energy_j is None and failed.power_w is None and "NVMLError" in (failed.error or "")
+    finally:
+        reader.close()
+    nvml = FakeNvml(gpus)
+    nvml.nvmlInit()
+    mute = read_gpu(nvml, probe_nvml(FakeNvml(gpus))[2], nvml.nvmlDeviceGetHandleByIndex(2))
+    assert mute.error is not None and "neither" in mute.error and mute.power_w is None

@@ -102,6 +102,38 @@ def instant_power_mw(nvml: Any, handle: Any) -> float:
 _instant_power_mw = instant_power_mw
 
 
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU read on its own, in the units a person reads (the probe's and the agent's
+    view of a board; a node's reader sums its boards in the driver's units)."""
+
+    energy_j: float | None = None
+    power_w: float | None = None
+    #: NVML's averaged power gauge, where asked for.
+    average_w: float | None = None
+    error: str | None = None
+
+
+def read_gpu(nvml: Any, probe: GpuProbe, handle: Any, *, average: bool = False) -> GpuReading:
+    """Read what ``probe`` says the board answers: its energy counter, its instant power, and
+    (``average``) its averaged gauge. Never raises: a failed call is the reading's error."""
+    if not (probe.counter or probe.instant_power or (average and probe.average_power)):
+        return GpuReading(error="this GPU answers neither the energy counter nor a power field")
+    try:
+        energy = int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0 if probe.counter else None
+        power = instant_power_mw(nvml, handle) / 1000.0 if probe.instant_power else None
+        mean = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0 if average and probe.average_power else None
+    except Exception as exc:
+        return GpuReading(error=describe(exc))
+    return GpuReading(energy, power, mean)
+
+
+def shut_down(nvml: Any) -> None:
+    """Let go of NVML (its own ``nvmlShutdown``); a driver that fails there is let be."""
+    with contextlib.suppress(Exception):
+        nvml.nvmlShutdown()
+
+
 def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
@@ -164,8 +196,7 @@ def probe_nvml(nvml: ModuleType | Any | None = None) -> list[GpuProbe]:
                 probes.append(GpuProbe(index, None, False, False, False, None, describe(exc)))
         return probes
     finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
+        shut_down(nvml)
 
 
 def nested_pid_namespace(proc_root: Path = Path("/proc")) -> bool | None:
@@ -225,8 +256,7 @@ def open_gpus(
         handles = [nvml.nvmlDeviceGetHandleByIndex(g) for g in indices]
         probes = [probe_gpu(nvml, g, h) for g, h in zip(indices, handles, strict=True)]
     except Exception as exc:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
+        shut_down(nvml)
         if isinstance(exc, ReaderUnavailable):
             raise
         raise ReaderUnavailable(f"NVML failed while probing: {describe(exc)}") from None
@@ -356,21 +386,27 @@ class NvmlReader:
             for pid in sorted(pids)
         ]
 
+    def read_gpu(self, position: int, *, average: bool = False) -> GpuReading:
+        """The node's ``position``-th board read on its own (:func:`read_gpu`)."""
+        return read_gpu(self._nvml, self.probes[position], self._handles[position], average=average)
+
     def close(self) -> None:
         if self._open:
             self._open = False
-            with contextlib.suppress(Exception):
-                self._nvml.nvmlShutdown()
+            shut_down(self._nvml)
 
 
 __all__ = [
     "POLL_HINT_S",
     "GpuProbe",
+    "GpuReading",
     "NvmlReader",
     "instant_power_mw",
     "load_nvml",
     "open_gpus",
     "probe_gpu",
     "probe_nvml",
+    "read_gpu",
+    "shut_down",
 ]
 
