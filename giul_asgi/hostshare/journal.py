@@ -24,7 +24,6 @@ of any server, and every minute by the live ones. Only what a record carries is 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
@@ -34,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .place import make_dir, open_file
+from .place import held, make_dir, open_file
 from .ring import Prefix, Ring, RingError
 from .rows import TMP, Row, Rows, alive, me, parse
 from .server import ServerId
@@ -276,9 +275,7 @@ class Journal:
     def _fold(self, row: Row) -> bool:
         """Copy a dead ring's young records into the fold ring, then remove it (under the
         fold's lock: of two processes that see it dead, one folds it)."""
-        lock = open_file(self.folder / LOCK, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with held(self.folder / LOCK):
             try:
                 dead = Ring.open(row.path)
             except FileNotFoundError:
@@ -302,8 +299,6 @@ class Journal:
                 dead.close()
             Rows.remove(row)
             return True
-        finally:
-            os.close(lock)  # and the lock with it
 
     def _fold_ring(self) -> Ring:
         path = self.folder / FOLD

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import stat
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -373,5 +374,38 @@ def log_unshared(place: Place) -> None:
     )
 
 
+@contextlib.contextmanager
+def held(path: Path) -> Iterator[None]:
+    """Hold the lock file ``path`` of the place (``flock``, made if missing) for a ``with``
+    block, waiting for whoever holds it; raises OSError where it cannot be opened."""
+    fd = open_file(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the kernel lets go of the lock with its last descriptor
+
+
+@contextlib.contextmanager
+def held_if_free(path: Path) -> Iterator[bool]:
+    """Hold the lock file ``path`` for a ``with`` block if nobody does: True once held; False,
+    at once, where another process holds it or it cannot be opened (the chore is left to
+    whoever holds it, or to the next look)."""
+    try:
+        fd = open_file(path, os.O_RDWR | os.O_CREAT)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
 __all__ = ["ENV", "OFF", "PRIVATE", "Place", "Setting", "check_setting", "default_candidates",
-           "log_unshared", "make_dir", "open_file", "resolve"]
+           "held", "held_if_free", "log_unshared", "make_dir", "open_file", "resolve"]

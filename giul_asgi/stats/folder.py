@@ -31,7 +31,6 @@ counts in something that is not a whole number is skipped and said once, naming 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..hostshare.place import make_dir, open_file
+from ..hostshare.place import held_if_free, make_dir, open_file
 from ..hostshare.rows import Row, Rows, alive, parse, replace
 from ..hostshare.server import ServerId
 from .labels import NONE, OTHER
@@ -287,14 +286,8 @@ class ServerFolder:
         folded = last.get("folded", {}) if last is not None else {}
         if not [r for r in gone if r.name not in folded] and not [n for n in folded if self._gone(n)]:
             return 0
-        try:
-            lock = open_file(self.folder / LOCK, os.O_RDWR | os.O_CREAT)
-        except OSError:
-            return 0
-        try:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+        with held_if_free(self.folder / LOCK) as mine:
+            if not mine:
                 return 0  # another worker folds now
             found = self.find()  # under the lock: what the last folder left
             dead = [o for o in found.others if not o.alive]
@@ -322,8 +315,6 @@ class ServerFolder:
             for other in dead:
                 self._remove(other.name)
             return len(dead)
-        finally:
-            os.close(lock)
 
     def _gone(self, name: str) -> bool:
         return not os.path.lexists(self.folder / name)
