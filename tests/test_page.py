@@ -36,7 +36,7 @@ from giul_asgi.ledger.history import STEP_S, History
 from giul_asgi.meter import Meter
 from giul_asgi.serve.endpoint import EnergyEndpoint
 from giul_asgi.stats import EnergyStats
-from giul_asgi.stats.host import _merge_samples
+from giul_asgi.stats.merge import merge_samples as _merge_samples
 from giul_asgi.stats.nodes import Sample
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

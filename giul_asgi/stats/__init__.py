@@ -4,10 +4,11 @@ Parts, each named for what it holds: :mod:`.labels` (the key a record counts und
 its bound), :mod:`.sketch` (the quantile sketch), :mod:`.cell` (one key's counters and
 sketches in one slot), :mod:`.rolling` (windows as rings of slots), :mod:`.stats`
 (:class:`EnergyStats`, the listener that records), :mod:`.contract` (what the endpoint and
-the exporters read of them), :mod:`.groups` (the groups /energy
-shows, merged from keys at read and kept between reads), :mod:`.snapshot` (the JSON
-/energy serves, built at read time), :mod:`.nodes` (the ledgers' samples for the power
-series) and :mod:`.host` (:class:`HostStats`: several workers merged at read).
+the exporters read of them), :mod:`.groups` (the groups /energy shows, merged from keys at
+read and kept between reads), :mod:`.snapshot` (the JSON /energy serves, built at read
+time), :mod:`.nodes` (the ledgers' samples for the power series), :mod:`.host`
+(:class:`HostStats`: a server's workers sharing their statistics) and :mod:`.merge` (their
+states merged into one at read).
 """
 
 from __future__ import annotations

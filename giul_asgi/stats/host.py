@@ -11,8 +11,8 @@ on shared memory, no setting):
   the figure when it settles;
 - every ``flush_s`` (sooner when the tail fills) the worker's whole mergeable state is cut
   and written as its row, atomically: the row says where its tail goes on;
-- whoever answers ``/energy`` or ``/metrics`` merges its own live state, every other
-  worker's row and the figures in its tail after it, and the dead row; a dead worker's
+- whoever answers ``/energy`` or ``/metrics`` merges (:mod:`.merge`) its own live state,
+  every other worker's row and the figures in its tail after it, and the dead row; a dead worker's
   answers that never settled count as requests of unknown energy. So a request that got its
   answer is counted by any worker, even if its own was killed with -9 right after, and every
   worker's answer is the same, up to what happened while it was read: counters never go
@@ -47,12 +47,11 @@ from ..energy import Energy
 from ..errors import ConfigError
 from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
 from ..listeners import Settled
-from .cell import Cell
 from .folder import Other, ServerFolder, dump, remove_dead_servers
-from .labels import NONE, OTHER, Key, status_class
-from .nodes import Sample
+from .labels import Key
+from .merge import merge_samples, merge_server, samples_of
 from .stats import EnergyStats
-from .tail import AREA, Generation
+from .tail import AREA
 
 log = logging.getLogger("giul_asgi.stats")
 
@@ -330,7 +329,7 @@ class HostStats:
                 self._due.clear()
                 row = {"server": folder.server.key, "state": self.stats.state(cut=self._cut),
                        "nodes": {name: [list(s) for s in samples]
-                                 for name, samples in _samples(self.stats).items()}}
+                                 for name, samples in samples_of(self.stats).items()}}
                 try:
                     folder.rows.write(dump(row))
                     self._written = changes
@@ -377,71 +376,10 @@ class HostStats:
             return 1
         return 1 + sum(1 for o in folder.find().others if o.alive)
 
-    def _merge_other(self, merged: EnergyStats, other: Other, samples: list[dict[str, list[Sample]]]) -> bool:
-        """Add another worker (its row, its tail after it, and if dead its answers that
-        never settled) into ``merged``; False where its row makes no sense (skipped)."""
-        data = other.row
-        try:
-            state = data["state"]
-            nodes = _parse_samples(data.get("nodes", {}))
-            merged.merge_state(state)
-        except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError,
-                OverflowError) as exc:
-            if self.folder is not None:
-                self.folder.odd(other.name, f"{type(exc).__name__}: {exc}")
-            return False
-        samples.append(nodes)
-        merged.merge_cells([(k, at, c.copy()) for g in other.gens for (k, at), c in g.cells.items()])
-        if not other.alive:
-            cut = state.get("cut") if isinstance(state.get("cut"), dict) else {}
-            merged.merge_cells(_unsettled(cut.get("pending"), other.gens, merged.step_s))
-        return True
-
-    def _merge_dead(self, merged: EnergyStats, dead: dict[str, Any] | None,
-                    samples: list[dict[str, list[Sample]]]) -> None:
-        if dead is None or dead.get("state") is None:
-            return
-        try:
-            nodes = _parse_samples(dead.get("nodes", {}))
-            merged.merge_state(dead["state"])
-            samples.append(nodes)
-        except (ConfigError, KeyError, TypeError, ValueError, IndexError, AttributeError,
-                OverflowError) as exc:
-            if self.folder is not None:
-                self.folder.odd("dead.json", f"{type(exc).__name__}: {exc}")
-
-    def _merged(self, dead: dict[str, Any] | None, others: list[Other],
-                own: dict[str, Any] | None) -> tuple[EnergyStats, list[dict[str, list[Sample]]], int]:
-        """``dead`` (the dead row), ``others`` and ``own`` (this worker's state) merged, in an
-        order every worker takes alike (the dead row, then the rows by name), the tenants
-        labelled as the server's register says; and the node samples, and the live others."""
-        merged = self.stats.empty_like()
-        folder = self.folder
-        if folder is not None:
-            names = _tenants(dead.get("state") if dead is not None else None)
-            for other in others:
-                names |= _tenants(other.row.get("state"))
-                names |= {k[6] for g in other.gens for (k, _) in g.cells}
-            names |= _tenants(own)
-            merged.labels.allowed_tenants = folder.admit(names, self.stats.tenants.max_labels)
-        samples: list[dict[str, list[Sample]]] = []
-        self._merge_dead(merged, dead, samples)
-        mine = folder.rows.name if folder is not None else ""
-        live = 0
-        for other in sorted(others, key=lambda o: o.name):
-            if own is not None and mine < other.name:
-                merged.merge_state(own)
-                own = None
-            if self._merge_other(merged, other, samples) and other.alive:
-                live += 1
-        if own is not None:
-            merged.merge_state(own)
-        return merged, samples, live
-
     def _fold(self, dead: dict[str, Any] | None, others: list[Other]) -> dict[str, Any]:
         """The new dead row: the last one and ``others`` (dead workers) merged."""
-        merged, samples, _ = self._merged(dead, others, None)
-        nodes = _merge_samples(samples, merged.step_s)
+        merged, samples, _ = merge_server(self.stats, self.folder, dead, others, None)
+        nodes = merge_samples(samples, merged.step_s)
         return {"state": merged.state(),
                 "nodes": {name: [list(s) for s in items] for name, items in nodes.items()}}
 
@@ -452,9 +390,10 @@ class HostStats:
         if folder is None:
             return self.stats
         found = folder.find()
-        merged, samples, self._live = self._merged(found.dead, found.others, self.stats.state())
-        samples.append(_samples(self.stats))
-        merged_samples = _merge_samples(samples, self.stats.step_s)
+        merged, samples, self._live = merge_server(self.stats, folder, found.dead, found.others,
+                                                   self.stats.state())
+        samples.append(samples_of(self.stats))
+        merged_samples = merge_samples(samples, self.stats.step_s)
         with merged._lock:
             merged._nodes.samples = merged_samples
         return merged
@@ -466,14 +405,6 @@ class HostStats:
         out["shared_reason"] = self.shared_reason
         out["server"] = self.server.key if self.server is not None else None
         return out
-
-
-def _tenants(state: Any) -> set[str]:
-    """The tenant labels in a state (its keys' last name), where it has any."""
-    try:
-        return {str(row[6]) for row in state["keys"]}
-    except (TypeError, KeyError, IndexError):
-        return set()
 
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,80}")
@@ -499,67 +430,6 @@ def _number(value: Any) -> bytes:
     if type(value) is float:
         return repr(value).encode() if math.isfinite(value) else b"null"
     return b"null"
-
-
-def _unsettled(pending: Any, gens: list[Generation], step_s: float) -> list[tuple[Key, int, Cell]]:
-    """A dead worker's answers that never settled: requests of unknown energy."""
-    answers: dict[str, Any] = dict(pending) if isinstance(pending, dict) else {}
-    for g in gens:
-        answers.update(g.answered)
-    for g in gens:
-        for settled in g.settled:
-            answers.pop(settled, None)
-    cells: list[tuple[Key, int, Cell]] = []
-    for labels in answers.values():
-        try:
-            t, route, node, tier, outcome, status, tenant = labels
-            if not (isinstance(t, float | int) and math.isfinite(t)):
-                continue
-            key: Key = (str(route or "<unmatched>"), str(node or NONE), str(tier or NONE), "unknown",
-                        outcome if isinstance(outcome, str) else "incomplete",
-                        status_class(status), NONE if tenant is None else OTHER)
-            cell = Cell()
-            cell.add(None, None, 0.0, None)
-            cells.append((key, int(t // step_s), cell))
-        except (TypeError, ValueError):
-            continue
-    return cells
-
-
-def _parse_samples(nodes: Any) -> dict[str, list[Sample]]:
-    """A row's node samples; raises ValueError on one that makes no sense."""
-    if not isinstance(nodes, dict):
-        raise ValueError("nodes is not an object")
-    out: dict[str, list[Sample]] = {}
-    for name, items in nodes.items():
-        parsed = []
-        for item in items:
-            t, *values = item
-            if not (isinstance(t, float | int) and math.isfinite(t)) or len(values) != 4:
-                raise ValueError(f"a node sample without a time: {item!r}")
-            parsed.append(Sample(float(t), *(float(v) if isinstance(v, float | int) and math.isfinite(v)
-                                             else None for v in values)))
-        out[str(name)] = parsed
-    return out
-
-
-def _samples(stats: EnergyStats) -> dict[str, list[Sample]]:
-    with stats._lock:
-        return stats._nodes.copy()
-
-
-def _merge_samples(per_worker: list[dict[str, list[Sample]]], step: float) -> dict[str, list[Sample]]:
-    """Every worker's samples of the host's node books, one per step (the latest): each
-    worker samples when it answers, so together they draw the series none has alone."""
-    merged: dict[str, dict[int, Sample]] = {}
-    for samples in per_worker:
-        for name, items in samples.items():
-            slots = merged.setdefault(name, {})
-            for item in items:
-                slot = int(item.t // step)
-                if slot not in slots or slots[slot].t < item.t:
-                    slots[slot] = item
-    return {name: [slots[k] for k in sorted(slots)] for name, slots in merged.items()}
 
 
 __all__ = ["ENV", "HostStats", "clear_directory", "multiproc_dir"]
