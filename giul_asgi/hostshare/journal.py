@@ -191,8 +191,17 @@ class Journal:
 
     def _refresh(self) -> list[_Reader]:
         """Every ring of this server (this store's own, live and dead processes', the fold),
-        read up to now."""
+        read up to now. A ring listed and gone before it was opened was folded meanwhile
+        (its process closed its store): the folder is listed again, for the fold holds it now."""
+        for _ in range(3):
+            readers, vanished = self._scan()
+            if not vanished:
+                break
+        return readers
+
+    def _scan(self) -> tuple[list[_Reader], bool]:
         seen: dict[str, _Reader] = {}
+        vanished = False
         try:
             names = [e.name for e in os.scandir(self.folder)
                      if e.name.endswith(SUFFIX) and not e.name.startswith(".")
@@ -210,9 +219,11 @@ class Journal:
                         reader.ring.close()
                     reader = _Reader(Ring.open(self.folder / name), inode)
                 reader.refresh()
-            except (OSError, ValueError) as exc:  # gone meanwhile, or not a ring of ours
-                if reader is None or not isinstance(exc, FileNotFoundError):
-                    _say_once(f"{self.folder / name} cannot be read as a ring ({exc}): skipped")
+            except FileNotFoundError:  # folded and removed since it was listed
+                vanished = True
+                continue
+            except (OSError, ValueError) as exc:  # not a ring of ours
+                _say_once(f"{self.folder / name} cannot be read as a ring ({exc}): skipped")
                 continue
             if reader.ring.damaged and not reader.damage_said:
                 reader.damage_said = True
@@ -222,7 +233,7 @@ class Journal:
             if name not in seen:
                 gone.ring.close()
         self._readers = seen
-        return list(seen.values())
+        return list(seen.values()), vanished
 
     def why(self, prefix: str, counter: int) -> str:
         """Why no ring of this server holds the id ``<prefix><counter>`` (see the 404)."""
