@@ -142,6 +142,54 @@ async def test_a_neuralwatt_stream_carries_the_comment_just_before_done() -> Non
         await mw.aclose()
 
 
+def _app_with(headers: list[tuple[bytes, bytes]], body: bytes, media: bytes = b"application/json") -> object:
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                    "headers": [(b"content-type", media), *headers]})
+        await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+
+    return app
+
+
+def _varies(message: dict) -> list[bytes]:
+    return [v for k, v in message["headers"] if k.lower() == b"vary"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("media", [b"application/json", b"text/event-stream"])
+async def test_an_answer_whose_block_follows_prefer_says_vary_prefer(media: bytes) -> None:
+    """RFC 9110 12.5.5: the block's shape depends on the request's ``Prefer``, so a cache
+    must key on it: ``Vary: Prefer``, asked or not, beside the app's own names, once."""
+    node, _card = busy_node()
+    body = b'{"id": "x"}' if media == b"application/json" else CHUNK + FINISH + b"data: [DONE]\n\n"
+    cases = [
+        ([], [b"Prefer"]),
+        ([(b"vary", b"Accept-Encoding")], [b"Accept-Encoding, Prefer"]),
+        ([(b"Vary", b"Origin"), (b"vary", b"accept")], [b"Origin", b"accept, Prefer"]),
+        ([(b"vary", b"Accept, prefer")], [b"Accept, prefer"]),  # named already: not twice
+        ([(b"vary", b"*")], [b"*"]),  # varies with everything already
+    ]
+    for app_headers, wanted in cases:
+        mw = fresh(_app_with(app_headers, body, media), node)
+        try:
+            for asked in ([], [(b"prefer", b"energy=neuralwatt")]):
+                sent = await drive(mw, headers=asked)
+                assert _varies(start_of(sent)) == wanted, (app_headers, asked)
+        finally:
+            await mw.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_answer_whose_bytes_no_preference_changes_says_no_vary() -> None:
+    node, _card = busy_node()
+    mw = fresh(_app_with([], b"plain", b"text/plain"), node)
+    try:
+        sent = await drive(mw, headers=[(b"prefer", b"energy=neuralwatt")])
+        assert _varies(start_of(sent)) == []
+    finally:
+        await mw.aclose()
+
+
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[str]:
     card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.02)

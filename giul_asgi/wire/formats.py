@@ -109,6 +109,9 @@ class Chosen:
 
     format: EnergyFormat
     applied: tuple[Header, ...] = ()
+    #: The response may differ with the request's ``Prefer`` (a client could ask for another
+    #: format): it says ``Vary: Prefer``, whether this one asked or not (RFC 9110 12.5.5).
+    vary: bool = False
 
 
 class Formats:
@@ -118,10 +121,10 @@ class Formats:
 
     def __init__(self, default: EnergyFormat = GIUL,
                  known: Mapping[str, EnergyFormat] = FORMATS) -> None:
-        self.default = Chosen(default)
+        self.default = Chosen(default, vary=bool(known))
         #: What answering ``Prefer: energy=<name>`` takes, made once.
         self._applied = {
-            name.encode(): Chosen(fmt, ((b"preference-applied", b"energy=" + name.encode()),))
+            name.encode(): Chosen(fmt, ((b"preference-applied", b"energy=" + name.encode()),), vary=True)
             for name, fmt in known.items()
         }
 

@@ -150,6 +150,26 @@ def stream_headers(
     return headers
 
 
+def with_vary(headers: list[tuple[bytes, bytes]], name: bytes) -> list[tuple[bytes, bytes]]:
+    """``headers`` saying the response varies with request header ``name`` too (RFC 9110
+    12.5.5): added to the app's last ``Vary`` (its names kept), or a ``Vary`` of its own;
+    nothing where a ``Vary`` names it already or says ``*``. Changes ``headers`` in place."""
+    last = -1
+    wanted = name.lower()
+    for i, (key, value) in enumerate(headers):
+        if len(key) == 4 and key.lower() == b"vary":
+            names = {part.strip().lower() for part in value.split(b",")}
+            if wanted in names or b"*" in names:
+                return headers
+            last = i
+    if last < 0:
+        headers.append((b"vary", name))
+    else:
+        key, value = headers[last]
+        headers[last] = (key, value + b", " + name if value.strip() else name)
+    return headers
+
+
 __all__ = [
     "ENERGY_HEADER_NAMES",
     "energy_headers",
@@ -158,4 +178,5 @@ __all__ = [
     "id_header",
     "number",
     "stream_headers",
+    "with_vary",
 ]
