@@ -185,6 +185,7 @@ class Responder:
             extra = stream_headers(
                 meter.node, meter.tier.name if meter.tier is not None else None,
                 provenance.backend, provenance.source, meter.id, self.trailers,
+                provenance.boundary, provenance.pue,
             )
             if self.trailers:
                 message["trailers"] = True
