@@ -233,3 +233,35 @@ def test_the_openai_client_parses_a_neuralwatt_stream_that_raw_bytes_show_the_co
     assert set(block) == SHAPE and block["energy_joules"] > 0
     assert all("energy" not in json.loads(sse_data(e)) for e in raw.split(b"\n\n")
                if e.startswith(b"data: {"))  # only the comment carries it
+
+
+@pytest.fixture(scope="module")
+def usage_gateway() -> Iterator[str]:
+    """A neuralwatt gateway that also puts the energy in ``usage``."""
+    card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.02)
+    node = Node("sim-nwu", idle_w=70.0, period_s=0.02,
+                reader_factory=lambda _n: SimulatedReader(card, period=0.02))
+    app = FastAPI()
+    app.add_route("/v1/chat/completions", openai_chat(card), methods=["POST"])
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(), stats=RecordingStats(),
+                       energy_format="neuralwatt", energy_in_usage=True, settle_timeout=0.5)
+    with serve(app) as url:
+        yield url
+
+
+def test_the_openai_clients_usage_says_the_neuralwatt_blocks_joules(usage_gateway: str) -> None:
+    """With ``energy_in_usage`` the usage's ``energy_joules`` is the number the neuralwatt
+    block says under that name (the allocated basis), never our dynamic joules beside it;
+    our own format's usage keeps ours (asked for per request)."""
+    with OpenAI(base_url=usage_gateway + "/v1", api_key="x", max_retries=0) as client:
+        completion = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
+        block = (completion.model_extra or {})["energy"]
+        usage = (completion.usage.model_extra or {}) if completion.usage else {}
+        assert set(block) == SHAPE
+        assert usage["energy_joules"] == block["energy_joules"] and usage["energy_kwh"] == block["energy_kwh"]
+        assert completion.usage is not None and completion.usage.completion_tokens == 10  # the rest as it was
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, max_tokens=4, extra_headers={"Prefer": "energy=giul"})
+        ours = raw.parse()
+        assert ours.usage is not None
+        assert (ours.usage.model_extra or {})["energy_joules"] == (ours.model_extra or {})["energy"]["joules"]

@@ -36,7 +36,6 @@ from ..wire.body import (
     parse_object,
     splice_object,
     splice_usage,
-    usage_fields,
     usage_open,
     usage_tokens,
 )
@@ -294,7 +293,7 @@ class JSONResponder(Responder):
         if obj is not None:
             spliced = splice_object(body, obj, options.energy_key, self.format.block(energy))
             if spliced is not None and options.energy_in_usage and usage_open(obj):
-                spliced = splice_usage(spliced, usage_fields(energy)) or spliced
+                spliced = splice_usage(spliced, self.format.usage(energy)) or spliced
             if spliced is not None:
                 body = spliced
                 if head.length_at >= 0:  # corrected in place, the common case
@@ -391,7 +390,7 @@ class SSEResponder(Responder):
             await self.end({"type": _BODY, "body": out, "more_body": False})
 
     def _usage(self) -> bytes | None:
-        return usage_fields(self.exchange.figure()) if self.in_usage else None
+        return self.format.usage(self.exchange.figure()) if self.in_usage else None
 
     async def _block(self) -> bytes:
         exchange = self.exchange
