@@ -183,3 +183,36 @@ def test_opentelemetry_says_the_boundary_and_the_pue() -> None:
     attrs = energy_attributes(Energy(2.0, "measured", boundary="host", pue=1.2))
     assert attrs["giul.energy.boundary"] == "host" and attrs["giul.energy.pue"] == 1.2
     assert "giul.energy.pue" not in energy_attributes(Energy(2.0, "measured"))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pue", [None, 1.3])
+async def test_a_streams_start_says_the_boundary_as_a_json_answer_does(pue: float | None) -> None:
+    """A stream's start goes out before its figure: it still says what the figure will
+    cover (``X-Energy-Boundary``) and the PUE its joules will carry, as the JSON answer's
+    headers do."""
+    from dataclasses import replace
+
+    from apps import busy_node, drive, fresh, header, start_of
+
+    node, _card = busy_node()
+    node = replace(node, pue=pue)
+
+    def app_of(media: bytes, body: bytes) -> object:
+        async def app(scope: dict, receive: object, send: object) -> None:
+            await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                        "headers": [(b"content-type", media)]})
+            await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+
+        return app
+
+    wanted_pue = None if pue is None else b"1.3"
+    for media, body in ((b"application/json", b'{"id": "x"}'), (b"text/event-stream", b"data: {}\n\n"),
+                        (b"application/octet-stream", b"bytes")):
+        mw = fresh(app_of(media, body), node)
+        try:
+            start = start_of(await drive(mw))
+            assert header(start, b"x-energy-boundary") == b"gpu", media
+            assert header(start, b"x-energy-pue") == wanted_pue, media
+        finally:
+            await mw.aclose()

@@ -142,6 +142,54 @@ async def test_a_neuralwatt_stream_carries_the_comment_just_before_done() -> Non
         await mw.aclose()
 
 
+def _app_with(headers: list[tuple[bytes, bytes]], body: bytes, media: bytes = b"application/json") -> object:
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                    "headers": [(b"content-type", media), *headers]})
+        await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+
+    return app
+
+
+def _varies(message: dict) -> list[bytes]:
+    return [v for k, v in message["headers"] if k.lower() == b"vary"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("media", [b"application/json", b"text/event-stream"])
+async def test_an_answer_whose_block_follows_prefer_says_vary_prefer(media: bytes) -> None:
+    """RFC 9110 12.5.5: the block's shape depends on the request's ``Prefer``, so a cache
+    must key on it: ``Vary: Prefer``, asked or not, beside the app's own names, once."""
+    node, _card = busy_node()
+    body = b'{"id": "x"}' if media == b"application/json" else CHUNK + FINISH + b"data: [DONE]\n\n"
+    cases = [
+        ([], [b"Prefer"]),
+        ([(b"vary", b"Accept-Encoding")], [b"Accept-Encoding, Prefer"]),
+        ([(b"Vary", b"Origin"), (b"vary", b"accept")], [b"Origin", b"accept, Prefer"]),
+        ([(b"vary", b"Accept, prefer")], [b"Accept, prefer"]),  # named already: not twice
+        ([(b"vary", b"*")], [b"*"]),  # varies with everything already
+    ]
+    for app_headers, wanted in cases:
+        mw = fresh(_app_with(app_headers, body, media), node)
+        try:
+            for asked in ([], [(b"prefer", b"energy=neuralwatt")]):
+                sent = await drive(mw, headers=asked)
+                assert _varies(start_of(sent)) == wanted, (app_headers, asked)
+        finally:
+            await mw.aclose()
+
+
+@pytest.mark.anyio
+async def test_an_answer_whose_bytes_no_preference_changes_says_no_vary() -> None:
+    node, _card = busy_node()
+    mw = fresh(_app_with([], b"plain", b"text/plain"), node)
+    try:
+        sent = await drive(mw, headers=[(b"prefer", b"energy=neuralwatt")])
+        assert _varies(start_of(sent)) == []
+    finally:
+        await mw.aclose()
+
+
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[str]:
     card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.02)
@@ -185,3 +233,35 @@ def test_the_openai_client_parses_a_neuralwatt_stream_that_raw_bytes_show_the_co
     assert set(block) == SHAPE and block["energy_joules"] > 0
     assert all("energy" not in json.loads(sse_data(e)) for e in raw.split(b"\n\n")
                if e.startswith(b"data: {"))  # only the comment carries it
+
+
+@pytest.fixture(scope="module")
+def usage_gateway() -> Iterator[str]:
+    """A neuralwatt gateway that also puts the energy in ``usage``."""
+    card = SimulatedCard(idle_w=70.0, cap_w=700.0, counter_period=0.02)
+    node = Node("sim-nwu", idle_w=70.0, period_s=0.02,
+                reader_factory=lambda _n: SimulatedReader(card, period=0.02))
+    app = FastAPI()
+    app.add_route("/v1/chat/completions", openai_chat(card), methods=["POST"])
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(), stats=RecordingStats(),
+                       energy_format="neuralwatt", energy_in_usage=True, settle_timeout=0.5)
+    with serve(app) as url:
+        yield url
+
+
+def test_the_openai_clients_usage_says_the_neuralwatt_blocks_joules(usage_gateway: str) -> None:
+    """With ``energy_in_usage`` the usage's ``energy_joules`` is the number the neuralwatt
+    block says under that name (the allocated basis), never our dynamic joules beside it;
+    our own format's usage keeps ours (asked for per request)."""
+    with OpenAI(base_url=usage_gateway + "/v1", api_key="x", max_retries=0) as client:
+        completion = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=10)
+        block = (completion.model_extra or {})["energy"]
+        usage = (completion.usage.model_extra or {}) if completion.usage else {}
+        assert set(block) == SHAPE
+        assert usage["energy_joules"] == block["energy_joules"] and usage["energy_kwh"] == block["energy_kwh"]
+        assert completion.usage is not None and completion.usage.completion_tokens == 10  # the rest as it was
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, max_tokens=4, extra_headers={"Prefer": "energy=giul"})
+        ours = raw.parse()
+        assert ours.usage is not None
+        assert (ours.usage.model_extra or {})["energy_joules"] == (ours.model_extra or {})["energy"]["joules"]

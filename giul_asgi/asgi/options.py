@@ -40,7 +40,8 @@ class Options:
     #: Put the block into an OpenAI stream's finish or usage chunk.
     usage_energy: bool = True
     #: Add ``energy_joules`` (and ``carbon_grams``) to an OpenAI ``usage`` object, JSON or
-    #: streamed, so tools that log ``usage`` as it is capture the energy with no change.
+    #: streamed, so tools that log ``usage`` as it is capture the energy with no change
+    #: (neuralwatt: its block's ``energy_joules`` and ``energy_kwh``, JSON answers only).
     energy_in_usage: bool = False
     #: Send the figure in HTTP trailers when the client asks and the server offers them.
     trailers: bool = True

@@ -36,12 +36,11 @@ from ..wire.body import (
     parse_object,
     splice_object,
     splice_usage,
-    usage_fields,
     usage_open,
     usage_tokens,
 )
 from ..wire.formats import Chosen, Formats
-from ..wire.headers import energy_headers, stream_headers
+from ..wire.headers import energy_headers, stream_headers, with_vary
 from ..wire.sse import CHAT, Lane, SSESplicer
 from .exchange import Exchange, Send
 from .options import Options
@@ -145,7 +144,7 @@ def choose(
 class Responder:
     """One response's messages on their way to the server."""
 
-    __slots__ = ("applied", "complete", "downstream", "exchange", "head", "started", "trailers")
+    __slots__ = ("applied", "complete", "downstream", "exchange", "head", "started", "trailers", "vary")
 
     def __init__(self, exchange: Exchange, head: Head, downstream: Send, *, trailers: bool) -> None:
         self.exchange = exchange
@@ -156,6 +155,8 @@ class Responder:
         self.complete = False  # the last body message went out
         #: ``Preference-Applied`` where the client's ``Prefer`` chose the figure's format.
         self.applied: tuple[tuple[bytes, bytes], ...] = ()
+        #: The figure's shape could follow a ``Prefer``: the start says ``Vary: Prefer``.
+        self.vary = False
 
     async def start(self) -> None:
         """The app sent its start: it goes out now, with what is known before the end."""
@@ -183,12 +184,15 @@ class Responder:
             extra = stream_headers(
                 meter.node, meter.tier.name if meter.tier is not None else None,
                 provenance.backend, provenance.source, meter.id, self.trailers,
+                provenance.boundary, provenance.pue,
             )
             if self.trailers:
                 message["trailers"] = True
         base = headers if headers is not None else message.get("headers", ())
         message["headers"] = [*base, *extra, *self.applied, *self.exchange.also]
         self.started = True
+        if self.vary:
+            with_vary(message["headers"], b"Prefer")
         await self.downstream(message)
 
     async def end(self, message: Message) -> None:
@@ -256,6 +260,7 @@ class JSONResponder(Responder):
         self.format = chosen.format
         self.applied = chosen.applied
         self.held: bytes | None = None  # the whole announced body, sent with more_body
+        self.vary = chosen.vary
 
     async def start(self) -> None:
         """Held until the body says whether it comes whole."""
@@ -288,7 +293,7 @@ class JSONResponder(Responder):
         if obj is not None:
             spliced = splice_object(body, obj, options.energy_key, self.format.block(energy))
             if spliced is not None and options.energy_in_usage and usage_open(obj):
-                spliced = splice_usage(spliced, usage_fields(energy)) or spliced
+                spliced = splice_usage(spliced, self.format.usage(energy)) or spliced
             if spliced is not None:
                 body = spliced
                 if head.length_at >= 0:  # corrected in place, the common case
@@ -340,6 +345,7 @@ class SSEResponder(Responder):
         self.format = chosen.format
         self.applied = chosen.applied
         self.event = options.stream_event
+        self.vary = chosen.vary
         self.in_usage = options.energy_in_usage
         self.splicer = SSESplicer(
             key=options.energy_key, token_kind=options.token_kind, splice=options.usage_energy
@@ -384,7 +390,7 @@ class SSEResponder(Responder):
             await self.end({"type": _BODY, "body": out, "more_body": False})
 
     def _usage(self) -> bytes | None:
-        return usage_fields(self.exchange.figure()) if self.in_usage else None
+        return self.format.usage(self.exchange.figure()) if self.in_usage else None
 
     async def _block(self) -> bytes:
         exchange = self.exchange

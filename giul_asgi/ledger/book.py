@@ -42,7 +42,7 @@ from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
 from .decider import Decider
 from .members import Members, Windows
-from .phases import SpanSplit
+from .phases import SpanSplit, Weighed
 from .prior import FLOOR, Prior
 from .window import First, Split, TimeSplit, TokenSplit, Waiting, Window, spread
 
@@ -347,7 +347,7 @@ class Book:
     def _share(
         self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,
     ) -> None:
-        weights, rule = self._weights(span, above, members, by_time=by_time)
+        weights, rule, doubts = self._weights(span, above, members, by_time=by_time)
         total = sum(weights) if weights is not None else sum(overlap for _, overlap in members)
         seconds = span.seconds
         idle = self.provenance.idle_watts
@@ -392,6 +392,11 @@ class Book:
                     # goes to the others, and theirs to it: about ramp_s / 5 at its rate.
                     window.edge_sq += (abs(share) / overlap * self.ramp_s / 5) ** 2
             window.linear_unc += span.unc_j * mine * part
+            if doubts is not None:  # what the split itself cannot know of this share
+                rates_j, own_j, others_sq = doubts[i]
+                window.split_lin += rates_j
+                window.split_own += own_j
+                window.split_sq += others_sq
             if unwatched:
                 window.linear_unc += abs(share)
                 window.unwatched = True
@@ -410,22 +415,25 @@ class Book:
 
     def _weights(
         self, span: CardSpan, above: float, members: Members, *, by_time: bool,
-    ) -> tuple[list[float] | None, str]:
-        """Each member's weight in ``span`` (None: by its time in it), and the rule's name."""
+    ) -> Weighed:
+        """Each member's weight in ``span`` (None: by its time in it), the rule's name, and
+        each member's doubt from the split (None: none said)."""
         split = self.split
         if by_time:
-            return None, "time"
+            doubts = split.time_doubts(span, members, above) if isinstance(split, SpanSplit) else None
+            return Weighed(None, "time", doubts)
         if split.known_at_open:
-            return None, split.name
+            return Weighed(None, split.name)
         if isinstance(split, SpanSplit):
-            weights, rule = split.weigh(span, members, above)
-            if weights is None or sum(weights) > 0:
-                return weights, rule
-            return None, "time"
+            weighed = split.weigh(span, members, above)
+            if weighed.weights is None or sum(weighed.weights) > 0:
+                return weighed
+            return Weighed(None, "time", split.time_doubts(span, members, above))
         known = [w.weight for w, _ in members]
         if all(k is not None and k > 0 for k in known):
-            return [k * overlap for k, (_, overlap) in zip(known, members, strict=True)], split.name  # type: ignore[operator]
-        return None, "time"  # a weight is unknown (no tokens): this span by time
+            return Weighed([k * overlap for k, (_, overlap) in zip(known, members, strict=True)],  # type: ignore[operator]
+                           split.name)
+        return Weighed(None, "time")  # a weight is unknown (no tokens): this span by time
 
     def _resolve(self, waiting: Waiting, settled: list[Window], *, by_time: bool) -> None:
         if waiting.done:
@@ -650,8 +658,12 @@ class Book:
 
 
 def _measured_unc(window: Window) -> float:
-    """The measured part's own doubt: edges in quadrature, stamps and levels added."""
-    return math.sqrt(window.edge_sq) + window.linear_unc
+    """The measured part's own doubt: edges in quadrature, stamps and levels added; the
+    split's own doubt, independent of the card's, in quadrature with them."""
+    card = math.sqrt(window.edge_sq) + window.linear_unc
+    if not (window.split_lin or window.split_own or window.split_sq):
+        return card
+    return math.sqrt(card * card + window.split_lin ** 2 + window.split_own ** 2 + window.split_sq)
 
 
 __all__ = ["MAX_WAIT_S", "Book", "BookTotals", "Split", "TimeSplit", "TokenSplit", "Window"]

@@ -105,6 +105,9 @@ class Window:
         "settled",
         "share",
         "shared_prefill_s",
+        "split_lin",
+        "split_own",
+        "split_sq",
         "stage_shares",
         "t_close",
         "t_open",
@@ -139,6 +142,12 @@ class Window:
         self.idle_share = 0.0
         self.edge_sq = 0.0  # squared ambiguity of partly covered spans
         self.linear_unc = 0.0  # stamp and foreign-level uncertainty, added linearly
+        #: What the split itself cannot know of its shares (the phase split's), independent of
+        #: the card's doubts: the rates' error and the window's own deviation from them, each
+        #: adding up span after span, and its neighbours' deviations, in quadrature.
+        self.split_lin = 0.0
+        self.split_own = 0.0
+        self.split_sq = 0.0
         self.power_j = 0.0
         self.measured_s = 0.0
         self.lost_s = 0.0  # time that cannot be measured nor filled: the window is unknown

@@ -21,6 +21,7 @@ from .headers import (
     header_value,
     number,
     stream_headers,
+    with_vary,
 )
 from .sse import SSESplicer, energy_event, is_usage_chunk, splice_event, sse_data
 
@@ -44,4 +45,5 @@ __all__ = [
     "sse_data",
     "stream_headers",
     "usage_tokens",
+    "with_vary",
 ]

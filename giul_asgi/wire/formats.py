@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..energy import Energy
-from .body import energy_json, json_number, json_string
+from .body import energy_json, json_number, json_string, usage_fields
 
 Header = tuple[bytes, bytes]
 
@@ -42,6 +42,11 @@ class EnergyFormat(Protocol):
         stream's end)."""
         ...
 
+    def usage(self, energy: Energy) -> bytes:
+        """The fields ``energy_in_usage`` adds to an OpenAI ``usage`` object: named and
+        valued as this format's block says them, so the two never disagree."""
+        ...
+
 
 class GiulFormat:
     """Our block (``Energy.as_dict()``), spliced into the event that ends the answer."""
@@ -53,6 +58,9 @@ class GiulFormat:
 
     def stream(self, block: bytes) -> tuple[bytes | None, bytes]:
         return block, b""
+
+    def usage(self, energy: Energy) -> bytes:
+        return usage_fields(energy)
 
 
 class NeuralwattFormat:
@@ -71,6 +79,13 @@ class NeuralwattFormat:
     """
 
     name = "neuralwatt"
+
+    def usage(self, energy: Energy) -> bytes:
+        """Their block's ``energy_joules`` and ``energy_kwh`` (the allocated basis): a tool
+        that reads ``usage.energy_joules`` gets the number the block says under that name."""
+        joules = energy.allocated_joules
+        return b'"energy_joules":%s,"energy_kwh":%s' % (
+            json_number(joules), json_number(None if joules is None else joules / 3.6e6))
 
     def block(self, energy: Energy) -> bytes:
         joules = energy.allocated_joules
@@ -109,6 +124,9 @@ class Chosen:
 
     format: EnergyFormat
     applied: tuple[Header, ...] = ()
+    #: The response may differ with the request's ``Prefer`` (a client could ask for another
+    #: format): it says ``Vary: Prefer``, whether this one asked or not (RFC 9110 12.5.5).
+    vary: bool = False
 
 
 class Formats:
@@ -118,10 +136,10 @@ class Formats:
 
     def __init__(self, default: EnergyFormat = GIUL,
                  known: Mapping[str, EnergyFormat] = FORMATS) -> None:
-        self.default = Chosen(default)
+        self.default = Chosen(default, vary=bool(known))
         #: What answering ``Prefer: energy=<name>`` takes, made once.
         self._applied = {
-            name.encode(): Chosen(fmt, ((b"preference-applied", b"energy=" + name.encode()),))
+            name.encode(): Chosen(fmt, ((b"preference-applied", b"energy=" + name.encode()),), vary=True)
             for name, fmt in known.items()
         }
 

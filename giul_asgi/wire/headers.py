@@ -120,13 +120,16 @@ _WHERE: dict[tuple[Any, ...], tuple[tuple[bytes, bytes], ...]] = {}
 
 
 def _where_headers(key: tuple[Any, ...]) -> tuple[tuple[bytes, bytes], ...]:
-    node, tier, backend, source = key
-    where = (
+    node, tier, backend, source, boundary, pue = key
+    where: tuple[tuple[bytes, bytes], ...] = (
         (b"x-energy-node", header_value(node)),
         (b"x-energy-tier", header_value(tier)),
         (b"x-energy-backend", header_value(backend)),
         (b"x-energy-source", header_value(source)),
+        (b"x-energy-boundary", header_value(boundary)),
     )
+    if pue is not None:  # as a figure's own headers say it
+        where += ((b"x-energy-pue", header_number(pue)),)
     if len(_WHERE) >= TEMPLATES_MAX:
         _WHERE.clear()
     _WHERE[key] = where
@@ -135,18 +138,39 @@ def _where_headers(key: tuple[Any, ...]) -> tuple[tuple[bytes, bytes], ...]:
 
 def stream_headers(
     node: str | None, tier: str | None, backend: str, source: str, energy_id: str | None,
-    trailers: bool,
+    trailers: bool, boundary: str = "gpu", pue: float | None = None,
 ) -> list[tuple[bytes, bytes]]:
-    """What is known when a response starts before its end: where it runs and its id (under
+    """What is known when a response starts before its end: where it runs, what its figure
+    will cover (its boundary, and the PUE its joules will be multiplied by) and its id (under
     which its figure is kept), not yet what it cost; the ``Trailer`` names when trailers
     will carry the figure. Where it runs is the same for every request of a route: built
     once (6.9k -> 4.3k instructions a stream's start, callgrind)."""
-    key = (node, tier, backend, source)
+    key = (node, tier, backend, source, boundary, pue)
     headers = [*(_WHERE.get(key) or _where_headers(key))]
     if energy_id is not None:
         headers.append((b"x-energy-id", id_header(energy_id)))
     if trailers:
         headers.append(_TRAILER)
+    return headers
+
+
+def with_vary(headers: list[tuple[bytes, bytes]], name: bytes) -> list[tuple[bytes, bytes]]:
+    """``headers`` saying the response varies with request header ``name`` too (RFC 9110
+    12.5.5): added to the app's last ``Vary`` (its names kept), or a ``Vary`` of its own;
+    nothing where a ``Vary`` names it already or says ``*``. Changes ``headers`` in place."""
+    last = -1
+    wanted = name.lower()
+    for i, (key, value) in enumerate(headers):
+        if len(key) == 4 and key.lower() == b"vary":
+            names = {part.strip().lower() for part in value.split(b",")}
+            if wanted in names or b"*" in names:
+                return headers
+            last = i
+    if last < 0:
+        headers.append((b"vary", name))
+    else:
+        key, value = headers[last]
+        headers[last] = (key, value + b", " + name if value.strip() else name)
     return headers
 
 
@@ -158,4 +182,5 @@ __all__ = [
     "id_header",
     "number",
     "stream_headers",
+    "with_vary",
 ]
