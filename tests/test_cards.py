@@ -391,3 +391,26 @@ def test_a_card_nobody_reads_any_more_is_removed_when_a_ledger_joins(tmp_path: P
     finally:
         held.close()
     assert cards.sweep_cards(place) == 0  # closed, but its seat is a live process's (this one)
+
+
+def test_no_answer_shows_a_counter_below_another_ledger_s_earlier_one_departed_or_not(tmp_path: Path) -> None:
+    """Each ledger answers with its own books as they are now and the others' as last
+    published: an answer could be below another ledger's just before it. Each counter is
+    shown at the highest any ledger showed, a departed one's included."""
+    holder, other = CardTable(tmp_path, KEY, "n"), CardTable(tmp_path, KEY, "n")
+    try:
+        holder.try_hold()
+        holder.look(force=True)
+        other.publish_books(books(received=5.0, charged=5.0))
+        ahead = other.host(books(received=9.0, charged=9.0, estimated=1.0))  # its own, fresher
+        assert ahead.charged_j == pytest.approx(9.0)
+        other.publish_books(books(received=5.0, charged=5.0))  # a stale write of its books
+        assert holder.host(books()).charged_j == pytest.approx(9.0)
+        other.close()
+        holder.look(force=True)  # it departs: its books fold into the tape's, and what it showed
+        assert ledgers_on(tmp_path, KEY) == [holder.name]
+        after = holder.host(books())
+        assert after.charged_j == pytest.approx(9.0) and after.estimated_j == pytest.approx(1.0)
+    finally:
+        holder.close()
+        other.close()

@@ -31,6 +31,7 @@ from giul_asgi.hostshare.keys import folder_name
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 COUNTERS = ("giul_node_measured_joules", "giul_node_charged_joules", "giul_node_unattributed_joules",
+            "giul_node_allocated_joules", "giul_node_drawn_joules", "giul_node_idle_unattributed_joules",
             "giul_node_foreign_joules", "giul_node_reads", "giul_node_reader_errors",
             "giul_node_counter_resets")
 

@@ -10,13 +10,16 @@ reads it; the others take their parts of what it publishes.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
+import random
 import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import workers_card
 
@@ -77,9 +80,10 @@ def run_workers(setting: str | bool | None, shape: str = "steady", per_worker: i
     )
 
 
-def _holder(node: str) -> int | None:
-    """The pid holding the card's lock in the default place (where the workers, with nothing
-    set, meet), from /proc/locks: the kernel's own word."""
+def _holder(node: str, key: str | None = None) -> int | None:
+    """The pid holding the card's lock (``key``; by default the schedule's card of ``node``)
+    in the default place (where the workers, with nothing set, meet), from /proc/locks: the
+    kernel's own word."""
     saved = os.environ.pop("GIUL_ASGI_LOAD_DIR", None)
     try:
         root = resolve(None).path
@@ -87,7 +91,9 @@ def _holder(node: str) -> int | None:
         if saved is not None:
             os.environ["GIUL_ASGI_LOAD_DIR"] = saved
     assert root is not None
-    lock = root / "cards" / folder_name(f"card:schedule:{node}") / "lock"
+    lock = root / "cards" / folder_name(key or f"card:schedule:{node}") / "lock"
+    if not lock.exists():
+        return None
     inode = os.stat(lock).st_ino
     for line in Path("/proc/locks").read_text().splitlines():
         fields = line.split()
@@ -144,3 +150,80 @@ def test_sharing_off_each_worker_charges_what_it_saw() -> None:
     run = run_workers("off")
     assert run.charged / run.caused > 1.5  # the defect sharing fixes: every worker took the card
     assert all(workers == 1 for _, workers in run.hosts)
+
+
+def test_no_card_counter_falls_from_any_worker_across_the_holder_s_kill(tmp_path: Path) -> None:
+    """Issue 20: every node counter never decreases from any worker's answer. Four workers
+    keep windows open on one card; the test asks them, one after another in a shuffled
+    order, for the books they would serve, and halfway kills the card's holder with -9
+    while windows are in flight. A hostile tester saw the allocated counter fall 298.65 ->
+    296.46 after such a kill: each worker held its own highest of a figure that differed by
+    worker (its own idle in flight taken out), and each added its own fresh books to the
+    others' as last published."""
+    card = workers_card.FileCard.create(tmp_path / "card.jsonl")
+    node = f"books-{uuid.uuid4().hex[:8]}"
+    ctx = multiprocessing.get_context("spawn")
+    pipes = [ctx.Pipe() for _ in range(4)]
+    procs = [ctx.Process(target=workers_card.books_worker, args=(i, node, str(card), pipes[i][1]))
+             for i in range(4)]
+    for p in procs:
+        p.start()
+    conns = {i: pipes[i][0] for i in range(4)}
+    rng = random.Random(7)
+    answers: list[dict[str, Any]] = []
+
+    def ask_all() -> None:
+        order = list(conns)
+        rng.shuffle(order)
+        for i in order:
+            conns[i].send("books")
+            assert conns[i].poll(60), f"worker {i} did not answer"
+            answers.append({**conns[i].recv(), "worker": i})
+
+    try:
+        pids = {}
+        for i, conn in conns.items():
+            assert conn.poll(90), f"worker {i} did not start"
+            pids[i] = conn.recv()[1]
+        key = f"card:file:{card}"
+        deadline = time.monotonic() + 60
+        # Until every worker answers for the host's card (before it sits at the table, a
+        # worker's books are its own, a series of their own), and the card is read.
+        while (len(answers) < 4 or any(a["process"] is not None or a["reads"] == 0 for a in answers[-4:])
+               or _holder(node, key) is None):
+            assert time.monotonic() < deadline, "the workers never met at the card's table"
+            ask_all()
+            time.sleep(0.05)
+        del answers[:]
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            ask_all()
+        holder = _holder(node, key)
+        killed = next(i for i, pid in pids.items() if pid == holder)
+        assert answers[-1]["windows_open"] > 0  # windows in flight, the holder's among them
+        os.kill(pids[killed], signal.SIGKILL)
+        del conns[killed]
+        at_kill = len(answers)
+        # Until another worker reads the card again (and a while after): the books go on.
+        measured = answers[-1]["measured_j"]
+        deadline, after = time.monotonic() + 60, None
+        while after is None or time.monotonic() < after:
+            assert time.monotonic() < deadline, "nobody took the card over"
+            ask_all()
+            if after is None and answers[-1]["measured_j"] > measured:
+                after = time.monotonic() + 1.5
+        for conn in conns.values():
+            conn.send("stop")
+    finally:
+        for p in procs:
+            p.join(15)
+            if p.is_alive():
+                p.kill()
+    assert len(answers) - at_kill > 20 and at_kill > 20, (at_kill, len(answers))
+    falls = {name: [(a["worker"], a[name], b["worker"], b[name]) for a, b in itertools.pairwise(answers)
+                    if b[name] < a[name]]
+             for name in workers_card.COUNTERS}
+    assert not any(falls.values()), "; ".join(f"{name}: {len(f)} falls, the first {f[:2]}"
+                                              for name, f in falls.items() if f)
+    last = answers[-1]
+    assert last["allocated_j"] > last["charged_j"] > 0 and last["workers"] >= 3

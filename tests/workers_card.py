@@ -254,3 +254,45 @@ def server_command(kind: str, port: int) -> list[str]:
                 "--port", str(port), "--workers", "4", "--log-level", "warning"]
     return [sys.executable, "-m", "gunicorn", "workers_app:app", "-k", "uvicorn_worker.UvicornWorker",
             "-w", "4", "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--graceful-timeout", "5"]
+
+
+#: The node books' counters a worker answers with (:func:`books_worker`): every one of them
+#: must never fall, from whichever worker answers.
+COUNTERS = ("measured_j", "charged_j", "unattributed_j", "foreign_j", "estimated_j", "drawn_j",
+            "idle_charged_j", "allocated_j", "idle_unattributed_j", "reads", "read_errors", "resets")
+
+
+def books_worker(index: int, node_name: str, path: str, conn: Any, loads: int = 2) -> None:
+    """One worker over the :class:`FileCard` at ``path``: ``loads`` threads keep windows open
+    on it back to back (0.05-0.4 s, each loading the card while it runs), and the worker
+    answers ``books`` on ``conn`` with the node books it would serve (/energy, /metrics),
+    until ``stop``. Nothing set: the workers meet in the default place."""
+    os.environ.pop("GIUL_ASGI_LOAD_DIR", None)
+    card = FileCard(path)
+    ledger = Ledger(Node(node_name, idle_w=IDLE, reader_factory=lambda _: FileCardReader(path)))
+    ledger.ensure_started()
+    done = threading.Event()
+
+    def load(seed: int) -> None:
+        rng = random.Random(seed)
+        while not done.is_set():
+            meter = Meter(ledger)
+            meter.open()
+            job = card.start_job(rng.uniform(60.0, 120.0))
+            time.sleep(rng.uniform(0.05, 0.4))
+            card.stop_job(job)
+            meter.close()
+            time.sleep(rng.uniform(0.0, 0.02))
+
+    threads = [threading.Thread(target=load, args=(100 * index + k,), daemon=True) for k in range(loads)]
+    for thread in threads:
+        thread.start()
+    conn.send(("ready", os.getpid()))
+    while (ask := conn.recv()) != "stop":
+        del ask
+        totals = ledger.host_totals()
+        conn.send({**{name: float(getattr(totals, name)) for name in COUNTERS},
+                   "workers": totals.workers, "windows_open": totals.windows_open,
+                   "process": totals.process})
+    done.set()
+    ledger.stop(1.0)

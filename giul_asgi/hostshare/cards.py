@@ -45,6 +45,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ..spans import CardSpan, Coverage, Gap
 from .keys import folder_name
@@ -82,11 +83,12 @@ _TAPE_HEAD = struct.Struct("<8sQQ24d")
 # counter resets, the holder's last good reading, the highest measured, unattributed and
 # external sums so far (what is shown: a counter never falls), where the holder's tape goes
 # on from (a counter's value and its step's time), how many ledgers ever joined, all the card
-# drew (idle included) and its idle floor no window was allocated, 2 spare
+# drew (idle included) and its idle floor no window was allocated, the departed ledgers' idle
+# floor charged and forfeit (the allocated basis, as above idle's)
 _T_MEASURED, _T_UNATTRIBUTED, _T_EXTERNAL, _T_R_CHARGED, _T_R_UNATTR, _T_R_ESTIMATED, \
     _T_LAST, _T_PERIOD, _T_BEAT, _T_R_RECEIVED, _T_READS, _T_ERRORS, _T_RESETS, _T_GOOD, \
     _T_MEASURED_TOP, _T_UNATTRIBUTED_TOP, _T_EXTERNAL_TOP, _T_BASE_VALUE, _T_BASE_T, _T_JOINS, \
-    _T_DRAWN, _T_IDLE_UNATTR = range(22)
+    _T_DRAWN, _T_IDLE_UNATTR, _T_R_IDLE_CHARGED, _T_R_IDLE_FORFEIT = range(24)
 #: A sum that a span measured below idle may lower (a step stamp's error, carried into the next
 #: span) and the highest it has been: the books show the highest, so no counter ever falls.
 _TOPS = {_T_MEASURED: _T_MEASURED_TOP, _T_UNATTRIBUTED: _T_UNATTRIBUTED_TOP, _T_EXTERNAL: _T_EXTERNAL_TOP}
@@ -102,6 +104,19 @@ _LIVE, _CLOSED = 1, 2
 _S_BEAT, _S_RECEIVED, _S_CHARGED, _S_FORFEIT, _S_IN_FLIGHT, _S_ESTIMATED, _S_OPEN, _S_GIVEN = range(8)
 _SEAT_FLOATS = 8 + 3 * 8  # where the floats start in a ledger's header
 _SEAT_COUNTS = _SEAT_FLOATS + 8 * 8  # events written, answers written, pieces taken, spare
+# After the header, in the seat's first page: its idle floor (received, charged, forfeit, in
+# flight: the allocated basis, written by it), the idle floor the holder gave it (written by
+# the holder), and what its answers showed (a sequence number, then SHOWN).
+_SEAT_IDLE, _SEAT_IDLE_GIVEN, _SEAT_SHOWN = 256, 288, 320
+_IDLE = struct.Struct("<4d")
+#: The card's counters as every ledger answers for them (HostBooks' fields): an answer shows
+#: each at the highest any ledger of the host has shown (each publishes what it showed; a
+#: departed one's is folded into the tape's), so that no counter falls from any worker's
+#: answer after another's, nor when a ledger dies, its holder included.
+SHOWN = ("measured_j", "charged_j", "unattributed_j", "foreign_j", "estimated_j", "drawn_j",
+         "idle_charged_j", "idle_unattributed_j", "reads", "read_errors", "resets")
+_SHOWN = struct.Struct(f"<{len(SHOWN)}d")
+_TAPE_SHOWN = 1024  # in the tape's first page: the highest its departed ledgers showed
 _EVENT = struct.Struct("<QBxxxxxxxdQ")
 _OPEN, _CLOSE = 1, 2
 _ANSWER = struct.Struct("<QdI4x")
@@ -142,6 +157,9 @@ class HostBooks:
     #: All the card drew (idle included), and its idle floor no window was allocated.
     drawn_j: float = 0.0
     idle_unattributed_j: float = 0.0
+    #: The idle floor charged to the host's settled windows, and to those not settled yet.
+    idle_charged_j: float = 0.0
+    idle_in_flight_j: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +174,11 @@ class SeatBooks:
     in_flight_j: float
     estimated_j: float
     windows_open: int
+    #: The same of the idle floor its windows were allocated (the allocated basis).
+    idle_received_j: float = 0.0
+    idle_charged_j: float = 0.0
+    idle_forfeit_j: float = 0.0
+    idle_in_flight_j: float = 0.0
 
 
 def _finite(value: float) -> float:
@@ -346,6 +369,9 @@ class CardTable:
         self._joins = -1.0
         self._last_t1: float | None = None
         self._counted = (0, 0, 0)  # this holder's tape's reads, errors, resets already counted
+        #: One answer for the card's books at a time in this process: what it shows is
+        #: written in its seat before the answer goes out, never after a later answer's.
+        self._answering = threading.Lock()
 
     def _map(self, path: Path, size: int) -> _Map:
         made = _Map(path, size, create=False)
@@ -471,6 +497,10 @@ class CardTable:
         charged, forfeit, estimated = books[_S_CHARGED], books[_S_FORFEIT], books[_S_ESTIMATED]
         # What it took: what the holder gave it (a follower), or what it took as holder.
         took = max(books[_S_GIVEN], books[_S_RECEIVED])
+        row = self._seat_books(remote.seat.mm)
+        idle_charged, idle_forfeit = (row.idle_charged, row.idle_forfeit) if row else (0.0, 0.0)
+        idle_took = max(row.idle_given, row.idle_received) if row else 0.0
+        shown = row.shown if row else None
         with self._books():
             self._add(_T_R_CHARGED, charged)
             # Its forfeit, and what it had in flight or in transit: never less than the forfeit
@@ -478,6 +508,11 @@ class CardTable:
             self._add(_T_R_UNATTR, max(forfeit, took - charged))
             self._add(_T_R_ESTIMATED, estimated)
             self._add(_T_R_RECEIVED, took)
+            self._add(_T_R_IDLE_CHARGED, idle_charged)
+            self._add(_T_R_IDLE_FORFEIT, max(idle_forfeit, idle_took - idle_charged))
+            if shown is not None:  # what it showed, every process sees still
+                tops = _SHOWN.unpack_from(self.tape.mm, _TAPE_SHOWN)
+                _SHOWN.pack_into(self.tape.mm, _TAPE_SHOWN, *map(max, map(_finite, tops), shown))
             _Q.pack_into(remote.seat.mm, 24, _RETIRED)  # counted in the tape's books now
         with contextlib.suppress(OSError):
             os.unlink(remote.seat.path)
@@ -519,7 +554,7 @@ class CardTable:
                 mine = coverage.by(piece.tails)
                 remote = self._remotes.get(name)
                 if mine > 0 and remote is not None:
-                    self._answer(remote, index, mine, piece.part(mine))
+                    self._answer(remote, index, mine, piece.part(mine), piece.idle_part(mine))
             payload = (index, _SPAN, 0, piece.tails, piece.quiet, piece.unwatched, piece.level_recent,
                        -1 if piece.processes_foreign is None else int(piece.processes_foreign),
                        piece.unseen_recent, piece.t0, piece.t1, piece.above_j, piece.total_j,
@@ -549,13 +584,14 @@ class CardTable:
         for remote in self._remotes.values():
             remote.prune(piece.t1 - self.ramp_s - 1.0)
 
-    def _answer(self, remote: _Remote, index: int, mine: float, given: float) -> None:
+    def _answer(self, remote: _Remote, index: int, mine: float, given: float, idle: float) -> None:
         mm = remote.seat.mm
         written = _Q.unpack_from(mm, _SEAT_COUNTS + 8)[0]
         crc = zlib.crc32(struct.pack("<Qd", index, mine))
         _ANSWER.pack_into(mm, _ANSWERS_AT + (written % ANSWERS) * ANSWER, index, mine, crc)
         at = _SEAT_FLOATS + 8 * _S_GIVEN
         _D.pack_into(mm, at, _finite(_D.unpack_from(mm, at)[0]) + given)
+        _D.pack_into(mm, _SEAT_IDLE_GIVEN, _finite(_D.unpack_from(mm, _SEAT_IDLE_GIVEN)[0]) + idle)
         _Q.pack_into(mm, _SEAT_COUNTS + 8, written + 1)
 
     def note_baseline(self, baseline: tuple[float, float] | None) -> None:
@@ -672,46 +708,62 @@ class CardTable:
         struct.pack_into("<6d", self.seat.mm, _SEAT_FLOATS + 8 * _S_RECEIVED, books.received_j,
                          books.charged_j, books.forfeit_j, books.in_flight_j, books.estimated_j,
                          float(books.windows_open))
+        _IDLE.pack_into(self.seat.mm, _SEAT_IDLE, books.idle_received_j, books.idle_charged_j,
+                        books.idle_forfeit_j, books.idle_in_flight_j)
 
     def host(self, mine: SeatBooks) -> HostBooks:
         """The card's books on the whole host: the tape's, the departed ledgers', every live
-        ledger's (``mine``: this one's, now). The same from every ledger; counters never fall."""
-        seats = self._seats()
-        for _ in range(8):
-            seq = _Q.unpack_from(self.tape.mm, 8)[0]
-            if seq % 2:
-                time.sleep(0)
-                continue
-            tape = [_finite(v) for v in struct.unpack_from("<24d", self.tape.mm, _TAPE_FLOATS)]
-            rows = [self._seat_books(mm) for mm in seats]
-            if _Q.unpack_from(self.tape.mm, 8)[0] == seq:
-                break
-        else:
-            tape = [_finite(v) for v in struct.unpack_from("<24d", self.tape.mm, _TAPE_FLOATS)]
-            rows = [self._seat_books(mm) for mm in seats]
-        live = [r for r in rows if r is not None]
-        everyone = [*live, (mine.received_j, mine.charged_j, mine.forfeit_j, mine.in_flight_j,
-                            mine.estimated_j, float(mine.windows_open), self._given())]
-        charged = tape[_T_R_CHARGED] + sum(r[1] for r in everyone)
-        forfeit = sum(r[2] for r in everyone)
-        in_flight = sum(r[3] for r in everyone) + sum(max(0.0, r[6] - r[0]) for r in live)
+        ledger's (``mine``: this one's, now, published first). The same from every ledger,
+        and no counter falls from any ledger's answer after any other's: each is shown at
+        the highest any of them showed (this one's written in its seat before the answer
+        goes out; a departed ledger's is kept in the tape's)."""
+        with self._answering:
+            self.publish_books(mine)
+            seats = self._seats()
+            for _ in range(8):
+                seq = _Q.unpack_from(self.tape.mm, 8)[0]
+                if seq % 2:
+                    time.sleep(0)
+                    continue
+                tape, tops, rows = self._read_books(seats)
+                if _Q.unpack_from(self.tape.mm, 8)[0] == seq:
+                    break
+            else:
+                tape, tops, rows = self._read_books(seats)
+            own = self._seat_books(self.seat.mm)
+            live = [r for r in rows if r is not None]
+            everyone = [*live, own] if own is not None else live
+            # The other ledgers' in transit: what the holder gave them that they have not taken.
+            in_flight = sum(r.in_flight for r in everyone) + sum(r.in_transit for r in live)
+            idle_in_flight = sum(r.idle_in_flight for r in everyone) + sum(r.idle_in_transit for r in live)
+            now = (  # in SHOWN's order
+                tape[_T_MEASURED_TOP], tape[_T_R_CHARGED] + sum(r.charged for r in everyone),
+                tape[_T_UNATTRIBUTED_TOP] + tape[_T_R_UNATTR] + sum(r.forfeit for r in everyone),
+                tape[_T_EXTERNAL_TOP], tape[_T_R_ESTIMATED] + sum(r.estimated for r in everyone),
+                tape[_T_DRAWN], tape[_T_R_IDLE_CHARGED] + sum(r.idle_charged for r in everyone),
+                tape[_T_IDLE_UNATTR] + tape[_T_R_IDLE_FORFEIT] + sum(r.idle_forfeit for r in everyone),
+                tape[_T_READS], tape[_T_ERRORS], tape[_T_RESETS])
+            shown = [max(value, top, *(r.shown[k] for r in everyone if r.shown is not None))
+                     for k, (value, top) in enumerate(zip(now, tops, strict=True))]
+            _write_shown(self.seat.mm, shown)
+        (measured, charged, unattributed, foreign, estimated, drawn, idle_charged, idle_unattributed,
+         reads, errors, resets) = shown
         return HostBooks(
-            workers=len(everyone), measured_j=tape[_T_MEASURED_TOP],
-            charged_j=charged,
-            unattributed_j=tape[_T_UNATTRIBUTED_TOP] + tape[_T_R_UNATTR] + forfeit,
-            in_flight_j=in_flight, windows_open=int(sum(r[5] for r in everyone)),
-            estimated_j=tape[_T_R_ESTIMATED] + sum(r[4] for r in everyone),
-            foreign_j=tape[_T_EXTERNAL_TOP], reads=int(tape[_T_READS]), read_errors=int(tape[_T_ERRORS]),
-            resets=int(tape[_T_RESETS]),
-            age_s=max(0.0, self.clock() - tape[_T_GOOD]) if tape[_T_GOOD] > 0 else None,
-            drawn_j=tape[_T_DRAWN], idle_unattributed_j=tape[_T_IDLE_UNATTR],
+            workers=len(everyone), measured_j=measured, charged_j=charged, unattributed_j=unattributed,
+            in_flight_j=in_flight, windows_open=int(sum(r.windows_open for r in everyone)),
+            estimated_j=estimated, foreign_j=foreign, reads=int(reads), read_errors=int(errors),
+            resets=int(resets), age_s=max(0.0, self.clock() - tape[_T_GOOD]) if tape[_T_GOOD] > 0 else None,
+            drawn_j=drawn, idle_unattributed_j=idle_unattributed, idle_charged_j=idle_charged,
+            idle_in_flight_j=idle_in_flight,
         )
+
+    def _read_books(self, seats: list[mmap.mmap]) -> tuple[list[float], list[float], list[_Row | None]]:
+        tape = [_finite(v) for v in struct.unpack_from("<24d", self.tape.mm, _TAPE_FLOATS)]
+        tops = [_finite(v) for v in _SHOWN.unpack_from(self.tape.mm, _TAPE_SHOWN)]
+        return tape, tops, [self._seat_books(mm) for mm in seats]
 
     def _published(self) -> int:
         return int(_Q.unpack_from(self.tape.mm, 16)[0])
-
-    def _given(self) -> float:
-        return _finite(_D.unpack_from(self.seat.mm, _SEAT_FLOATS + 8 * _S_GIVEN)[0])
 
     def _seats(self) -> list[mmap.mmap]:
         """Every other ledger's header, mapped read-only for this look (any thread: the
@@ -735,15 +787,16 @@ class CardTable:
         return found
 
     @staticmethod
-    def _seat_books(mm: mmap.mmap) -> tuple[float, ...] | None:
+    def _seat_books(mm: mmap.mmap) -> _Row | None:
         magic, pid, _start, state = struct.unpack_from("<8sQQQ", mm, 0)
         del pid
         if magic != _SEAT_MAGIC or state not in (_LIVE, _CLOSED):
             return None
-        values = struct.unpack_from("<8d", mm, _SEAT_FLOATS)
-        return tuple(_finite(v) for v in (values[_S_RECEIVED], values[_S_CHARGED], values[_S_FORFEIT],
-                                           values[_S_IN_FLIGHT], values[_S_ESTIMATED], values[_S_OPEN],
-                                           values[_S_GIVEN]))
+        v = [_finite(x) for x in struct.unpack_from("<8d", mm, _SEAT_FLOATS)]
+        received, charged, forfeit, in_flight = (_finite(x) for x in _IDLE.unpack_from(mm, _SEAT_IDLE))
+        return _Row(v[_S_RECEIVED], v[_S_CHARGED], v[_S_FORFEIT], v[_S_IN_FLIGHT], v[_S_ESTIMATED],
+                    v[_S_OPEN], v[_S_GIVEN], received, charged, forfeit, in_flight,
+                    _finite(_D.unpack_from(mm, _SEAT_IDLE_GIVEN)[0]), _read_shown(mm))
 
     def _books(self) -> _SeqLock:
         return _SeqLock(self.tape.mm)
@@ -779,6 +832,55 @@ class CardTable:
         for made in self._maps:
             made.close()
         self._maps = []
+
+
+class _Row(NamedTuple):
+    """A seat's books as :meth:`CardTable._seat_books` reads them: above idle, then the
+    idle floor (the allocated basis); ``given`` is the holder's word; what its answers
+    showed (None: unreadable)."""
+
+    received: float
+    charged: float
+    forfeit: float
+    in_flight: float
+    estimated: float
+    windows_open: float
+    given: float
+    idle_received: float
+    idle_charged: float
+    idle_forfeit: float
+    idle_in_flight: float
+    idle_given: float
+    shown: tuple[float, ...] | None
+
+    @property
+    def in_transit(self) -> float:
+        """What the holder gave it that it has not taken yet (above idle)."""
+        return max(0.0, self.given - self.received)
+
+    @property
+    def idle_in_transit(self) -> float:
+        return max(0.0, self.idle_given - self.idle_received)
+
+
+
+def _read_shown(mm: mmap.mmap) -> tuple[float, ...] | None:
+    """What a seat's answers showed, from the last of its two slots written whole (a
+    ledger killed while writing one leaves the other); None where it kept changing."""
+    for _ in range(8):
+        seq = _Q.unpack_from(mm, _SEAT_SHOWN)[0]
+        values = _SHOWN.unpack_from(mm, _SEAT_SHOWN + 8 + (seq % 2) * _SHOWN.size)
+        if _Q.unpack_from(mm, _SEAT_SHOWN)[0] - seq <= 1:  # the other slot, at most, was rewritten
+            return tuple(_finite(v) for v in values)
+        time.sleep(0)
+    return None
+
+
+def _write_shown(mm: mmap.mmap, values: Iterable[float]) -> None:
+    """Write what this seat's answer shows into its other slot, then make that slot the last."""
+    seq = _Q.unpack_from(mm, _SEAT_SHOWN)[0]
+    _SHOWN.pack_into(mm, _SEAT_SHOWN + 8 + ((seq + 1) % 2) * _SHOWN.size, *values)
+    _Q.pack_into(mm, _SEAT_SHOWN, seq + 1)
 
 
 class _SeqLock:

@@ -75,6 +75,10 @@ class BookTotals:
     idle_charged_j: float = 0.0
     idle_in_flight_j: float = 0.0
     idle_unattributed_j: float = 0.0
+    #: The idle floor of the spans this book took, and what of it no window could be charged
+    #: (the allocated basis's received and forfeit, as above idle's).
+    idle_received_j: float = 0.0
+    idle_forfeit_j: float = 0.0
 
 
 class Book:
@@ -126,6 +130,7 @@ class Book:
         self.idle_charged_j = 0.0
         self.idle_unattributed_j = 0.0
         self.idle_forfeit_j = 0.0
+        self.idle_received_j = 0.0
         #: What the last span said of the card's contention: (foreign level, seen recently,
         #: a foreign process in the card's list, an unseen load lately).
         self._contention: tuple[float | None, bool, bool | None, bool] = (None, False, None, False)
@@ -295,9 +300,11 @@ class Book:
         if not members:
             if mine > 0:  # the decider saw windows of ours that have gone (abandoned)
                 part = span.part(mine)
+                idle = span.idle_part(mine)
                 self.received_j += part
                 self.forfeit_j += part
-                self.idle_forfeit_j += span.idle_part(mine)
+                self.idle_received_j += idle
+                self.idle_forfeit_j += idle
             return
         if mine <= 0:
             # The decider had not seen these windows yet (opened just before it read the
@@ -309,6 +316,7 @@ class Book:
         above = span.part(mine)
         idle = span.idle_part(mine)
         self.received_j += above
+        self.idle_received_j += idle
         covered = sum(overlap for _, overlap in members)
         self._busy_booked += covered
         self._time_booked += seconds
@@ -654,6 +662,7 @@ class Book:
             estimated_j=self.estimated_j, received_j=self.received_j, forfeit_j=self.forfeit_j,
             drawn_j=self.drawn_j, idle_charged_j=self.idle_charged_j, idle_in_flight_j=idle_in_flight,
             idle_unattributed_j=self.idle_unattributed_j + self.idle_forfeit_j,
+            idle_received_j=self.idle_received_j, idle_forfeit_j=self.idle_forfeit_j,
         )
 
 

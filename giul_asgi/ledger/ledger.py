@@ -579,9 +579,12 @@ class Ledger:
         with self._lock:
             settled = self._tray_locked()
             book = self.book.totals()
-            seat = SeatBooks(book.received_j, self._high("charged", book.charged_j),
-                             self._high("forfeit", book.forfeit_j), book.in_flight_j,
-                             book.estimated_j, book.windows_open)
+            high = self._high
+            seat = SeatBooks(book.received_j, high("charged", book.charged_j),
+                             high("forfeit", book.forfeit_j), book.in_flight_j, book.estimated_j,
+                             book.windows_open, book.idle_received_j,
+                             high("idle_charged", book.idle_charged_j),
+                             high("idle_forfeit", book.idle_forfeit_j), book.idle_in_flight_j)
         _fire(settled)
         return seat
 
@@ -831,14 +834,9 @@ class Ledger:
             books = table.host(self._seat_books())
         except ValueError:  # the table closed under this call (the ledger is stopping)
             return mine
-        # The idle floor the host's windows were allocated, from the card's tape: what of it
-        # is this process's still in flight is known here; the rest is charged (or forfeit).
-        idle_given = max(0.0, books.drawn_j - books.measured_j - books.idle_unattributed_j)
         return replace(
             mine, drawn_j=books.drawn_j, idle_unattributed_j=books.idle_unattributed_j,
-            # Never below what it showed: a holder killed with windows in flight took their
-            # idle part with it, and the allocated counter fell (a hostile tester: 298.65 -> 296.46).
-            idle_charged_j=self._high("host_idle_charged", max(0.0, idle_given - mine.idle_in_flight_j)),
+            idle_charged_j=books.idle_charged_j, idle_in_flight_j=books.idle_in_flight_j,
             measured_j=books.measured_j, charged_j=books.charged_j,
             unattributed_j=books.unattributed_j, in_flight_j=books.in_flight_j, foreign_j=books.foreign_j,
             windows_open=books.windows_open, workers=books.workers, estimated_j=books.estimated_j,
