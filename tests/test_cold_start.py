@@ -44,7 +44,8 @@ async def test_meter_for_node_used_alone_gives_a_figure_on_its_first_call() -> N
         assert settled.settled, settled.error
         for e in (first, settled):
             assert e.joules is not None and e.method in ("measured", "estimated"), e.error
-            assert abs(e.joules - truth) <= max(e.uncertainty_joules or 0.0, 0.1 * truth), (e, truth)
+            assert abs(e.joules - truth) <= max(e.uncertainty_joules or 0.0, 0.1 * truth), (
+                "first" if e is first else "settled", e.joules, e.uncertainty_joules, truth, e)
 
 
 def test_meter_local_prints_numbers_on_its_first_run(capsys: pytest.CaptureFixture[str]) -> None:
