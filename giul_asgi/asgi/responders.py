@@ -345,7 +345,10 @@ class SSEResponder(Responder):
         self.format = chosen.format
         self.applied = chosen.applied
         self.event = options.stream_event
-        self.vary = chosen.vary
+        # A stream says Vary: Prefer only where the client asked: no cache stores an event
+        # stream to serve it again, and the app's own stream headers are what proxies and
+        # its tests read (Starlette's GZip suite asserts an excluded stream has no Vary).
+        self.vary = bool(chosen.applied)
         self.in_usage = options.energy_in_usage
         self.splicer = SSESplicer(
             key=options.energy_key, token_kind=options.token_kind, splice=options.usage_energy
