@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports of 127.0.0.1: every socket is held until all are chosen (one
+    bound and closed at a time, the kernel handed the same port twice: two servers of a test
+    became one, on a loaded machine)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
+def free_port() -> int:
+    """A free port of 127.0.0.1, for a server a test starts in another process."""
+    return free_ports(1)[0]
 
 
 @contextlib.contextmanager

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import httpx
 import pytest
 from fake_nvml import FakeGpu, FakeNvml
 from fixtures.agent_server import running_agent
+from server import free_port
 
 from giul_asgi.agent import NvmlSource
 from giul_asgi.errors import ConfigError, ReaderUnavailable
@@ -160,11 +160,6 @@ def test_malformed_answers_are_error_readings(body: bytes, match: str) -> None:
     assert reading.error is not None and match in reading.error
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _start_agent(port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, str(FIXTURES / "fake_agent.py"), str(port)],
@@ -182,7 +177,7 @@ def _start_agent(port: int) -> subprocess.Popen[bytes]:
 
 
 def test_a_killed_agent_gives_gaps_backs_off_and_is_read_again_when_it_returns() -> None:
-    port = _free_port()
+    port = free_port()
     proc = _start_agent(port)
     spec = ReaderSpec(url=f"http://127.0.0.1:{port}",
                       options={"timeout_s": 0.5, "backoff_s": 0.2, "backoff_max_s": 0.4})
@@ -213,7 +208,7 @@ def test_a_killed_agent_gives_gaps_backs_off_and_is_read_again_when_it_returns()
 
 
 def test_an_agent_down_at_start_is_not_fatal() -> None:
-    reader = AgentReader(ReaderSpec(url=f"http://127.0.0.1:{_free_port()}", options={"timeout_s": 0.5}))
+    reader = AgentReader(ReaderSpec(url=f"http://127.0.0.1:{free_port()}", options={"timeout_s": 0.5}))
     assert any("not reachable" in n for n in reader.notes)
     assert reader.read().error is not None
     reader.close()

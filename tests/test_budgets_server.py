@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from server import free_port
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -39,11 +39,6 @@ WORKERS = 4
 #: Each request's work, and each client's pause between an answer and its next request (s).
 WORK_S, PAUSE_S = 0.15, 0.3
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def client_loop(client: httpx.Client, answers: list[dict[str, Any]], lock: threading.Lock,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import runpy
-import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from server import serve
+from server import free_port, serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -198,11 +197,6 @@ def test_the_stripped_usage_goes_to_the_meter() -> None:
         b"data: not json with \"usage\"\n\n"
     assert gw._without_usage(b'data: {"choices": []}\n\n', None) == b'data: {"choices": []}\n\n'
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_upstream_down_is_a_502_and_slow_is_a_504(spy: tuple[Spy, str], closing: Any) -> None:

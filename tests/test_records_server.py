@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from server import free_ports
 from test_servers import command, environment, free_port, get, server, wait_up
 
 
@@ -92,7 +93,7 @@ def test_every_id_answered_before_a_kill_9_is_found_afterwards(tmp_path: Path) -
 
 def test_two_single_process_servers_from_one_parent_answer_their_own_ids_only(tmp_path: Path) -> None:
     env = environment(tmp_path / "place")
-    ports = free_port(), free_port()
+    ports = free_ports(2)
     log = tmp_path / "server.log"
     bases = [f"http://127.0.0.1:{p}" for p in ports]
     with server(command("uvicorn", ports[0]), env, log) as a, \

@@ -23,17 +23,13 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from server import free_port, free_ports
 
 from giul_asgi.hostshare.server import identify, listening_sockets, server_identity
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def command(kind: str, port: int, workers: int = 1, *extra: str) -> list[str]:
@@ -138,7 +134,7 @@ def test_two_single_process_servers_from_one_parent_and_a_restart_are_three_serv
     tmp_path: Path,
 ) -> None:
     env = environment(tmp_path / "place")
-    ports = free_port(), free_port()
+    ports = free_ports(2)
     log = tmp_path / "server.log"
     bases = [f"http://127.0.0.1:{p}" for p in ports]
     with server(command("uvicorn", ports[0]), env, log) as a, \
@@ -274,7 +270,7 @@ def test_two_orphaned_single_process_servers_count_their_own(tmp_path: Path) -> 
     """Started in the background by a shell that exits (as supervisord, an entrypoint or
     systemd leave them: their parent is PID 1 or a subreaper, the same for both)."""
     env = environment(tmp_path / "place")
-    ports = free_port(), free_port()
+    ports = free_ports(2)
     bases = [f"http://127.0.0.1:{p}" for p in ports]
     log = tmp_path / "server.log"
     pids = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from server import free_port
 
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
@@ -45,11 +45,6 @@ APP = textwrap.dedent('''
         await send({"type": "http.response.body", "body": body})
 ''')
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def deployed_env() -> dict[str, str]:

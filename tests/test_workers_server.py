@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -23,15 +22,11 @@ from typing import Any
 import httpx
 import pytest
 import workers_card
+from server import free_port
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def one_request(base: str, watts: float, seconds: float) -> tuple[str, int]:
