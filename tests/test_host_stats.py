@@ -52,7 +52,8 @@ WORKER = textwrap.dedent('''
     stats.wait_ready()  # joined on its own thread
     for i in range(settled):
         stats.answered(f"s{i}", "/work", "gpu", None, "ok", 200, None)
-        stats.record(Energy(2.0, "measured", route="/work", node="gpu", id=f"s{i}"), outcome="ok", status=200)
+        stats.record(Energy(2.0, "measured", route="/work", node="gpu", id=f"s{i}", allocated_joules=3.0),
+                     outcome="ok", status=200)
         if i == settled // 2:
             stats.flush()  # a row halfway: the rest is in the tail only
     for i in range(answered_only):
@@ -116,6 +117,9 @@ def test_a_worker_killed_counts_what_it_answered_and_is_folded_once(tmp_path: Pa
         # never settled: requests of unknown energy
         assert snap["totals"]["requests"] == 45, snap["totals"]
         assert snap["totals"]["joules"]["sum"] == 80.0
+        # the allocated basis too, the tail's half included (it fell back 14 times in 64
+        # scrapes of four live workers when the tail carried joules but not allocated)
+        assert sum(me.view().allocated_counters().values()) == pytest.approx(120.0)
         assert snap["methods"]["unknown"]["requests"] == 5
         assert snap["workers"] == 1
         me.flush()  # folds the dead worker: its files go, its counts stay

@@ -247,9 +247,9 @@ class HostStats:
             part = encoded.get(key)
             if part is None:
                 part = self._encode(key)
-            entries.append((e.id, b'["s",%b,%d,%b,%b,%b,%b,%b,%b]' % (
+            entries.append((e.id, b'["s",%b,%d,%b,%b,%b,%b,%b,%b,%b]' % (
                 _id_json(e.id), step, part, _number(e.joules), _number(e.tokens), _number(e.seconds),
-                _number(e.contended), _number(e.carbon_grams))))
+                _number(e.contended), _number(e.carbon_grams), _number(e.allocated_joules))))
         kept = True
         with self._tail_lock:
             pending = self._pending

@@ -199,13 +199,15 @@ class TailReader:
             if not isinstance(entry, list):
                 raise ValueError("not a list")
             kind = entry[0]
-            if kind == "s" and len(entry) == 15:
+            # a figure: 16 fields, 15 from a worker that predates the allocated basis
+            if kind == "s" and len(entry) in (15, 16):
                 key = tuple(entry[3:10])
                 step = entry[2]
                 if not is_key(key) or type(step) is not int:
                     raise ValueError("a figure without a key or step")
                 cell = Cell()
-                cell.add(entry[10], entry[11], entry[12], entry[13], entry[14])
+                cell.add(entry[10], entry[11], entry[12], entry[13], entry[14],
+                         entry[15] if len(entry) == 16 else None)
                 mine = gen.cells.get((key, step))  # type: ignore[arg-type]
                 if mine is None:
                     gen.cells[(key, step)] = cell  # type: ignore[index]
