@@ -7,7 +7,8 @@ server's ``send``, the settings it needs):
 - :class:`JSONResponder`: a JSON body in one message, the one thing we hold. Its start
   waits for the body (within ``max_body``); then the window closes, the ``X-Energy-*``
   headers go on, the block goes in, and an existing Content-Length is corrected in place.
-  A JSON body in several messages is a stream: its start and first part go out at once.
+  A JSON body in several messages is a stream: its start and first part go out at once,
+  and the rest passes as a :class:`PassThrough`'s does.
 - :class:`SSEResponder`: an event stream. The start goes out at once; every chunk goes out
   as it comes (see :mod:`giul_asgi.wire.sse` for the one event that may wait).
 - :class:`PassThrough`: everything else. The start goes out at once with where the request
@@ -144,7 +145,9 @@ def choose(
 class Responder:
     """One response's messages on their way to the server."""
 
-    __slots__ = ("applied", "complete", "downstream", "exchange", "head", "started", "trailers", "vary")
+    __slots__ = (
+        "applied", "complete", "downstream", "exchange", "head", "lane", "started", "trailers", "vary",
+    )
 
     def __init__(self, exchange: Exchange, head: Head, downstream: Send, *, trailers: bool) -> None:
         self.exchange = exchange
@@ -157,6 +160,9 @@ class Responder:
         self.applied: tuple[tuple[bytes, bytes], ...] = ()
         #: The figure's shape could follow a ``Prefer``: the start says ``Vary: Prefer``.
         self.vary = False
+        #: Where it streams, the chunks it lets through untouched: the exchange passes them on
+        #: itself, without a call to ``send`` (None: every message comes to ``send``).
+        self.lane: Lane | None = None
 
     async def start(self) -> None:
         """The app sent its start: it goes out now, with what is known before the end."""
@@ -222,21 +228,8 @@ class Responder:
                 self.exchange.figure()  # kept by id before the answer ends, as in end()
         await self.downstream(message)
 
-
-class PassThrough(Responder):
-    """Bytes untouched; the start at once with where the request runs and its id; the
-    figure in trailers where asked. Its chunks take the exchange's lane."""
-
-    __slots__ = ()
-
-    async def start(self) -> None:
-        self.exchange.lane = Lane()
-        await self.send_start()
-
-    def send(self, message: Message) -> Awaitable[None]:
-        return self._rest(message)
-
-    async def _rest(self, message: Message) -> None:
+    async def pass_body(self, message: Message) -> None:
+        """A message of a body we leave as it is: it goes out, the last one ending the answer."""
         if message["type"] != _BODY:
             await self.pass_other(message)
         elif self.head.trailers:  # the app's own trailers follow: the body does not end it
@@ -245,11 +238,25 @@ class PassThrough(Responder):
             await self.end(message)
 
 
+class PassThrough(Responder):
+    """Bytes untouched; the start at once with where the request runs and its id; the
+    figure in trailers where asked. Its chunks go by its lane."""
+
+    __slots__ = ()
+
+    def __init__(self, exchange: Exchange, head: Head, downstream: Send, *, trailers: bool) -> None:
+        super().__init__(exchange, head, downstream, trailers=trailers)
+        self.lane = Lane()
+
+    def send(self, message: Message) -> Awaitable[None]:
+        return self.pass_body(message)
+
+
 class JSONResponder(Responder):
     """A JSON body in one message: held with its start, then sent with the figure in its
     headers and the block in it."""
 
-    __slots__ = ("format", "held", "options")
+    __slots__ = ("format", "held", "options", "streaming")
 
     def __init__(
         self, exchange: Exchange, head: Head, downstream: Send, options: Options,
@@ -261,11 +268,14 @@ class JSONResponder(Responder):
         self.applied = chosen.applied
         self.held: bytes | None = None  # the whole announced body, sent with more_body
         self.vary = chosen.vary
+        self.streaming = False  # the body came in several messages: the rest passes as it is
 
     async def start(self) -> None:
         """Held until the body says whether it comes whole."""
 
     def send(self, message: Message) -> Awaitable[None]:
+        if self.streaming:
+            return self.pass_body(message)
         if message["type"] == _BODY:
             if not message.get("more_body", False):
                 return self._whole(message.get("body", b"") if self.held is None else self.held)
@@ -308,21 +318,19 @@ class JSONResponder(Responder):
 
     async def _stream(self, message: Message) -> None:
         """Not one whole body (a stream, or a message that must not wait behind the start):
-        the start goes out now, and the rest passes as a :class:`PassThrough`."""
+        the start goes out now, and the rest passes as a :class:`PassThrough`'s does."""
         if not self.started:
             self.trailers = (
                 self.options.trailers and not self.head.trailers
                 and wants_trailers(self.exchange.scope)
             )
             await self.send_start()
-        rest = PassThrough(self.exchange, self.head, self.downstream, trailers=self.trailers)
-        rest.started = True
-        self.exchange.responder = rest
-        self.exchange.lane = Lane()
+        self.streaming = True
+        self.lane = Lane()
         if self.held is not None:
             held, self.held = self.held, None
             await self.downstream({"type": _BODY, "body": held, "more_body": True})
-        await rest.send(message)
+        await self.pass_body(message)
 
     async def flush(self) -> None:
         await super().flush()
@@ -353,12 +361,9 @@ class SSEResponder(Responder):
         self.splicer = SSESplicer(
             key=options.energy_key, token_kind=options.token_kind, splice=options.usage_energy
         )
-
-    async def start(self) -> None:
         # The common chunk (whole events that cannot end or carry the answer, or any chunk
-        # of a stream that is not OpenAI-shaped) takes the exchange's lane: the splicer's.
-        self.exchange.lane = self.splicer
-        await self.send_start()
+        # of a stream that is not OpenAI-shaped) goes by the splicer's lane.
+        self.lane = self.splicer
 
     def send(self, message: Message) -> Awaitable[None]:
         return self._rest(message)
