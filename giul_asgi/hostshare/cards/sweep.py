@@ -9,14 +9,13 @@ gone. Once a process, when a ledger joins a table, the cards untouched for
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from ..keys import folder_name
-from ..place import open_file
+from ..place import held_if_free
 from ..rows import alive
 
 #: A card's folder untouched this long, with nobody holding or sitting at it, is removed.
@@ -52,14 +51,11 @@ def sweep_cards(directory: Path, keep: Path | None = None) -> int:
             names = os.listdir(folder)
             if any(n.startswith("p-") and _seat_alive(n) for n in names):
                 continue
-            fd = open_file(folder / "lock", os.O_RDWR | os.O_CREAT)
         except OSError:
             continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # somebody holds the card: it is read
+        with held_if_free(folder / "lock") as free:
+            if not free:
+                continue  # somebody holds the card (it is read), or its lock cannot be opened
             if time.time() - os.stat(folder, follow_symlinks=False).st_mtime < FORGET_CARD_S:
                 continue  # a ledger sat down meanwhile
             for name in os.listdir(folder):
@@ -70,8 +66,6 @@ def sweep_cards(directory: Path, keep: Path | None = None) -> int:
                 os.unlink(folder / "lock")
                 os.rmdir(folder)
                 removed += 1
-        finally:
-            os.close(fd)
     return removed
 
 
