@@ -33,7 +33,6 @@ budgets' thread calls it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -46,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..hostshare.place import make_dir, open_file
+from ..hostshare.place import held, held_if_free, make_dir, open_file
 from ..hostshare.rows import Rows, alive, parse, replace
 from ..hostshare.server import ServerId
 from ..stats.folder import remove_dead_servers
@@ -367,15 +366,9 @@ class ServerSpending:
         dead = [r for r in self.rows.others() if r.pid != os.getpid() and not r.alive()]
         if not dead and not self._dead_row_due(since):
             return 0
-        try:
-            lock = open_file(self.folder / FOLD_LOCK, os.O_RDWR | os.O_CREAT)
-        except OSError:
-            return 0
-        try:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return 0  # another worker folds now
+        with held_if_free(self.folder / FOLD_LOCK) as free:
+            if not free:
+                return 0  # another worker folds now (or the lock cannot be opened)
             dead = [r for r in self.rows.others() if r.pid != os.getpid() and not r.alive()]
             old = self._read_whole(DEAD)
             spent: Spent = {}
@@ -412,8 +405,6 @@ class ServerSpending:
             for row in taken:
                 Rows.remove(row)
             return len(taken)
-        finally:
-            os.close(lock)
 
     def _dead_worker(self, path: Path) -> dict[str, Any] | None:
         """A dead worker's last whole row (it writes no more: a half-done write stays so)."""
@@ -455,9 +446,7 @@ class ServerSpending:
         """The crossings counted, server-wide, with this one, if this worker is the first to
         see (budget ``name``, ``key``) crossed in ``period``; None if another was (raises
         OSError where it cannot be counted)."""
-        lock = open_file(self.folder / CROSSED_LOCK, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with held(self.folder / CROSSED_LOCK):
             found = self._read_whole(CROSSED)
             last, counts = (found["last"], found["counts"]) if found is not None else ({}, {})
             if last.get((name, key), -1) >= period:
@@ -472,8 +461,6 @@ class ServerSpending:
                 "counts": [[n, k, c] for (n, k), c in counts.items()],
             }))
             return dict(counts)
-        finally:
-            os.close(lock)
 
 
 __all__ = ["CROSSED", "DEAD", "FORGET_S", "Found", "ServerSpending", "Spent", "framed", "unframed"]
