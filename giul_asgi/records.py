@@ -41,6 +41,7 @@ from .energy import Energy
 from .errors import ConfigError
 from .hostshare import ENV, OFF, Setting, log_unshared, resolve
 from .hostshare.journal import CENSUS_S, UNKNOWN, Journal, ring_bytes, say_unshared, sweep
+from .hostshare.place import remedy
 from .hostshare.server import ServerId, server_identity
 from .listeners import Settled
 from .meter import id_prefix, split_id
@@ -136,9 +137,7 @@ class RecordStore:
                 self._reason = (f"cannot make this process's journal in {place.path / 'records'}: "
                                 f"{exc.strerror or exc}")
                 say_unshared(place.path, server, self._tag, self._reason)
-                log.warning("records are this process's alone: %s -> free space in the place "
-                            "(Docker: --shm-size), or set GIUL_ASGI_LOAD_DIR to a private "
-                            "directory with room", self._reason)
+                log.warning("records are this process's alone: %s -> %s", self._reason, remedy(exc))
                 return None
         except Exception as exc:  # never the app's problem: records stay this process's
             self._reason = f"cannot share records: {type(exc).__name__}: {exc}"

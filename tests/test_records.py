@@ -211,6 +211,24 @@ def make_record_unshared(place: str, key_file: str) -> None:
     Path(key_file).write_text(key)
 
 
+def test_a_planted_link_is_refused_with_the_remedy_for_a_link_not_for_room(
+    place: Path, caplog: pytest.LogCaptureFixture, tmp_path: Path,
+) -> None:
+    """A hostile trial planted ``records`` as a link: refused, but the line said "free space
+    in the place", which does nothing for a link."""
+    caplog.set_level(logging.WARNING, logger="giul_asgi.records")
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    (place / "records").symlink_to(victim)
+    store = RecordStore(share=place, server=one_server())
+    assert not store.shared
+    said = [r.getMessage() for r in caplog.records if "alone" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "symbolic link" in said[0] and f"remove {place / 'records'}" in said[0], said[0]
+    assert "free space" not in said[0]
+    assert not list(victim.iterdir())
+
+
 def test_a_full_place_is_a_loud_per_process_fallback_said_in_every_lookup(
     place: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:

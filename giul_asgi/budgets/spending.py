@@ -39,8 +39,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..energy import Energy
-from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
-from ..hostshare.place import Setting
+from ..hostshare import ServerId, log_unshared, resolve, server_identity
+from ..hostshare.place import Setting, remedy
 from ..listeners import Settled
 from ..wire.headers import header_number, header_value, number
 from .budget import Budget
@@ -316,7 +316,7 @@ class Budgets:
             self.folder = ServerSpending(place.path, server, tag=f"b{next(_instances)}")
             self._dirty = True  # a row at once, spent or not: the others count this worker
         except OSError as exc:
-            self._unshare(f"cannot write the budgets in {place.path}: {exc.strerror or exc}")
+            self._unshare(f"cannot write the budgets in {place.path}: {exc.strerror or exc}", exc)
             return
         self.shared_reason = None
 
@@ -385,7 +385,7 @@ class Budgets:
                         self._last_read = -math.inf  # the folder changed: sum it next round
             except OSError as exc:
                 self._unshare(f"cannot write or read the budgets in {folder.folder}: "
-                              f"{exc.strerror or exc}")
+                              f"{exc.strerror or exc}", exc)
         elif rolled:
             self._others, self._others_refused = {}, {}
         with self._lock:
@@ -451,7 +451,7 @@ class Budgets:
                         "%s; %s", name, budget.per, key, number(value), number(budget.limit),
                         "J" if budget.unit == "J" else "g CO2e", end.strftime("%Y-%m-%dT%H:%M:%SZ"), what)
 
-    def _unshare(self, reason: str) -> None:
+    def _unshare(self, reason: str, exc: BaseException | None = None) -> None:
         """From now on, this worker's budgets are its own: said once, loudly."""
         self.shared_reason = reason
         folder, self.folder = self.folder, None
@@ -459,10 +459,9 @@ class Budgets:
             folder.close()
         self._others, self._others_refused = {}, {}
         self.workers = 1
-        log.warning("budgets are this worker's alone from now on: %s -> free space in the place, or "
-                    "set %s to a writable private directory (mkdir -m 700 DIR). Until then each "
-                    "worker admits up to each budget's whole limit, and /energy says shared: false",
-                    reason, ENV)
+        log.warning("budgets are this worker's alone from now on: %s -> %s. Until then each worker "
+                    "admits up to each budget's whole limit, and /energy says shared: false",
+                    reason, remedy(exc))
 
     def _final_write(self) -> None:
         folder = self.folder

@@ -307,6 +307,18 @@ def _private(folder: Path) -> bool:
     return info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == PRIVATE
 
 
+def remedy(exc: BaseException | None) -> str:
+    """What to do when the place cannot be written: a link or a file we did not make is
+    someone else's doing in it (to remove, or a private place elsewhere); anything else is
+    room (a full tmpfs: Docker's /dev/shm is 64 MB)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EPERM):
+        where = exc.filename if exc.filename is not None else "it"
+        return (f"remove {where} (a link or a file this user did not make in the place), or set "
+                f"{ENV} to a private directory (mkdir -m 700 DIR)")
+    return (f"free space in the place (Docker: --shm-size), or set {ENV} to a writable private "
+            f"directory with room (mkdir -m 700 DIR)")
+
+
 def open_file(path: Path, flags: int, mode: int = 0o600) -> int:
     """Open a file in the place: never through a symbolic link (``O_NOFOLLOW``), close-on-exec,
     and only a regular file this user owns with no other hard link (a FIFO does not block the
@@ -408,4 +420,4 @@ def held_if_free(path: Path) -> Iterator[bool]:
 
 
 __all__ = ["ENV", "OFF", "PRIVATE", "Place", "Setting", "check_setting", "default_candidates",
-           "held", "held_if_free", "log_unshared", "make_dir", "open_file", "resolve"]
+           "held", "held_if_free", "log_unshared", "make_dir", "open_file", "remedy", "resolve"]

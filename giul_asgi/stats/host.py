@@ -46,6 +46,7 @@ from typing import Any
 from ..energy import Energy
 from ..errors import ConfigError
 from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
+from ..hostshare.place import remedy
 from ..listeners import Settled
 from .folder import Other, ServerFolder, dump, remove_dead_servers
 from .labels import Key
@@ -182,9 +183,8 @@ class HostStats:
         self.stats.journal = None
         if folder is not None:
             folder.close()
-        log.warning("statistics are this worker's alone from now on: %s -> free space in the place, "
-                    "or set %s to a writable private directory (mkdir -m 700 DIR). Until then "
-                    "/energy says shared: false and counts this worker's requests only", reason, ENV)
+        log.warning("statistics are this worker's alone from now on: %s -> %s. Until then /energy "
+                    "says shared: false and counts this worker's requests only", reason, remedy(exc))
 
     # What the middleware calls, as on EnergyStats: this worker counts.
     def settled(self, batch: Sequence[Settled]) -> None:
