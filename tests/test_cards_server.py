@@ -23,7 +23,8 @@ from pathlib import Path
 import httpx
 import workers_card
 from prometheus_client.parser import text_string_to_metric_families
-from test_workers_server import free_port, one_request
+from server import free_port
+from test_workers_server import one_request
 
 from giul_asgi.hostshare import resolve
 from giul_asgi.hostshare.keys import folder_name

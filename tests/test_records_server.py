@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from server import free_ports
-from test_servers import command, environment, free_port, get, server, wait_up
+from server import free_port, free_ports
+from test_servers import command, environment, get, server, wait_up
 
 
 def lookup(base: str, key: str) -> tuple[int, dict[str, Any]]:
