@@ -317,3 +317,57 @@ def test_node_counters_reconcile_to_all_the_card_drew() -> None:
     parts = ("allocated", "unattributed", "idle_unattributed")
     assert sum(node[f"giul_node_{p}_joules_total"] for p in parts) == pytest.approx(
         node["giul_node_drawn_joules_total"])
+
+
+@pytest.mark.parametrize("idle_over", [0.0, 2.0])
+def test_the_books_balance_at_every_reading_and_never_fall_when_the_card_idles_below_its_floor(
+    idle_over: float,
+) -> None:
+    """Between readings too, and where the card draws below the node's idle floor (an idle_w
+    set a little high, or a step stamp's jitter): each identity to rounding at every
+    reading, and every counter only rises (a stranger's trial saw allocation_error_j swing
+    0 -> -4.75 J at idle, and conservation_error_j -4.976 after six requests)."""
+    run = Run(Node("n", idle_w=IDLE + idle_over), seed=3)
+    names = ("measured_j", "charged_j", "unattributed_j", "drawn_j", "idle_charged_j",
+             "idle_unattributed_j")
+    last = dict.fromkeys(names, 0.0)
+    worst_c = worst_a = 0.0
+    for k in range(12):
+        if k % 3 == 0:
+            run.request(0.2, 120.0)
+        for _ in range(60):
+            run.advance(0.01)
+            t = run.ledger.totals()
+            worst_c = max(worst_c, abs(t.conservation_error_j))
+            worst_a = max(worst_a, abs(t.allocation_error_j))
+            for name in names:
+                assert getattr(t, name) >= last[name] - 1e-9, name
+                last[name] = getattr(t, name)
+    assert worst_c <= 1e-9 * max(1.0, last["drawn_j"])
+    assert worst_a <= 1e-9 * max(1.0, last["drawn_j"])
+
+
+def test_a_span_below_the_floor_with_no_window_is_netted_against_the_next_within_two_periods() -> None:
+    """The decider books no idle span below zero: a late stamp's -3 J is netted against the
+    next span's +3 J (nothing booked for either), and a card that idles below ``idle_w``
+    carries at most two periods of its draw, so a foreign load after an hour of it is booked
+    all but that."""
+    from giul_asgi.ledger.decider import Decider
+    from giul_asgi.spans import NOBODY, Span
+
+    decider = Decider(ramp_s=0.1, subtract_foreign=False, period=lambda: 0.1)
+
+    def book(t: float, above: float) -> float:
+        span = decider.decide(Span(t, t + 0.1, above, IDLE * 0.1 + above), NOBODY, IDLE)
+        assert span.measured_j >= 0 and span.total_j - span.idle_j == pytest.approx(span.measured_j)
+        return span.measured_j
+
+    assert book(0.0, -3.0) == 0.0
+    assert book(0.1, 3.0) == pytest.approx(0.0)
+    assert book(0.2, 1.0) == pytest.approx(1.0)
+    t = 0.3
+    for _ in range(36000):  # an hour at 1 W below the floor
+        assert book(t, -0.1) == 0.0
+        t += 0.1
+    bound = 2 * 0.1 * (IDLE - 1.0)  # two periods of what the card drew
+    assert book(t, 50.0) == pytest.approx(50.0 - bound, rel=1e-6)

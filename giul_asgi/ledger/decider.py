@@ -28,6 +28,8 @@ class Decider:
         self.period = period
         self.foreign = ForeignWatch()
         self.unseen = Unseen()
+        #: Energy below the idle floor in spans no window was in, not yet netted (<= 0).
+        self._below = 0.0
         #: The card's process list showed a process other than the node's server (None:
         #: nobody could look).
         self.processes_foreign: bool | None = None
@@ -42,11 +44,13 @@ class Decider:
         seconds = span.seconds
         unseen = 0.0
         foreign_j = 0.0
+        measured = span.above_j
         if covered <= 0:
             # Quiet only where the span's start, to its step's doubt, is a ramp-down past the
             # last close: a late stamp must not make a window's energy a foreign load.
             if span.t0 - span.stamp_s >= host.last_close + self.ramp_s:
                 self.foreign.witness(span, idle_w)
+            measured = above = self._net_below(span, period)
         else:
             # Load nobody on the host sees (the upstream's requests beyond every window here)
             # draws its part of the span like a window would.
@@ -57,7 +61,7 @@ class Decider:
             above -= foreign_j
         doubt_w = self.foreign.doubt_w() if level is not None else 0.0
         return CardSpan(
-            span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, span.above_j,
+            span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, measured,
             tails=tails, covered=covered, members=host.tail_n if tails else host.open_n,
             unseen=unseen, foreign_j=foreign_j,
             # Energy in the part no window covered may be a neighbour's ramp-down, unless the
@@ -69,6 +73,18 @@ class Decider:
             processes_foreign=self.processes_foreign, unseen_recent=self.unseen.recent(span.t1),
             period=period, busy_s=0.0 if tails else min(seconds, union_s(host.busy)),
         )
+
+    def _net_below(self, span: Span, period: float) -> float:
+        """The energy above idle booked for a span no window was in, never below zero: a
+        span read below the floor (its step stamped late and the next early, a reading
+        between two steps; a floor set a little high) is netted against the next such
+        spans, up to two counter periods of the card's draw (what a stamp can move between
+        neighbours), and the rest is the card drawing below ``idle_w`` (its books' idle
+        part is what it drew). So the books' sums only rise, and balance at every reading."""
+        net = span.above_j + self._below
+        watts = abs(span.total_j) / span.seconds if span.seconds > 0 else 0.0
+        self._below = max(min(0.0, net), -(2 * period * watts + max(span.unc_j, 0.0)))
+        return max(0.0, net)
 
     def note_upstream(self, t: float, running: float, ours: int) -> None:
         """The upstream ran ``running`` requests at ``t`` while ``ours`` windows of the host
