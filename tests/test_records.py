@@ -360,6 +360,28 @@ def test_dead_workers_rings_are_folded_and_removed_and_their_records_still_found
     assert sorted(f.joules for f in found if f is not None) == [float(i) for i in range(1, 61)]
 
 
+def test_a_fold_refused_for_a_planted_lock_link_says_to_remove_it(
+    place: Path, caplog: pytest.LogCaptureFixture, tmp_path: Path,
+) -> None:
+    """A hostile trial planted the records folder's ``fold.lock`` as a link: refused, but the
+    line ("records ... cannot be kept bounded: ... a symbolic link, refused") had no remedy."""
+    caplog.set_level(logging.WARNING, logger="giul_asgi.records")
+    live = RecordStore(share=place, server=one_server())
+    assert live.shared and live.journal is not None
+    proc = mp.get_context("spawn").Process(target=one_worker, args=(str(place), 3, 1))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    lock = folder(place) / "fold.lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(tmp_path / "victim")
+    assert live.journal.census() == 0
+    said = [r.getMessage() for r in caplog.records if "cannot be kept bounded" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "symbolic link" in said[0] and f"remove {lock}" in said[0], said[0]
+    assert not (tmp_path / "victim").exists()
+
+
 def test_a_dead_servers_folder_goes_at_the_next_start_a_live_ones_stays(place: Path) -> None:
     records = place / "records"
     records.mkdir(mode=0o700)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .place import held, make_dir, open_file
+from .place import held, make_dir, open_file, remedy
 from .ring import Prefix, Ring, RingError
 from .rows import TMP, Row, Rows, alive, me, parse
 from .server import ServerId
@@ -279,7 +279,7 @@ class Journal:
                 self._swept = self.clock()
                 sweep(self.place, mine=self.folder.name)
         except OSError as exc:
-            _say_once(f"records of {self.folder} cannot be kept bounded: {exc}")
+            _say_once(f"records of {self.folder} cannot be kept bounded: {exc}; {remedy(exc)}")
         self.folded += folded
         return folded
 
