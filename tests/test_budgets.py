@@ -325,6 +325,35 @@ def test_a_hard_budget_reserves_a_request_s_usual_cost_while_it_runs() -> None:
     assert budgets.spent == {(0, "t"): pytest.approx(120.0)}  # the figures, no reservation left
 
 
+def test_a_hard_budget_counts_a_reservation_until_a_low_or_unknown_first_figure_settles() -> None:
+    """A hostile trial (4 workers, 40-200 clients of one key) passed a hard budget by 9-28
+    requests: a request whose first figure was unknown, or low, gave its reservation back at
+    close and counted nothing (or little) until it settled, and the requests behind it were
+    admitted through the gap. Now it counts at least its reservation until its figure
+    settles; the settled figure replaces it, and one unknown at both ends spends nothing."""
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=clock)
+    budgets.setup()
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(20.0, "measured", id="r0", settled=True))  # usual: 20 J
+    slots_a, _ = budgets.admit("t", "/", None)
+    slots_b, _ = budgets.admit("t", "/", None)
+    slots_c, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots_a, Energy(None, "unknown", id="a", settled=False))
+    budgets.spend(slots_b, Energy(5.0, "estimated", id="b", settled=False))
+    budgets.spend(slots_c, Energy(None, "unknown", id="c", settled=False))
+    assert budgets.spent == {(0, "t"): pytest.approx(80.0)}  # 20 + three reservations held
+    budgets.admit("t", "/", None)  # 80 spent: admitted, reserving 20
+    with pytest.raises(OverBudget):
+        budgets.admit("t", "/", None)
+    budgets.settled([Settled(Energy(25.0, "measured", id="a")), Settled(Energy(22.0, "measured", id="b")),
+                     Settled(Energy(None, "unknown", id="c"))])
+    # 20 + 25 + 22 + nothing for c + the fourth's reservation (20)
+    assert budgets.spent == {(0, "t"): pytest.approx(87.0)}
+    # The usual cost moved with the settled figures (25, 22), not the first (5).
+    assert budgets._usual[0] == pytest.approx(20.0 + 0.2 * (25.0 - 20.0) + 0.2 * (22.0 - 21.0))
+
+
 def test_a_settled_figure_corrects_the_first_and_an_unknown_one_spends_nothing() -> None:
     clock = Clock(5000.0)
     budgets = Budgets([Budget(joules=100.0), Budget(grams=1.0, name="g")], directory="off", clock=clock)

@@ -4,11 +4,13 @@ The request's path asks one question per budget: has this key spent its limit?
 (``spent.get((budget, key), 0.0) >= limit``). Everything that makes that dictionary true
 happens elsewhere:
 
+- **at admission**, a hard budget adds the key's usual cost of a request (a reservation);
 - **at the request's close**, on the event loop, its first figure (the one its headers
-  said) is added to this worker's count for (budget, key, period) and to the dictionary, so
+  said; for a hard budget, at least its reservation until it settles) replaces the
+  reservation in this worker's count for (budget, key, period) and in the dictionary, so
   this worker's next admission sees it at once (a lock held for a few additions: no I/O);
 - **when the figure settles**, on the node's reader thread (:mod:`giul_asgi.listeners`),
-  the difference between the settled and the first figure is added the same way;
+  the settled figure replaces what the close counted, the same way;
 - **on the budgets' thread**, this worker's counts are written as its row in the server's
   folder (:mod:`.shared`) soon after a close (at most every :data:`MIN_GAP_S`), and every
   :data:`EVERY_S` every other worker's rows (live and dead) are summed; the dictionary is
@@ -19,7 +21,8 @@ So a worker sees its own spending at once and the others' within about ``MIN_GAP
 EVERY_S`` (tens of milliseconds): a hard budget admits what was left, plus the
 requests in flight when it was crossed (each is admitted while under budget) and those the
 other workers admitted within that lag. A figure that is unknown, or <= 0 (a failed
-measurement, never a free request), spends nothing: a reader that fails never refuses anyone.
+measurement, never a free request), at close and at settling spends nothing: a reader that
+fails never refuses anyone.
 
 Where nothing can be shared (``GIUL_ASGI_LOAD_DIR=off``, no usable place, a full one) the
 budgets are this worker's alone and ``/energy`` says so (``shared: false`` and why).
@@ -154,6 +157,7 @@ class Budgets:
         self._plan = tuple((i, _FIELD[b.per], b.key, b.limit, b.hard) for i, b in enumerate(self.budgets))
         self._period_s = tuple(b.period_s for b in self.budgets)
         self._joules = tuple(b.unit == "J" for b in self.budgets)
+        self._hard = tuple(b.hard for b in self.budgets)
         self._names = tuple(header_value(b.name) for b in self.budgets)
         self._index = {b.name: i for i, b in enumerate(self.budgets)}
         now = clock()
@@ -165,7 +169,9 @@ class Budgets:
         self._keys = [0] * len(self.budgets)  # keys of the current period, per budget
         self._others: dict[tuple[int, str], float] = {}
         self._others_refused: dict[tuple[int, str], float] = {}
-        self._pending: dict[str, tuple[Slots, float, float | None, float | None]] = {}
+        #: Requests whose figure has not settled: their slots, when they closed, and per
+        #: slot the first figure and what was counted for it (at least its reservation).
+        self._pending: dict[str, tuple[Slots, float, tuple[tuple[float, float], ...]]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -181,9 +187,11 @@ class Budgets:
         self._last_read = -math.inf
         self._last_change = 0.0
         self._failed_said = False
-        #: A hard budget's usual cost of one request (its figures' moving mean): reserved at
-        #: admission, so requests admitted together cannot all pass the limit.
+        #: A hard budget's usual cost of one request (a moving mean of its settled figures,
+        #: of its first figures until one settles): reserved at admission, so requests
+        #: admitted together cannot all pass the limit, and counted until the figure settles.
         self._usual = [0.0] * len(self.budgets)
+        self._usual_settled = [False] * len(self.budgets)
 
     # -- the request's path ---------------------------------------------------------------------
     def admit(self, tenant: str | None, route: str, tier: str | None) -> Admitted:
@@ -229,28 +237,42 @@ class Budgets:
         raise OverBudget(self.budgets[i], key, used, (period + 1) * self._period_s[i], now)
 
     def spend(self, slots: Slots, energy: Energy) -> None:
-        """A request closed with its first figure: counted now (the loop's thread)."""
+        """A request closed with its first figure: counted now (the loop's thread). Until
+        its figure settles, a hard budget counts at least what it reserved: a first figure
+        that is unknown, or lower than the key's usual cost, must not open a gap the
+        requests behind it pass through."""
         if not slots:
             return
         j, g = energy.joules, energy.carbon_grams
         now = self._clock()
+        waits = energy.id is not None and not energy.settled
+        counts: list[tuple[float, float]] = []
         with self._lock:
             for i, key, period, reserved in slots:
                 value = j if self._joules[i] else g
+                first = value if value is not None and value > 0 else 0.0
+                counted = max(first, reserved) if waits else first
                 if reserved:  # the reservation gives way to the figure
                     self._add(i, key, period, -reserved)
-                if value is not None and value > 0:
-                    self._add(i, key, int(now // self._period_s[i]), value)
-                    usual = self._usual[i]
-                    self._usual[i] = value if usual == 0.0 else usual + USUAL_WEIGHT * (value - usual)
-            if energy.id is not None and not energy.settled:
+                if counted > 0:
+                    self._add(i, key, int(now // self._period_s[i]), counted)
+                if first > 0 and (energy.settled or not self._usual_settled[i]):
+                    self._usual_settled[i] = self._usual_settled[i] or (energy.settled and self._hard[i])
+                    self._learn_usual(i, first)
+                counts.append((first, counted))
+            if waits and energy.id is not None:
                 pending = self._pending
-                pending[energy.id] = (slots, now, j, g)
+                pending[energy.id] = (slots, now, tuple(counts))
                 if len(pending) > MAX_PENDING:
                     del pending[next(iter(pending))]
             self._dirty = True
         if not self._wake.is_set():  # once a round, not once a request
             self._wake.set()
+
+    def _learn_usual(self, i: int, value: float) -> None:
+        """Move a budget's usual cost of a request towards ``value`` (under the lock)."""
+        usual = self._usual[i]
+        self._usual[i] = value if usual == 0.0 else usual + USUAL_WEIGHT * (value - usual)
 
     def _add(self, i: int, key: str, period: int, value: float) -> None:
         """Count ``value`` (under the lock)."""
@@ -269,7 +291,10 @@ class Budgets:
 
     # -- the reader thread --------------------------------------------------------------------
     def settled(self, batch: Sequence[Settled]) -> None:
-        """Settled figures (a listener, on a reader thread): each corrects its first."""
+        """Settled figures (a listener, on a reader thread): each replaces what its first
+        counted; one unknown at the end leaves its first figure (nothing, if that was
+        unknown too: a reader that fails never refuses anyone). A hard budget's usual cost
+        is learnt from settled figures once there are any (first figures run low or high)."""
         pending = self._pending
         changed = False
         with self._lock:
@@ -280,14 +305,18 @@ class Budgets:
                 entry = pending.pop(energy.id, None) if energy.id is not None else None
                 if entry is None:
                     continue
-                slots, t, j, g = entry
-                for i, key, _, _ in slots:
-                    first, last = (j, energy.joules) if self._joules[i] else (g, energy.carbon_grams)
-                    if last is None or not last > 0:
-                        continue  # unknown at the end: the first figure stands
-                    delta = last - (first if first is not None and first > 0 else 0.0)
-                    if delta:
-                        self._add(i, key, int(t // self._period_s[i]), delta)
+                slots, t, counts = entry
+                for (i, key, _, _), (first, counted) in zip(slots, counts, strict=True):
+                    last = energy.joules if self._joules[i] else energy.carbon_grams
+                    if last is not None and last > 0:
+                        final = last
+                        if self._hard[i]:
+                            self._usual_settled[i] = True
+                            self._learn_usual(i, last)
+                    else:
+                        final = first  # unknown at the end: the first figure stands
+                    if final != counted:
+                        self._add(i, key, int(t // self._period_s[i]), final - counted)
                         changed = True
             if changed:
                 self._dirty = True
