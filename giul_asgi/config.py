@@ -16,9 +16,10 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
+from .deferred import keeps_its_error, startup_error
 from .errors import ConfigError
 from .hostshare.place import check_setting
 
@@ -38,6 +39,7 @@ FOREIGN: tuple[str, ...] = ("charge", "subtract")
 MAX_TRACE_MB = 4096.0
 
 
+@keeps_its_error
 @dataclass(frozen=True)
 class Node:
     """A set of GPUs metered as one, with the operator's idle floor for all of them.
@@ -330,6 +332,7 @@ def _check_carbon(node: Node) -> None:
             remedy="poll more often or keep values longer (defaults: 300 s and 6 h)")
 
 
+@keeps_its_error
 @dataclass(frozen=True)
 class Tier:
     """A class of model; the hint prices a token when nothing could measure it."""
@@ -348,6 +351,7 @@ class Tier:
         object.__setattr__(self, "joules_per_1k_hint", hint)
 
 
+@keeps_its_error
 @dataclass(frozen=True)
 class Route:
     """Requests whose route template (or path) matches ``pattern`` go to ``node``/``tier``.
@@ -384,6 +388,36 @@ def _number(value: Any, what: str) -> float:
     if not math.isfinite(number):
         raise ConfigError(f"{what} must be finite, got {value!r}")
     return number
+
+
+R = TypeVar("R")
+
+
+def settings_list(name: str, value: Any, kind: type[R], example: str) -> list[R]:
+    """The middleware's ``nodes=``, ``tiers=`` or ``routes=``: a list of ``kind``, each made
+    right (the error one was made with while a server imported the app is raised here, so
+    that the startup fails with its line: :mod:`giul_asgi.deferred`)."""
+    if value is None:
+        return []
+    if isinstance(value, kind | Mapping | str | bytes) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name}= takes a list of {kind.__name__}(...), got {_shown(value)}",
+                          remedy=f"write {name}=[{example}]")
+    items = list(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise ConfigError(f"{name}[{i}] is {_shown(item)}, not a {kind.__name__}(...)",
+                              remedy=f"write {name}=[{example}], or read a TOML file's tables with "
+                                     "load_config(path)")
+        for part in (item, getattr(item, "node", None), getattr(item, "tier", None)):
+            kept = startup_error(part)
+            if kept is not None:
+                raise kept
+    return items
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def check_choice(what: str, value: Any, choices: Iterable[str], *, remedy: str = "") -> str:

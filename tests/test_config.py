@@ -104,3 +104,44 @@ def test_new_node_keys_are_checked_with_their_remedy() -> None:
         Node("a", serving=True)  # type: ignore[arg-type]
     node = Node("a", reader="agent", url="http://gpu-7:9431", foreign="subtract", serving="vllm")
     assert node.foreign == "subtract" and node.ramp_s == 0.1 and hash(node) == hash(node)
+
+
+def test_a_misspelt_keyword_of_a_record_is_a_config_error_that_says_which_was_meant() -> None:
+    """A stranger's trial: ``Node(..., idle_ww=140.0)`` was Python's bare ``TypeError``."""
+    from giul_asgi import Budget
+
+    with pytest.raises(ConfigError, match=r"^idle_ww= is not a Node setting\. did you mean idle_w=\?$"):
+        Node("n", idle_ww=140.0)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"teir= is not a Route setting\. did you mean tier=\?"):
+        Route("/v1/*", teir="70b")  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"jouls= is not a Budget setting\. did you mean joules=\?"):
+        Budget(jouls=5.0)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"Tier\(\.\.\.\): takes .* give Tier's settings by name"):
+        Tier("70b", 1.0, 2.0)  # type: ignore[call-arg]
+
+
+def test_a_record_made_wrong_while_a_module_is_imported_keeps_its_error_for_the_startup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where a server imports the app, a bad Node does not raise there (a traceback, and a
+    crash loop under ``uvicorn --workers``): it keeps its error, and whatever is given it (the
+    middleware's settings, a Ledger) raises it, so the startup fails with its one line."""
+    import importlib
+
+    from giul_asgi.config import settings_list
+    from giul_asgi.deferred import startup_error
+    from giul_asgi.ledger import Ledger
+
+    (tmp_path / "bad_nodes.py").write_text(
+        "from giul_asgi import Node\nnode = Node('n', idle_w=-140.0)\ntypo = Node('m', idle_ww=1.0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("bad_nodes")
+    for record, words in ((module.node, "idle_w must be >= 0"), (module.typo, "did you mean idle_w=")):
+        kept = startup_error(record)
+        assert isinstance(kept, ConfigError) and words in str(kept)
+        with pytest.raises(ConfigError) as raised:
+            settings_list("nodes", [record], Node, "Node(...)")
+        assert raised.value is kept
+        with pytest.raises(ConfigError):
+            Ledger(record, None, poll=False)
+    assert startup_error(Node("fine", idle_w=1.0)) is None

@@ -72,16 +72,29 @@ CASES = {
     "prometheus": ("metrics_path='/metrics'", ["prometheus-client", "giul-asgi[prometheus]"]),
     "token": ("token='x' * 32", ["token=", "endpoint_token="]),
     "budget": ("budgets=[Budget(joules=5e6, hard=True)]", ["counts per tenant", "tenant='x-api-key'"]),
+    # A stranger's trial: settings of the wrong shape started the server and answered every
+    # request 500; a bad Node, Tier or Route was a 40-line traceback at import, and under
+    # ``uvicorn --workers`` a crash loop that never exited.
+    "not a list": ("nodes=Node('sim', reader='simulated')", ["nodes= takes a list", "nodes=[Node("]),
+    "dicts": ("nodes=[{'name': 'sim', 'reader': 'simulated'}]", ["nodes[0] is dict", "load_config"]),
+    "sinks": ("sinks=print", ["sinks= takes a list", "sinks=[JsonLinesSink"]),
+    "node typo": ("nodes=[Node('sim', reader='simulated', idle_ww=140.0)]", ["idle_ww=", "idle_w=?"]),
+    "node value": ("nodes=[Node('sim', reader='simulated', idle_w=-140.0)]",
+                   ["idle_w must be >= 0", "giul-asgi probe"]),
+    "route typo": ("routes=[Route('/v1/*', teir='70b')]", ["teir=", "tier=?"]),
+    "tier value": ("tiers=[Tier('70b', joules_per_1k_hint='4100')]", ["joules_per_1k_hint", "a number"]),
+    "budget typo": ("tenant='x-api-key', budgets=[Budget(jouls=5.0)]", ["jouls=", "joules=?"]),
 }
 
 
 def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
     """``app.py`` in ``tmp_path``: the framework's app with the middleware added ``way``."""
-    text = HEAD[framework] + "from giul_asgi import Budget, EnergyMiddleware, Node, Route\n"
+    text = HEAD[framework] + "from giul_asgi import Budget, EnergyMiddleware, Node, Route, Tier\n"
+    settings = setting if setting.startswith("nodes=") else f"{NODE}, {setting}"
     if way == "add_middleware":
-        text += f"app.add_middleware(EnergyMiddleware, {NODE}, {setting})\n"
+        text += f"app.add_middleware(EnergyMiddleware, {settings})\n"
     else:
-        text += f"app = EnergyMiddleware(app, {NODE}, {setting})\n"
+        text += f"app = EnergyMiddleware(app, {settings})\n"
     (tmp_path / "app.py").write_text(text)
     if "metrics_path" in setting:
         (tmp_path / "sitecustomize.py").write_text(BLOCK_PROMETHEUS)
@@ -97,6 +110,7 @@ def serve(tmp_path: Path, server: str) -> tuple[int, str]:
         "gunicorn": [sys.executable, "-m", "gunicorn", "app:app", "-b", "127.0.0.1:0",
                      "-k", "uvicorn_worker.UvicornWorker", "-w", "1"],
         "hypercorn": [sys.executable, "-m", "hypercorn", "app:app", "-b", "127.0.0.1:0"],
+        "uvicorn-workers": [sys.executable, "-m", "uvicorn", "app:app", "--port", "0", "--workers", "2"],
     }[server]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
@@ -129,6 +143,14 @@ def assert_one_line(out: str, words: list[str]) -> None:
     ("prometheus", "fastapi", "add_middleware"),
     ("token", "starlette", "wrapped"),
     ("budget", "fastapi", "add_middleware"),
+    ("not a list", "fastapi", "add_middleware"),
+    ("dicts", "starlette", "wrapped"),
+    ("sinks", "fastapi", "add_middleware"),
+    ("node typo", "fastapi", "add_middleware"),
+    ("node value", "starlette", "wrapped"),
+    ("route typo", "fastapi", "add_middleware"),
+    ("tier value", "fastapi", "wrapped"),
+    ("budget typo", "fastapi", "add_middleware"),
 ])
 def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
     tmp_path: Path, case: str, framework: str, way: str,
@@ -151,6 +173,20 @@ def test_a_bad_setting_stops_uvicorn_lifespan_on_and_gunicorn(tmp_path: Path, se
     assert_one_line(out, words)
     if server == "gunicorn":
         assert "Worker failed to boot" in out, out
+
+
+@pytest.mark.parametrize("case", ["node value", "node typo"])
+def test_a_bad_node_stops_uvicorn_workers_instead_of_a_crash_loop(tmp_path: Path, case: str) -> None:
+    """A stranger's trial: ``Node(..., idle_w=-140.0)`` under ``uvicorn --workers 2`` raised at
+    each worker's import; uvicorn respawned them for ever (28 times and 1,572 lines in 30 s).
+    Now each worker fails its startup with the one line and the server exits (status 0 is
+    uvicorn's own for a multi-worker startup failure)."""
+    setting, words = CASES[case]
+    _, out = serve(app_module(tmp_path, "fastapi", "add_middleware", setting), "uvicorn-workers")
+    assert "Traceback" not in out, out
+    lines = {line.split("giul-asgi: ", 1)[1] for line in out.splitlines() if "giul-asgi: " in line}
+    assert len(lines) == 1, out  # the same line from each worker
+    assert_one_line("giul-asgi: " + lines.pop(), words)
 
 
 @pytest.mark.parametrize("way", ["add_middleware", "wrapped"])

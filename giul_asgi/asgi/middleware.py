@@ -29,7 +29,7 @@ import anyio.to_thread
 
 from .. import logs
 from ..budgets import Budget, Budgets, OverBudget, check_budgets
-from ..config import Node, Route, Tier
+from ..config import Node, Route, Tier, settings_list
 from ..context import meter_var
 from ..errors import ConfigError, GiulError
 from ..ledger import Ledgers, default_ledgers
@@ -152,12 +152,13 @@ class EnergyMiddleware:
         #: Resolves a request's tenant (None: no tenants, and nothing is done per request).
         self._tenant = tenant_source(tenant if tenant is not None else options.tenant_header)
         check_callable("decide", decide, remedy="pass a function scope -> (node, tier) or None")
-        node_list = list(nodes or ())
+        node_list = settings_list("nodes", nodes, Node, 'Node("h100-a", gpus=(0, 1), idle_w=140.0)')
         if not node_list:
             node_list = [Node("local", gpus=())]  # every visible GPU; honest where none
         if options.trace is not None:  # one trace directory for the nodes that name none
             node_list = [n if n.trace else dataclasses.replace(n, trace=options.trace) for n in node_list]
-        tier_list = list(tiers or ())
+        tier_list = settings_list("tiers", tiers, Tier, 'Tier("70b", joules_per_1k_hint=4100.0)')
+        route_list = settings_list("routes", routes, Route, 'Route("/v1/chat/completions", node="h100-a")')
         if isinstance(default_tier, str):
             found = [t for t in tier_list if t.name == default_tier]
             if not found:
@@ -169,7 +170,7 @@ class EnergyMiddleware:
         elif default_tier is None and len(tier_list) == 1:
             default_tier = tier_list[0]
         self.router = Router(
-            node_list, tier_list, routes or (), default_node=node_list[0],
+            node_list, tier_list, route_list, default_node=node_list[0],
             default_tier=default_tier, decide=decide,
         )
         self.ledgers = ledgers if ledgers is not None else default_ledgers()
@@ -193,6 +194,9 @@ class EnergyMiddleware:
         self._answered = getattr(stats, "answered", None)
         #: Every settled figure by request id, for /energy/requests/{id}.
         self.records = records if records is not None else RecordStore()
+        if callable(sinks) or not isinstance(sinks, Iterable) or isinstance(sinks, str | bytes):
+            raise ConfigError(f"sinks= takes a list of listeners, got {sinks!r}",
+                              remedy="write sinks=[JsonLinesSink(path)] or sinks=[CallbackSink(function)]")
         sink_list = list(sinks)
         if otel is not None and otel not in sink_list:
             sink_list.append(otel)

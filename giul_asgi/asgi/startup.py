@@ -32,18 +32,12 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from types import FrameType
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
+from ..deferred import built_for_a_server
 from ..errors import ConfigError, GiulError
 
 P = ParamSpec("P")
-
-#: The frames of a module being imported (CPython names them so in every supported version).
-_IMPORT_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
-#: Starlette's (and FastAPI's) lazy builder of the middleware stack.
-_STACK_BUILDER = "build_middleware_stack"
-_MAX_FRAMES = 200
 
 
 class KeepsConfigError(Protocol):
@@ -55,31 +49,26 @@ class KeepsConfigError(Protocol):
 K = TypeVar("K", bound=KeepsConfigError)
 
 
-def built_for_a_server(frame: FrameType | None) -> bool:
-    """Whether ``frame`` (the constructor's caller) runs inside a framework's stack build or
-    a module's import: there a raised ConfigError would be misread (see the module)."""
-    for _ in range(_MAX_FRAMES):
-        if frame is None:
-            return False
-        code = frame.f_code
-        if code.co_name == _STACK_BUILDER or code.co_filename in _IMPORT_FILES:
-            return True
-        frame = frame.f_back
-    return False
-
-
 def fails_the_startup(init: Callable[Concatenate[K, P], None]) -> Callable[Concatenate[K, P], None]:
     """Decorate ``__init__``: a ConfigError raised for a person is raised; one raised while a
     framework or a server builds the app is handed to ``keep_config_error``, which must leave
-    the object able to fail the lifespan startup with it."""
+    the object able to fail the lifespan startup with it (any other error there too, as a
+    ConfigError that names it)."""
 
     @functools.wraps(init)
     def build(self: K, /, *args: P.args, **kwargs: P.kwargs) -> None:
         try:
             init(self, *args, **kwargs)
-        except ConfigError as error:
+        except Exception as error:
             if not built_for_a_server(sys._getframe(1)):
                 raise
+            if not isinstance(error, ConfigError):
+                # A setting of a shape nothing checked (a bug, then, but a server that
+                # answers every request 500 is worse than one that does not start).
+                error = ConfigError(
+                    f"the middleware could not be built from its settings: "
+                    f"{type(error).__name__}: {error}",
+                    remedy="check each setting against docs/configuration.md")
             self.keep_config_error(error)
 
     return build

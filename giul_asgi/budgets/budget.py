@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..deferred import keeps_its_error, startup_error
 from ..errors import ConfigError
 from ..tenants import tenant_name
 
@@ -35,6 +36,7 @@ MAX_PERIOD_S = 366 * 86400.0
 _NAME = re.compile(r"[A-Za-z0-9._:@/+=*-]{1,64}")
 
 
+@keeps_its_error
 @dataclass(frozen=True)
 class Budget:
     """What one tenant (route, tier) may spend in each period, and what happens past it.
@@ -153,6 +155,9 @@ def _period(value: Any) -> float:
 def build_budget(raw: Budget | Mapping[str, Any], where: str) -> Budget:
     """A Budget from itself or a table of its keys (a bad key named)."""
     if isinstance(raw, Budget):
+        kept = startup_error(raw)  # made wrong while a server imported the app
+        if kept is not None:
+            raise kept
         return raw
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where} must be a Budget(...), got {type(raw).__name__}",

@@ -1,0 +1,96 @@
+"""A setting's record made wrong while a server imports the app keeps its error for the startup.
+
+``Node(...)``, ``Tier(...)``, ``Route(...)`` and ``Budget(...)`` are usually written at a
+module's top level, beside ``app.add_middleware(...)``. A bad one raised there is printed by
+the server under a traceback while it imports the module (uvicorn exits 1 after 40 lines;
+``uvicorn --workers`` respawns its workers for ever, each under its traceback: a stranger's
+trial saw 1,572 lines in 30 s). So, where a server is importing the app (or a framework is
+building its middleware stack), the record keeps its error instead of raising it, and the
+middleware that is given it fails the startup with its one line, as for its own settings
+(:mod:`giul_asgi.asgi.startup`). Called by a person (a test, a script, a REPL), the record
+raises at once, as before.
+
+A keyword the record does not take is a :class:`~giul_asgi.errors.ConfigError` too, which
+says which was meant (``idle_ww=`` -> ``idle_w=``), rather than Python's bare ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+
+#: The frames of a module being imported (CPython names them so in every supported version).
+_IMPORT_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+#: Starlette's (and FastAPI's) lazy builder of the middleware stack.
+_STACK_BUILDER = "build_middleware_stack"
+_MAX_FRAMES = 200
+#: Where a record keeps the error it was made with.
+_KEPT = "_startup_error"
+
+T = TypeVar("T")
+
+
+def built_for_a_server(frame: FrameType | None) -> bool:
+    """Whether the call was made while a server builds the app: Starlette's stack builder or
+    a module's import: there a raised ConfigError would be misread (see the module)."""
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == _STACK_BUILDER or code.co_filename in _IMPORT_FILES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def keeps_its_error(cls: type[T]) -> type[T]:
+    """Decorate a frozen dataclass of settings: see the module. Only a failing construction
+    looks at the call stack."""
+    init: Callable[..., None] = cls.__init__  # type: ignore[misc]
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    what = cls.__name__
+
+    @functools.wraps(init)
+    def build(self: Any, /, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except ConfigError as exc:
+            error = exc
+        except TypeError as exc:  # a keyword it does not take, a positional too many
+            error = _misnamed(what, names, kwargs, exc)
+        else:
+            return
+        if not built_for_a_server(sys._getframe(1)):
+            raise error from None
+        object.__setattr__(self, _KEPT, error)
+
+    setattr(cls, "__init__", build)  # noqa: B010  (mypy refuses assigning to __init__)
+    return cls
+
+
+def startup_error(record: object) -> ConfigError | None:
+    """The error a record was made with, kept for the startup (None: it is right)."""
+    return getattr(record, _KEPT, None)
+
+
+def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeError) -> ConfigError:
+    wrong = [k for k in kwargs if k not in names]
+    if not wrong:
+        found = re.search(r"takes .*", str(exc))
+        return ConfigError(f"{what}(...): {found.group(0) if found else exc}",
+                           remedy=f"give {what}'s settings by name: {', '.join(names)}")
+    key = wrong[0]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    remedy = f"did you mean {close[0]}=?" if close else f"its settings are {', '.join(names)}"
+    return ConfigError(f"{key}= is not a {what} setting", remedy=remedy)
+
+
+__all__ = ["built_for_a_server", "keeps_its_error", "startup_error"]
