@@ -115,8 +115,8 @@ class Node:
     serving: str | int | None = None
     #: The inference server's Prometheus URL (vLLM, TGI, SGLang): its load beyond ours is foreign.
     upstream: str | None = None
-    #: Where the host's processes share the card (default: a private place on /dev/shm);
-    #: ``"off"`` or False: share nothing (also ``$GIUL_ASGI_LOAD_DIR``).
+    #: Where the host's processes share the card (an absolute path; default: a private place on
+    #: /dev/shm); ``"off"`` (or false, no, 0) or False: share nothing (also ``$GIUL_ASGI_LOAD_DIR``).
     workers_dir: str | bool | None = None
     #: A grid intensity to poll: a URL (Electricity Maps) or a JSON file.
     carbon: str | None = None

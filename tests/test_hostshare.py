@@ -94,6 +94,27 @@ def test_one_setting_moves_or_disables_it(tmp_path: Path, monkeypatch: pytest.Mo
     assert resolve(str(tmp_path / "given")).path == tmp_path / "given"
 
 
+def test_the_environment_s_spellings_of_no_turn_sharing_off_and_a_relative_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stranger's trial: GIUL_ASGI_LOAD_DIR=false (or 0, no, offf) silently made ./false/
+    {records,stats} in the server's working directory, and /energy said shared: true."""
+    monkeypatch.chdir(tmp_path)
+    for off in ("false", "0", "No", "none", " OFF "):
+        monkeypatch.setenv("GIUL_ASGI_LOAD_DIR", off)
+        place = resolve()
+        assert place.path is None and place.off, off
+    for near in ("offf", "giul", "./x"):
+        monkeypatch.setenv("GIUL_ASGI_LOAD_DIR", near)
+        place = resolve()
+        assert place.path is None and not place.off, near
+        assert place.reason is not None and "not an absolute path" in place.reason
+        assert place.remedy is not None and "mkdir -m 700 /" in place.remedy
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match="not an absolute path"):
+        Node("n", workers_dir="giul")
+
+
 def test_a_bad_setting_fails_loudly_when_the_node_is_built() -> None:
     with pytest.raises(ConfigError, match="workers_dir"):
         Node("n", workers_dir=3)  # type: ignore[arg-type]

@@ -49,6 +49,8 @@ log = logging.getLogger("giul_asgi.hostshare")
 #: The one setting: a directory, or ``off``.
 ENV = "GIUL_ASGI_LOAD_DIR"
 OFF = "off"
+#: What turns sharing off, written any case: the environment's usual spellings of no.
+OFF_WORDS = frozenset({OFF, "false", "no", "0", "none"})
 #: What a place may let others do: nothing (group and other bits all clear).
 PRIVATE = 0o700
 
@@ -94,12 +96,16 @@ def resolve(setting: Setting = None, *, candidates: Sequence[Path] | None = None
     else the first default that works. Never raises: a place that fails is a reason."""
     if setting is None:
         setting = os.environ.get(ENV) or None
-    if setting is False or (isinstance(setting, str) and setting.strip().lower() == OFF):
+    if setting is False or (isinstance(setting, str) and setting.strip().lower() in OFF_WORDS):
         return Place(None, f"sharing is off ({ENV}=off or workers_dir=False)", off=True)
     if setting is True:
         setting = None
     if setting is not None:
         path = Path(os.fspath(setting))
+        if not path.is_absolute():  # a near-miss of off (offf) made ./offf in the cwd, silently
+            return Place(None, f"cannot use {str(setting)!r} ({ENV} or workers_dir): not an absolute path",
+                         remedy=f"give an absolute directory (mkdir -m 700 /run/giul-asgi), or {OFF!r} "
+                                "to share nothing")
         refused = _usable(path, explicit=True)
         if refused is None:
             return Place(path)
@@ -126,6 +132,10 @@ def check_setting(setting: object) -> None:
         if isinstance(setting, str) and not setting.strip():
             raise ConfigError("workers_dir must not be empty",
                               remedy=f"give a directory, or {OFF!r} to share nothing")
+        named = isinstance(setting, str | os.PathLike) and str(setting).strip().lower() not in OFF_WORDS
+        if named and not Path(os.fspath(setting)).is_absolute():  # type: ignore[arg-type]
+            raise ConfigError(f"workers_dir={setting!r} is not an absolute path",
+                              remedy=f"give an absolute directory (mkdir -m 700 /run/giul-asgi), or {OFF!r}")
         return
     raise ConfigError(f"workers_dir must be a directory or {OFF!r}, got {setting!r}",
                       remedy=f"give a directory every worker can write, or {OFF!r}")
@@ -419,5 +429,5 @@ def held_if_free(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-__all__ = ["ENV", "OFF", "PRIVATE", "Place", "Setting", "check_setting", "default_candidates",
+__all__ = ["ENV", "OFF", "OFF_WORDS", "PRIVATE", "Place", "Setting", "check_setting", "default_candidates",
            "held", "held_if_free", "log_unshared", "make_dir", "open_file", "remedy", "resolve"]
