@@ -206,6 +206,25 @@ def test_real_pynvml_without_a_gpu_is_honest() -> None:
 
 
 
+def test_auto_on_a_host_without_a_gpu_says_the_remedy_and_how_to_try_it() -> None:
+    """A stranger's trial: the README's tour copied as is on a GPU-less host warned "no
+    reading: NVML unavailable: ..." with no remedy (the README promises one)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this host has a working NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    from giul_asgi.readers.registry import READERS
+
+    reader = READERS["auto"](ReaderSpec())
+    assert reader.read().error is not None and "NVML unavailable" in reader.read().error
+    remedy = getattr(reader, "remedy", None)
+    assert remedy is not None and "nvidia-smi" in remedy and "reader='simulated'" in remedy
+
+
 def test_the_gpu_check_runs_against_the_fake_card(tmp_path: Path) -> None:
     """benchmarks/gpu_check.py cannot run here for real; --fake runs its code on tests/fake_nvml."""
     import json

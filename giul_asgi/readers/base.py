@@ -107,8 +107,11 @@ class NullReader:
     method: Literal["measured", "simulated"] = "measured"
     kind: Kind = "none"
 
-    def __init__(self, reason: str = "no reader for this node", period: float = 1.0) -> None:
+    def __init__(self, reason: str = "no reader for this node", period: float = 1.0,
+                 remedy: str | None = None) -> None:
         self.reason = reason
+        #: What to do about it, said with the startup's line.
+        self.remedy = remedy
         self.period = period
         self.clock: Callable[[], float] = time.monotonic
 

@@ -81,7 +81,9 @@ def _auto(spec: ReaderSpec) -> Reader:
     try:
         return _nvml(spec)
     except ReaderUnavailable as exc:
-        return NullReader(f"NVML unavailable: {exc.message}")
+        return NullReader(f"NVML unavailable: {exc.message}", remedy=(
+            f"{exc.remedy}; to try giul-asgi on a host without a GPU: reader='simulated'"
+            if exc.remedy else "to try giul-asgi on a host without a GPU: reader='simulated'"))
 
 
 def _none(spec: ReaderSpec) -> Reader:
