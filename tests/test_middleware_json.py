@@ -148,6 +148,37 @@ async def test_route_labels_through_a_mount_with_a_path_parameter() -> None:
     assert {r.energy.route for r in records} == {"/tenants/{tid}/items/{item_id}"}
 
 
+async def test_a_middleware_on_a_mounted_sub_app_routes_and_serves_its_own_paths() -> None:
+    """A stranger's trial: the middleware on ``app.mount("/api", sub)`` with
+    ``Route("/v1/chat/completions")`` metered nothing (the path it saw was
+    ``/api/v1/chat/completions``), and ``/energy`` answered 404 at every path. Routes,
+    ``/energy`` and ``exclude`` are the sub-app's own paths, as Starlette routes them."""
+    node, _ = busy_node()
+    sub = FastAPI()
+
+    @sub.post("/v1/chat/completions")
+    async def chat() -> dict:
+        return {"choices": []}
+
+    @sub.get("/other")
+    async def other() -> dict:
+        return {"other": True}
+
+    sub.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(),
+                       routes=[Route("/v1/chat/completions", node=node.name)])
+    app = FastAPI()
+    app.mount("/api", sub)
+    async with await client_for(app) as client:
+        r = await client.post("/api/v1/chat/completions", json={})
+        assert r.status_code == 200 and "x-energy-id" in r.headers, r.headers
+        assert r.json()["energy"]["route"] == "/api/v1/chat/completions"
+        r = await client.get("/api/other")
+        assert "x-energy-id" not in r.headers and r.json() == {"other": True}
+        r = await client.get("/api/energy")
+        assert r.status_code == 200 and r.json()["schema"].startswith("giul-asgi/energy/")
+        assert (await client.get("/api/energy/requests/nope")).status_code == 404
+
+
 async def test_starlette_app_and_settled_figures() -> None:
     node, _ = busy_node()
 

@@ -42,7 +42,7 @@ from ..wire.formats import FORMATS, Formats
 from .exchange import Exchange
 from .options import Options, check_callable, check_names
 from .responders import choose
-from .routing import NEVER_METERED, Decider, PathSet, Router, app_documents
+from .routing import NEVER_METERED, Decider, PathSet, Router, app_documents, route_path
 from .startup import fails_the_startup, failure_line
 
 if TYPE_CHECKING:
@@ -272,12 +272,11 @@ class EnergyMiddleware:
                 await self.app(scope, receive, send)
                 return
             self._start_without_lifespan(scope)
-        path = scope["path"]
+        path = route_path(scope)  # the app's own path, under a mount or a --root-path
         if self.endpoint is not None and self._serves(path):
             await self.endpoint(scope, receive, send)
             return
-        root = scope.get("root_path")
-        if path in self.exclude or (root and path.startswith(root) and path[len(root):] in self.exclude):
+        if path in self.exclude or scope["path"] in self.exclude:
             await self.app(scope, receive, send)  # health checks, documents: never touched
             return
         target = self.router.match(scope)

@@ -84,6 +84,20 @@ def _glob(text: str) -> str:
     return ".*".join(re.escape(part) for part in text.split("*"))
 
 
+def route_path(scope: Mapping[str, Any]) -> str:
+    """The request's path as the app it reaches routes it: without the ``root_path`` it is
+    mounted at (a middleware on ``app.mount("/api", sub)`` sees ``/api/v1/...`` with
+    ``root_path`` ``/api``; ``uvicorn --root-path``), by Starlette's own rule, so that the
+    routes, ``/energy`` and ``exclude`` are written as the app's own paths."""
+    path: str = scope.get("path", "")
+    root = scope.get("root_path") or ""
+    if not root or not path.startswith(root):
+        return path
+    if len(path) == len(root):
+        return ""
+    return path[len(root):] if path[len(root)] == "/" else path
+
+
 def route_template(
     scope: Mapping[str, Any], root_path: str = "", app: Any = None
 ) -> str | None:
@@ -230,10 +244,10 @@ class Router:
         """The request's target; None when it is not to be metered."""
         if self.decide is not None:
             return self._decided(scope)
-        return self._match_path(scope.get("path", ""))
+        return self._match_path(route_path(scope))
 
     def _decided(self, scope: Mapping[str, Any]) -> Target | None:
-        base = self._match_path(scope.get("path", ""))
+        base = self._match_path(route_path(scope))
         try:
             decided = self.decide(scope) if self.decide is not None else None
             if decided is None:

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs
 
 import anyio.to_thread
 
+from ..asgi.routing import route_path
 from ..errors import ConfigError, GiulError
 from ..exporters import ledger_totals
 from ..page import render_page
@@ -123,7 +124,7 @@ class EnergyEndpoint:
             why = {"error": refusal.error, **({"remedy": refusal.remedy} if refusal.remedy else {})}
             await _send(send, scope, refusal.status, _dumps(why), "application/json", list(refusal.headers))
             return
-        path = scope.get("path", "")
+        path = route_path(scope)  # its own paths, under a mount too
         try:
             if self.metrics_path is not None and path == self.metrics_path:
                 body = await anyio.to_thread.run_sync(self.metrics_text)
