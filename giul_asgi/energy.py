@@ -267,7 +267,11 @@ def grade(
             error = f"measured {joules:.6g} J above idle: a failed measurement, not a free request"
             if share.trouble:
                 error = f"{error}; {share.trouble}"
-        if valid_tokens is not None and hint_per_1k > 0:
+        # The hint prices what nothing will measure: a node that cannot, a failed reader, a
+        # figure settled unknown. A first figure whose card has yet to report waits for it
+        # (unknown, and why): a hint there was 4x to 100x what settled, with no uncertainty.
+        awaited = not share.settled and share.trouble is None
+        if valid_tokens is not None and hint_per_1k > 0 and not awaited:
             joules = hint_per_1k * valid_tokens / 1000.0
             method, backend, source, mean_watts = "estimated", "none", "none", None
             why = f" ({error})" if error else ""

@@ -43,6 +43,20 @@ def test_failed_measurement_degrades_to_a_labelled_estimate_with_a_hint() -> Non
     assert math.isclose(e.joules or 0, 820.0) and e.uncertainty_joules is None
 
 
+def test_a_first_figure_the_card_has_yet_to_report_waits_for_it_rather_than_the_hint() -> None:
+    """A stranger's trial: the first figures after a start were the tier's hint, 32.8 J with no
+    uncertainty, where the simulated card's settled about 8.7 J (and issue 21's: 65.6 J against
+    0.5 J). The hint prices what nothing will measure; a figure the card will settle waits."""
+    waiting = "not settled: the card has not reported this window yet"
+    e = grade(share(None, settled=False, error=waiting), tokens=8, hint_per_1k=4100.0)
+    assert e.joules is None and e.method == "unknown" and e.error == waiting
+    failing = grade(share(None, settled=False, error=waiting, trouble="the reader is failing"),
+                    tokens=8, hint_per_1k=4100.0)
+    assert failing.method == "estimated" and math.isclose(failing.joules or 0, 32.8)
+    settled = grade(share(None, error="the card never reported it"), tokens=8, hint_per_1k=4100.0)
+    assert settled.method == "estimated" and math.isclose(settled.joules or 0, 32.8)
+
+
 def test_unknown_share_without_tokens_stays_unknown() -> None:
     e = grade(share(None), hint_per_1k=4100.0, tokens=0)
     assert e.joules is None and e.method == "unknown" and e.joules_per_token is None
