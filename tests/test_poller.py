@@ -80,6 +80,9 @@ class Sink:
     def next_step(self) -> tuple[float, float, float] | None:
         return None
 
+    def deliver(self, budget_s: float) -> None:
+        return None
+
 
 def _until(predicate: object, bound: float = WAIT_S) -> bool:
     end = time.monotonic() + bound

@@ -95,6 +95,11 @@ class Sink(Protocol):
         it cannot say (see :meth:`Tape.next_step`). Asked on the reader thread only."""
         ...
 
+    def deliver(self, budget_s: float) -> None:
+        """Between reads: hand what the readings settled to its listeners, for ``budget_s``
+        seconds at most (the rest at the next lap)."""
+        ...
+
 
 @dataclass(slots=True)
 class Health:
@@ -290,6 +295,11 @@ class Poller:
             shared = self._shared is not None and self._shared()
             if paced and reads and not shared and PACE == "steps":
                 busy_wait = pace.wait(self._clock(), self._next_step(), busy_wait)
+            # The settled figures' listeners, in the time until the next read at most: a
+            # read is never late for them.
+            started = self._clock()
+            self._deliver(busy_wait)
+            busy_wait = max(0.0, busy_wait - (self._clock() - started))
             self._pause(busy_wait, min(idle_s, shared_idle) if shared else idle_s, linger)
         if self._turn():
             self._read(reader)  # the last reading settles what closed since the one before
@@ -315,6 +325,12 @@ class Poller:
             self._dozing = False
             if not self._stop.is_set():
                 self._alarm.clear()
+
+    def _deliver(self, budget_s: float) -> None:
+        try:
+            self._sink.deliver(budget_s)
+        except Exception:  # a bug in a listener's hand-over must not stop the reading
+            log.exception("node %r: handing settled figures over failed", self.name)
 
     def _next_step(self) -> tuple[float, float, float] | None:
         try:
