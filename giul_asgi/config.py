@@ -399,7 +399,8 @@ def settings_list(name: str, value: Any, kind: type[R], example: str) -> list[R]
     that the startup fails with its line: :mod:`giul_asgi.deferred`)."""
     if value is None:
         return []
-    if isinstance(value, kind | Mapping | str | bytes) or not isinstance(value, Iterable):
+    if isinstance(value, kind | Mapping | str | bytes | set | frozenset) or not isinstance(value, Iterable):
+        # A set too: its order (the first node is the default) would differ between workers.
         raise ConfigError(f"{name}= takes a list of {kind.__name__}(...), got {_shown(value)}",
                           remedy=f"write {name}=[{example}]")
     items = list(value)

@@ -55,7 +55,8 @@ def keeps_its_error(cls: type[T]) -> type[T]:
     """Decorate a frozen dataclass of settings: see the module. Only a failing construction
     looks at the call stack."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    names = [f.name for f in fields]
     what = cls.__name__
 
     @functools.wraps(init)
@@ -71,6 +72,11 @@ def keeps_its_error(cls: type[T]) -> type[T]:
         if not built_for_a_server(sys._getframe(1)):
             raise error from None
         object.__setattr__(self, _KEPT, error)
+        for f in fields:  # what was not set is its default, so repr, == and hash still work
+            if f.name not in self.__dict__:
+                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else (
+                    None if f.default is dataclasses.MISSING else f.default)
+                object.__setattr__(self, f.name, default)
 
     setattr(cls, "__init__", build)  # noqa: B010  (mypy refuses assigning to __init__)
     return cls
@@ -81,16 +87,22 @@ def startup_error(record: object) -> ConfigError | None:
     return getattr(record, _KEPT, None)
 
 
+class MisnamedSetting(ConfigError, TypeError):
+    """A record called with a keyword it does not take (or a positional too many): a
+    ConfigError that says which was meant, and the TypeError Python would have raised
+    (``uvicorn --factory`` reports a factory's TypeError in one line)."""
+
+
 def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeError) -> ConfigError:
     wrong = [k for k in kwargs if k not in names]
     if not wrong:
         found = re.search(r"takes .*", str(exc))
-        return ConfigError(f"{what}(...): {found.group(0) if found else exc}",
+        return MisnamedSetting(f"{what}(...): {found.group(0) if found else exc}",
                            remedy=f"give {what}'s settings by name: {', '.join(names)}")
     key = wrong[0]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     remedy = f"did you mean {close[0]}=?" if close else f"its settings are {', '.join(names)}"
-    return ConfigError(f"{key}= is not a {what} setting", remedy=remedy)
+    return MisnamedSetting(f"{key}= is not a {what} setting", remedy=remedy)
 
 
-__all__ = ["built_for_a_server", "keeps_its_error", "startup_error"]
+__all__ = ["MisnamedSetting", "built_for_a_server", "keeps_its_error", "startup_error"]

@@ -145,3 +145,23 @@ def test_a_record_made_wrong_while_a_module_is_imported_keeps_its_error_for_the_
         with pytest.raises(ConfigError):
             Ledger(record, None, poll=False)
     assert startup_error(Node("fine", idle_w=1.0)) is None
+    # A hostile trial: a kept record failed repr, == and hash (fields never set).
+    assert "idle_ww" not in repr(module.typo) and module.typo == module.typo
+    assert len({module.typo, module.node}) == 2
+
+
+def test_a_misspelt_keyword_is_also_the_type_error_python_would_raise() -> None:
+    """uvicorn --factory says a factory's TypeError in one line; a ConfigError alone (a
+    ValueError) was a 48-line traceback there (a hostile trial)."""
+    with pytest.raises(TypeError, match="did you mean idle_w="):
+        Node("n", idle_ww=1.0)  # type: ignore[call-arg]
+
+
+def test_settings_of_the_wrong_shape_are_refused_with_the_shape_that_works() -> None:
+    from giul_asgi.config import settings_list
+
+    for value, words in ((Node("a"), "nodes= takes a list"), ({Node("a"), Node("b")}, "got set"),
+                         ([{"name": "a"}], "nodes[0] is dict"), (["a"], "nodes[0] is str")):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            settings_list("nodes", value, Node, "Node(...)")
+    assert settings_list("nodes", (n for n in [Node("a")]), Node, "Node(...)") == [Node("a")]

@@ -177,6 +177,17 @@ async def test_a_middleware_on_a_mounted_sub_app_routes_and_serves_its_own_paths
         r = await client.get("/api/energy")
         assert r.status_code == 200 and r.json()["schema"].startswith("giul-asgi/energy/")
         assert (await client.get("/api/energy/requests/nope")).status_code == 404
+    # The pattern written with the mount's prefix (what worked before) still meters.
+    node, _ = busy_node()
+    sub2 = FastAPI()
+    sub2.post("/v1/chat/completions")(chat)
+    sub2.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(),
+                        routes=[Route("/api/v1/chat/completions", node=node.name)])
+    app2 = FastAPI()
+    app2.mount("/api", sub2)
+    async with await client_for(app2) as client:
+        r = await client.post("/api/v1/chat/completions", json={})
+        assert "x-energy-id" in r.headers
 
 
 async def test_starlette_app_and_settled_figures() -> None:

@@ -258,3 +258,18 @@ def test_without_a_lifespan_a_bad_setting_is_one_error_line_and_the_app_serves_u
     assert not any(k.startswith("x-energy") for k in answers[0].headers)
     lines = [r.getMessage() for r in caplog.records if "energy_in_usgae=" in r.getMessage()]
     assert len(lines) == 1 and "did you mean energy_in_usage=?" in lines[0], lines
+
+
+def test_a_misspelt_node_in_a_factory_is_uvicorns_one_line(tmp_path: Path) -> None:
+    """``uvicorn --factory``: a Node typo inside the factory was a 48-line traceback once it
+    became a ConfigError (a hostile trial): uvicorn says a factory's TypeError in one line."""
+    (tmp_path / "app.py").write_text(
+        "from fastapi import FastAPI\nfrom giul_asgi import EnergyMiddleware, Node\n\n"
+        "def make():\n    app = FastAPI()\n"
+        "    app.add_middleware(EnergyMiddleware, nodes=[Node('sim', reader='simulated', idle_ww=1.0)])\n"
+        "    return app\n")
+    done = subprocess.run([sys.executable, "-m", "uvicorn", "app:make", "--factory", "--port", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in out, out
+    assert "idle_ww= is not a Node setting. did you mean idle_w=?" in out, out

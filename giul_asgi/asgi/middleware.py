@@ -159,6 +159,8 @@ class EnergyMiddleware:
             node_list = [n if n.trace else dataclasses.replace(n, trace=options.trace) for n in node_list]
         tier_list = settings_list("tiers", tiers, Tier, 'Tier("70b", joules_per_1k_hint=4100.0)')
         route_list = settings_list("routes", routes, Route, 'Route("/v1/chat/completions", node="h100-a")')
+        if isinstance(default_tier, Tier):  # made wrong at import: its error, kept till now
+            settings_list("default_tier", [default_tier], Tier, 'Tier("70b")')
         if isinstance(default_tier, str):
             found = [t for t in tier_list if t.name == default_tier]
             if not found:

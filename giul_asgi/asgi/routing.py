@@ -244,10 +244,19 @@ class Router:
         """The request's target; None when it is not to be metered."""
         if self.decide is not None:
             return self._decided(scope)
-        return self._match_path(route_path(scope))
+        return self._match(scope)
+
+    def _match(self, scope: Mapping[str, Any]) -> Target | None:
+        """By the app's own path, else (a pattern written with the mount's prefix, as before
+        mounts were stripped) by the whole path."""
+        own = route_path(scope)
+        target = self._match_path(own)
+        if target is None and own != scope.get("path", own):
+            target = self._match_path(scope.get("path", ""))
+        return target
 
     def _decided(self, scope: Mapping[str, Any]) -> Target | None:
-        base = self._match_path(route_path(scope))
+        base = self._match(scope)
         try:
             decided = self.decide(scope) if self.decide is not None else None
             if decided is None:

@@ -784,7 +784,7 @@ class Ledger:
         """Whether windows are open on the node, or closed and not settled yet (the poller's
         busy pace: a closed window waits on the next steps to settle): this process's, and
         where it reads the card for others, theirs."""
-        if self._tray or self.own_load()[1] > 0 or self.book.unsettled:
+        if self._tray or self._handing or self.own_load()[1] > 0 or self.book.unsettled:
             return True
         table = self.table
         return table is not None and table.holding and table.others_busy(self.clock(), self._period())
