@@ -12,6 +12,7 @@ import difflib
 import math
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from .deferred import keeps_its_error, startup_error
+from .deferred import built_for_a_server, keeps_its_error, kept_record, startup_error
 from .errors import ConfigError
 from .hostshare.place import check_setting
 
@@ -444,8 +445,10 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     allowed = {f.name for f in fields(cls)} - {"reader_factory"}
     unknown = sorted(set(raw) - allowed)
     if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(allowed), n=1, cutoff=0.6)
         raise ConfigError(
-            f"{where}: unknown key {unknown[0]!r}", remedy=f"allowed keys: {sorted(allowed)}"
+            f"{where}: unknown key {unknown[0]!r}",
+            remedy=f"did you mean {close[0]!r}?" if close else f"allowed keys: {sorted(allowed)}",
         )
     if cls is Node and "gpus" in raw and isinstance(raw["gpus"], list):
         raw = {**raw, "gpus": tuple(raw["gpus"])}
@@ -456,7 +459,19 @@ def _build(cls: type, raw: Any, where: str) -> Any:
 
 
 def load_config(source: str | Path | Mapping[str, Any]) -> Config:
-    """Read ``[[node]]``, ``[[tier]]`` and ``[[route]]`` tables from a TOML file or a dict."""
+    """Read ``[[node]]``, ``[[tier]]`` and ``[[route]]`` tables from a TOML file or a dict.
+    A configuration that cannot be read while a server imports the app is one node that
+    keeps the error, which the middleware given it fails the startup with
+    (:mod:`giul_asgi.deferred`); called by a person, it raises."""
+    try:
+        return _load_config(source)
+    except ConfigError as error:
+        if not built_for_a_server(sys._getframe(1)):
+            raise
+        return Config(nodes=(kept_record(Node, error),))
+
+
+def _load_config(source: str | Path | Mapping[str, Any]) -> Config:
     if isinstance(source, str | Path):
         path = Path(source)
         try:

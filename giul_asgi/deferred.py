@@ -55,8 +55,7 @@ def keeps_its_error(cls: type[T]) -> type[T]:
     """Decorate a frozen dataclass of settings: see the module. Only a failing construction
     looks at the call stack."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    names = [f.name for f in fields]
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     what = cls.__name__
 
     @functools.wraps(init)
@@ -71,15 +70,29 @@ def keeps_its_error(cls: type[T]) -> type[T]:
             return
         if not built_for_a_server(sys._getframe(1)):
             raise error from None
-        object.__setattr__(self, _KEPT, error)
-        for f in fields:  # what was not set is its default, so repr, == and hash still work
-            if f.name not in self.__dict__:
-                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else (
-                    None if f.default is dataclasses.MISSING else f.default)
-                object.__setattr__(self, f.name, default)
+        _keep(self, error)
 
     setattr(cls, "__init__", build)  # noqa: B010  (mypy refuses assigning to __init__)
     return cls
+
+
+def _keep(record: Any, error: ConfigError) -> None:
+    """Keep ``error`` in ``record``; what was not set is its default, so that repr, == and
+    hash still work."""
+    object.__setattr__(record, _KEPT, error)
+    for f in dataclasses.fields(record):
+        if f.name not in record.__dict__:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else (
+                None if f.default is dataclasses.MISSING else f.default)
+            object.__setattr__(record, f.name, default)
+
+
+def kept_record(cls: type[T], error: ConfigError) -> T:
+    """A record of ``cls`` that stands for ``error`` (a whole configuration that could not
+    be read while a server imported the app: :func:`giul_asgi.config.load_config`)."""
+    record = object.__new__(cls)
+    _keep(record, error)
+    return record
 
 
 def startup_error(record: object) -> ConfigError | None:
@@ -105,4 +118,4 @@ def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeErro
     return MisnamedSetting(f"{key}= is not a {what} setting", remedy=remedy)
 
 
-__all__ = ["MisnamedSetting", "built_for_a_server", "keeps_its_error", "startup_error"]
+__all__ = ["MisnamedSetting", "built_for_a_server", "keeps_its_error", "kept_record", "startup_error"]
