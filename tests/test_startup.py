@@ -84,14 +84,15 @@ CASES = {
     "route typo": ("routes=[Route('/v1/*', teir='70b')]", ["teir=", "tier=?"]),
     "tier value": ("tiers=[Tier('70b', joules_per_1k_hint='4100')]", ["joules_per_1k_hint", "a number"]),
     "budget typo": ("tenant='x-api-key', budgets=[Budget(jouls=5.0)]", ["jouls=", "joules=?"]),
-    "toml typo": ("nodes=load_config({'node': [{'name': 'sim', 'reader': 'simulated', 'idle_ww': 1.0}]}).nodes",
+    "toml typo": ("nodes=load_config({'node': [{'name': 'sim', 'idle_ww': 1.0}]}).nodes",
                   ["unknown key 'idle_ww'", "did you mean 'idle_w'?"]),
 }
 
 
 def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
     """``app.py`` in ``tmp_path``: the framework's app with the middleware added ``way``."""
-    text = HEAD[framework] + "from giul_asgi import Budget, EnergyMiddleware, Node, Route, Tier, load_config\n"
+    text = HEAD[framework] + ("from giul_asgi import Budget, EnergyMiddleware, Node, Route, Tier, "
+                              "load_config\n")
     settings = setting if setting.startswith("nodes=") else f"{NODE}, {setting}"
     if way == "add_middleware":
         text += f"app.add_middleware(EnergyMiddleware, {settings})\n"
