@@ -133,7 +133,8 @@ def test_a_record_made_wrong_while_a_module_is_imported_keeps_its_error_for_the_
     from giul_asgi.ledger import Ledger
 
     (tmp_path / "bad_nodes.py").write_text(
-        "from giul_asgi import Node\nnode = Node('n', idle_w=-140.0)\ntypo = Node('m', idle_ww=1.0)\n")
+        "from giul_asgi import Node, Tier\nnode = Node('n', idle_w=-140.0)\ntypo = Node('m', idle_ww=1.0)\n"
+        "tier = Tier('t', joules_per_1k_hint=-1.0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("bad_nodes")
     for record, words in ((module.node, "idle_w must be >= 0"), (module.typo, "did you mean idle_w=")):
@@ -145,6 +146,10 @@ def test_a_record_made_wrong_while_a_module_is_imported_keeps_its_error_for_the_
         with pytest.raises(ConfigError):
             Ledger(record, None, poll=False)
     assert startup_error(Node("fine", idle_w=1.0)) is None
+    from giul_asgi import Ledgers, Meter
+
+    with pytest.raises(ConfigError, match="joules_per_1k_hint"):  # a re-trial: an unknown figure
+        Meter.for_node(None, module.tier, ledgers=Ledgers())
     # A hostile trial: a kept record failed repr, == and hash (fields never set).
     assert "idle_ww" not in repr(module.typo) and module.typo == module.typo
     assert len({module.typo, module.node}) == 2
