@@ -6,7 +6,8 @@ path: opening and closing a window records a time and nothing else (no lock, no 
 task, no thread per request: the time goes into an in-tray); the book takes what the tray
 holds, in order, at the reader thread's next look, or when a figure is asked for (one lock:
 a first figure rests on the book as it stands). Shares, settling, grading and the records
-are the reader thread's, in batches, per reading. Its parts (see the package's docstring): the tape
+are the reader thread's: settling per reading, the settled figures' listeners between its
+reads, a chunk at a time (:meth:`Ledger.deliver`). Its parts (see the package's docstring): the tape
 (readings -> spans), the book (spans -> shares), the poller (the one thread that reads the
 card), the chores beside it, and its seat at the card's table
 (:mod:`giul_asgi.hostshare.cards`), through which every process of the host that meters
