@@ -272,3 +272,16 @@ class _MigDevice:
     parent: FakeGpu
     index: int
     pids: list[int]
+
+
+def skip_with_a_driver() -> None:
+    """Skip the calling test where the real pynvml starts: it checks a host without a GPU."""
+    import pynvml
+    import pytest
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return
+    pynvml.nvmlShutdown()
+    pytest.skip("this host has a working NVIDIA driver")

@@ -148,11 +148,9 @@ async def test_route_labels_through_a_mount_with_a_path_parameter() -> None:
     assert {r.energy.route for r in records} == {"/tenants/{tid}/items/{item_id}"}
 
 
-async def test_a_middleware_on_a_mounted_sub_app_routes_and_serves_its_own_paths() -> None:
-    """A stranger's trial: the middleware on ``app.mount("/api", sub)`` with
-    ``Route("/v1/chat/completions")`` metered nothing (the path it saw was
-    ``/api/v1/chat/completions``), and ``/energy`` answered 404 at every path. Routes,
-    ``/energy`` and ``exclude`` are the sub-app's own paths, as Starlette routes them."""
+def mounted_gateway(pattern: str) -> FastAPI:
+    """An app whose sub-app at ``/api`` (a chat route and another) carries the middleware,
+    metering ``pattern``."""
     node, _ = busy_node()
     sub = FastAPI()
 
@@ -165,10 +163,18 @@ async def test_a_middleware_on_a_mounted_sub_app_routes_and_serves_its_own_paths
         return {"other": True}
 
     sub.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(),
-                       routes=[Route("/v1/chat/completions", node=node.name)])
+                       routes=[Route(pattern, node=node.name)])
     app = FastAPI()
     app.mount("/api", sub)
-    async with await client_for(app) as client:
+    return app
+
+
+async def test_a_middleware_on_a_mounted_sub_app_routes_and_serves_its_own_paths() -> None:
+    """A stranger's trial: the middleware on ``app.mount("/api", sub)`` with
+    ``Route("/v1/chat/completions")`` metered nothing (the path it saw was
+    ``/api/v1/chat/completions``), and ``/energy`` answered 404 at every path. Routes,
+    ``/energy`` and ``exclude`` are the sub-app's own paths, as Starlette routes them."""
+    async with await client_for(mounted_gateway("/v1/chat/completions")) as client:
         r = await client.post("/api/v1/chat/completions", json={})
         assert r.status_code == 200 and "x-energy-id" in r.headers, r.headers
         assert r.json()["energy"]["route"] == "/api/v1/chat/completions"
@@ -178,14 +184,7 @@ async def test_a_middleware_on_a_mounted_sub_app_routes_and_serves_its_own_paths
         assert r.status_code == 200 and r.json()["schema"].startswith("giul-asgi/energy/")
         assert (await client.get("/api/energy/requests/nope")).status_code == 404
     # The pattern written with the mount's prefix (what worked before) still meters.
-    node, _ = busy_node()
-    sub2 = FastAPI()
-    sub2.post("/v1/chat/completions")(chat)
-    sub2.add_middleware(EnergyMiddleware, nodes=[node], ledgers=Ledgers(),
-                        routes=[Route("/api/v1/chat/completions", node=node.name)])
-    app2 = FastAPI()
-    app2.mount("/api", sub2)
-    async with await client_for(app2) as client:
+    async with await client_for(mounted_gateway("/api/v1/chat/completions")) as client:
         r = await client.post("/api/v1/chat/completions", json={})
         assert "x-energy-id" in r.headers
 

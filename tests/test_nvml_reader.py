@@ -12,6 +12,7 @@ from fake_nvml import (
     FakeGpu,
     FakeNvml,
     LiveGpu,
+    skip_with_a_driver,
 )
 
 from giul_asgi.errors import ConfigError, ReaderUnavailable
@@ -192,14 +193,7 @@ def test_probe_lists_what_each_gpu_answers() -> None:
 
 def test_real_pynvml_without_a_gpu_is_honest() -> None:
     """nvidia-ml-py is installed here but there is no driver: the reader raises, probe is empty."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        pytest.skip("this host has a working NVIDIA driver")
-    except pynvml.NVMLError:
-        pass
+    skip_with_a_driver()
     with pytest.raises(ReaderUnavailable, match="NVML would not start"):
         NvmlReader(ReaderSpec())
     assert probe_nvml() == []
@@ -209,14 +203,7 @@ def test_real_pynvml_without_a_gpu_is_honest() -> None:
 def test_auto_on_a_host_without_a_gpu_says_the_remedy_and_how_to_try_it() -> None:
     """A stranger's trial: the README's tour copied as is on a GPU-less host warned "no
     reading: NVML unavailable: ..." with no remedy (the README promises one)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        pytest.skip("this host has a working NVIDIA driver")
-    except pynvml.NVMLError:
-        pass
+    skip_with_a_driver()
     from giul_asgi.readers.registry import READERS
 
     reader = READERS["auto"](ReaderSpec())

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_nvml import FakeGpu, FakeNvml, LiveGpu
+from fake_nvml import FakeGpu, FakeNvml, LiveGpu, skip_with_a_driver
 from fixtures.agent_server import running_agent
 from fixtures.metrics_server import Served, serving
 
@@ -29,14 +29,7 @@ class Clock:
 
 
 def test_a_host_without_a_gpu_says_so() -> None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        pytest.skip("this host has a working NVIDIA driver")
-    except pynvml.NVMLError:
-        pass
+    skip_with_a_driver()
     report = probe_report(sample_seconds=0.1)
     assert report["nvml"]["available"] is False and "NVML" in report["nvml"]["reason"]
     assert "suggested_config" not in report
