@@ -354,6 +354,20 @@ def test_a_hard_budget_counts_a_reservation_until_a_low_or_unknown_first_figure_
     assert budgets._usual[0] == pytest.approx(20.0 + 0.2 * (25.0 - 20.0) + 0.2 * (22.0 - 21.0))
 
 
+def test_near_a_hard_limit_the_budgets_thread_shares_at_a_faster_pace() -> None:
+    """What other workers admit before they see this one's spending is what a hard budget
+    goes over (benchmarks/results/budgets-2026-12-03-hold.md: the sharing's lag): from half
+    the limit until it is reached, the thread writes and sums every 5 ms, not every 50."""
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=clock)
+    budgets.setup()
+    for joules, near in ((20.0, False), (40.0, True), (50.0, False)):  # 20, 60, 110 spent
+        slots, _ = budgets.admit("t", "/", None)
+        budgets.spend(slots, Energy(joules, "measured", id=f"r{joules}", settled=True))
+        budgets.tick()
+        assert budgets._near is near, joules
+
+
 def test_a_settled_figure_corrects_the_first_and_an_unknown_one_spends_nothing() -> None:
     clock = Clock(5000.0)
     budgets = Budgets([Budget(joules=100.0), Budget(grams=1.0, name="g")], directory="off", clock=clock)

@@ -18,7 +18,8 @@ happens elsewhere:
   wakes at each period's end, so a new period's dictionary is in place within milliseconds.
 
 So a worker sees its own spending at once and the others' within about ``MIN_GAP_S +
-EVERY_S`` (tens of milliseconds): a hard budget admits what was left, plus the
+EVERY_S`` (tens of milliseconds; from :data:`NEAR` of a hard limit until it is reached,
+within about ``2 x NEAR_EVERY_S``): a hard budget admits what was left, plus the
 requests in flight when it was crossed (each is admitted while under budget) and those the
 other workers admitted within that lag. A figure that is unknown, or <= 0 (a failed
 measurement, never a free request), at close and at settling spends nothing: a reader that
@@ -58,6 +59,11 @@ EVERY_S = 0.05
 MIN_GAP_S = 0.025
 #: With nothing changed for this long, the thread looks four times less often.
 QUIET_S = 1.0
+#: From this share of a hard limit until it is reached, the thread writes and sums every
+#: NEAR_EVERY_S: what other workers admit before they see this one's spending (and
+#: reservations) is what a hard budget goes over.
+NEAR = 0.5
+NEAR_EVERY_S = 0.005
 #: How often dead workers' rows are folded (seconds).
 FOLD_S = 1.0
 #: First figures kept waiting for their settled figure, at most (the oldest are forgotten).
@@ -158,6 +164,7 @@ class Budgets:
         self._period_s = tuple(b.period_s for b in self.budgets)
         self._joules = tuple(b.unit == "J" for b in self.budgets)
         self._hard = tuple(b.hard for b in self.budgets)
+        self._limits = tuple(b.limit for b in self.budgets)
         self._names = tuple(header_value(b.name) for b in self.budgets)
         self._index = {b.name: i for i, b in enumerate(self.budgets)}
         now = clock()
@@ -192,6 +199,8 @@ class Budgets:
         #: admitted together cannot all pass the limit, and counted until the figure settles.
         self._usual = [0.0] * len(self.budgets)
         self._usual_settled = [False] * len(self.budgets)
+        #: A key of a hard budget between NEAR of its limit and the limit: the fast pace.
+        self._near = False
 
     # -- the request's path ---------------------------------------------------------------------
     def admit(self, tenant: str | None, route: str, tier: str | None) -> Admitted:
@@ -362,7 +371,7 @@ class Budgets:
                 if not self._failed_said:
                     self._failed_said = True
                     log.exception("budgets' thread failed a round (said once); it goes on")
-            if self._stop.wait(MIN_GAP_S):
+            if self._stop.wait(NEAR_EVERY_S if self._near else MIN_GAP_S):
                 break
             self._wake.wait(self._wait())
             self._wake.clear()
@@ -373,6 +382,8 @@ class Budgets:
         period's start if sooner; a close wakes the thread before (to write its row)."""
         mono, now = time.monotonic(), self._clock()
         every = self._every_s if mono - self._last_change < QUIET_S else 4 * self._every_s
+        if self._near:
+            every = NEAR_EVERY_S
         ends = min((c + 1) * p for c, p in zip(self._current, self._period_s, strict=True))
         return max(0.0, min(every - (mono - self._last_read), ends - now + 0.0005))
 
@@ -398,6 +409,8 @@ class Budgets:
                 if own is not None and refused is not None:
                     folder.write(own, refused)
                 every = self._every_s * (4 if mono - self._last_change >= QUIET_S else 1)
+                if self._near:
+                    every = NEAR_EVERY_S
                 fold = mono - self._last_fold > FOLD_S
                 if read or rolled or fold or mono - self._last_read >= 0.9 * every:
                     self._last_read = mono
@@ -425,6 +438,8 @@ class Budgets:
             self.spent = spent
             self._current = current
             totals = list(spent.items())  # the loop adds to ``spent`` from now on
+        limits = self._limits
+        self._near = any(self._hard[i] and NEAR * limits[i] <= value < limits[i] for (i, _), value in totals)
         self._crossings(totals, current)
 
     def _prune(self, current: list[int]) -> None:
