@@ -175,10 +175,13 @@ def totals_once_still(base: str, floor: int, limit: float = 30.0) -> list[int]:
     deadline = time.monotonic() + limit
     last: list[int] = []
     while time.monotonic() < deadline:
-        last = [get(base, "/energy", window="all")["totals"]["requests"] for _ in range(6)]
-        if min(last) >= floor:
-            time.sleep(1.0)
-            return [get(base, "/energy", window="all")["totals"]["requests"] for _ in range(6)]
+        try:
+            last = [get(base, "/energy", window="all")["totals"]["requests"] for _ in range(6)]
+            if min(last) >= floor:
+                time.sleep(1.0)
+                return [get(base, "/energy", window="all")["totals"]["requests"] for _ in range(6)]
+        except httpx.HTTPError:  # gunicorn --max-requests drops a connection its worker took as it left
+            pass
         time.sleep(0.3)
     return last
 
@@ -207,7 +210,7 @@ def test_a_worker_killed_under_load_loses_no_answered_request(tmp_path: Path) ->
         answered, failed = counts["answered"], counts["failed"]
         seen = totals_once_still(base, answered)
     assert answered > 100
-    assert all(answered <= n <= answered + failed + 6 for n in seen), (answered, failed, seen)
+    assert len(seen) == 6 and all(answered <= n <= answered + failed + 6 for n in seen), (answered, failed, seen)
 
 
 def scraped_requests(base: str) -> float:
@@ -259,7 +262,7 @@ def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(t
     assert answered >= 120, counts  # four lifetimes of a worker at least
     assert polls == sorted(polls), polls
     assert scrapes == sorted(scrapes), scrapes
-    assert all(n >= answered for n in final), (answered, final)
+    assert len(final) == 6 and all(n >= answered for n in final), (answered, final)
     # two files a live worker (row, tail), the dead row, server.json, tenants, the lock;
     # and for a moment the workers that died since the last fold
     assert most_files <= 2 * 2 + 4 + 2 * 4, most_files
