@@ -210,7 +210,8 @@ def test_a_worker_killed_under_load_loses_no_answered_request(tmp_path: Path) ->
         answered, failed = counts["answered"], counts["failed"]
         seen = totals_once_still(base, answered)
     assert answered > 100
-    assert len(seen) == 6 and all(answered <= n <= answered + failed + 6 for n in seen), (answered, failed, seen)
+    assert len(seen) == 6, seen
+    assert all(answered <= n <= answered + failed + 6 for n in seen), (answered, failed, seen)
 
 
 def scraped_requests(base: str) -> float:
