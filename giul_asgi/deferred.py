@@ -6,12 +6,13 @@ the server under a traceback while it imports the module (uvicorn exits 1 after 
 ``uvicorn --workers`` respawns its workers for ever, each under its traceback: a stranger's
 trial saw 1,572 lines in 30 s). So, where a server is importing the app (or a framework is
 building its middleware stack), the record keeps its error instead of raising it, and the
-middleware that is given it fails the startup with its one line, as for its own settings
-(:mod:`giul_asgi.asgi.startup`). Called by a person (a test, a script, a REPL), the record
-raises at once, as before.
+middleware (or a Ledger, a Meter) that is given it fails the startup with its one line, as
+for its own settings (:mod:`giul_asgi.asgi.startup`). Called by a person (a test, a function
+of a script, a REPL), the record raises at once, as before; one made wrong at a module's top
+level raises only where it is used (a module that makes one and never uses it imports).
 
-A keyword the record does not take is a :class:`~giul_asgi.errors.ConfigError` too, which
-says which was meant (``idle_ww=`` -> ``idle_w=``), rather than Python's bare ``TypeError``.
+A keyword the record does not take is a :class:`MisnamedSetting`: a ConfigError that says
+which was meant (``idle_ww=`` -> ``idle_w=``), and the ``TypeError`` Python would have raised.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeErro
     if not wrong:
         found = re.search(r"takes .*", str(exc))
         return MisnamedSetting(f"{what}(...): {found.group(0) if found else exc}",
-                           remedy=f"give {what}'s settings by name: {', '.join(names)}")
+                               remedy=f"give {what}'s settings by name: {', '.join(names)}")
     key = wrong[0]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     remedy = f"did you mean {close[0]}=?" if close else f"its settings are {', '.join(names)}"

@@ -295,8 +295,8 @@ class Poller:
             shared = self._shared is not None and self._shared()
             if paced and reads and not shared and PACE == "steps":
                 busy_wait = pace.wait(self._clock(), self._next_step(), busy_wait)
-            # The settled figures' listeners, in the time until the next read at most: a
-            # read is never late for them.
+            # The settled figures' listeners, in the time until the next read (a read is
+            # late for them by one chunk at most, not by all a reading settled).
             started = self._clock()
             self._deliver(busy_wait)
             busy_wait = max(0.0, busy_wait - (self._clock() - started))
