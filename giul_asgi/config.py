@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from .deferred import built_for_a_server, keeps_its_error, kept_record, startup_error
+from .deferred import built_for_a_server, keeps_its_error, kept_record, raise_kept
 from .errors import ConfigError
 from .hostshare.place import check_setting
 
@@ -410,10 +410,7 @@ def settings_list(name: str, value: Any, kind: type[R], example: str) -> list[R]
             raise ConfigError(f"{name}[{i}] is {_shown(item)}, not a {kind.__name__}(...)",
                               remedy=f"write {name}=[{example}], or read a TOML file's tables with "
                                      "load_config(path)")
-        for part in (item, getattr(item, "node", None), getattr(item, "tier", None)):
-            kept = startup_error(part)
-            if kept is not None:
-                raise kept
+        raise_kept(item, getattr(item, "node", None), getattr(item, "tier", None))
     return items
 
 

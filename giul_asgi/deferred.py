@@ -101,6 +101,15 @@ def startup_error(record: object) -> ConfigError | None:
     return getattr(record, _KEPT, None)
 
 
+def raise_kept(*records: object) -> None:
+    """Raise the first error any of ``records`` was made with (what is given a record calls
+    this: the middleware's settings, a Ledger, a Meter, the budgets)."""
+    for record in records:
+        kept = startup_error(record)
+        if kept is not None:
+            raise kept
+
+
 class MisnamedSetting(ConfigError, TypeError):
     """A record called with a keyword it does not take (or a positional too many): a
     ConfigError that says which was meant, and the TypeError Python would have raised
@@ -119,4 +128,5 @@ def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeErro
     return MisnamedSetting(f"{key}= is not a {what} setting", remedy=remedy)
 
 
-__all__ = ["MisnamedSetting", "built_for_a_server", "keeps_its_error", "kept_record", "startup_error"]
+__all__ = ["MisnamedSetting", "built_for_a_server", "keeps_its_error", "kept_record", "raise_kept",
+           "startup_error"]

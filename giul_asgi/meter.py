@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .config import Node, Tier
-from .deferred import startup_error
+from .deferred import raise_kept
 from .energy import Energy, Provenance, Share, grade
 from .errors import ConfigError
 from .ledger import Ledger, Ledgers, Ticket, Window, default_ledgers
@@ -113,9 +113,7 @@ class Meter:
         token_kind: str = "output",
     ) -> Meter:
         """A meter on ``node``'s shared ledger (``None``: nothing to read, estimates only)."""
-        kept = startup_error(tier)  # a Tier made wrong at a module's import: said here
-        if kept is not None:
-            raise kept
+        raise_kept(tier)  # a Tier made wrong at a module's import: said here
         ledgers = ledgers if ledgers is not None else default_ledgers()
         return cls(
             ledgers.get(node), tier, route=route, sync=sync, token_kind=token_kind, ledgers=ledgers

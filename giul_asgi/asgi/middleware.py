@@ -31,6 +31,7 @@ from .. import logs
 from ..budgets import Budget, Budgets, OverBudget, check_budgets
 from ..config import Node, Route, Tier, settings_list
 from ..context import meter_var
+from ..deferred import raise_kept
 from ..errors import ConfigError, GiulError
 from ..ledger import Ledgers, default_ledgers
 from ..listeners import Listener, Listeners
@@ -159,8 +160,7 @@ class EnergyMiddleware:
             node_list = [n if n.trace else dataclasses.replace(n, trace=options.trace) for n in node_list]
         tier_list = settings_list("tiers", tiers, Tier, 'Tier("70b", joules_per_1k_hint=4100.0)')
         route_list = settings_list("routes", routes, Route, 'Route("/v1/chat/completions", node="h100-a")')
-        if isinstance(default_tier, Tier):  # made wrong at import: its error, kept till now
-            settings_list("default_tier", [default_tier], Tier, 'Tier("70b")')
+        raise_kept(default_tier)  # a Tier object made wrong at import: its error, kept till now
         if isinstance(default_tier, str):
             found = [t for t in tier_list if t.name == default_tier]
             if not found:
@@ -278,7 +278,8 @@ class EnergyMiddleware:
         if self.endpoint is not None and self._serves(path):
             await self.endpoint(scope, receive, send)
             return
-        if path in self.exclude or scope["path"] in self.exclude:
+        full = scope["path"]
+        if path in self.exclude or (path != full and full in self.exclude):
             await self.app(scope, receive, send)  # health checks, documents: never touched
             return
         target = self.router.match(scope)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..deferred import keeps_its_error, startup_error
+from ..deferred import keeps_its_error, raise_kept
 from ..errors import ConfigError
 from ..tenants import tenant_name
 
@@ -155,9 +155,7 @@ def _period(value: Any) -> float:
 def build_budget(raw: Budget | Mapping[str, Any], where: str) -> Budget:
     """A Budget from itself or a table of its keys (a bad key named)."""
     if isinstance(raw, Budget):
-        kept = startup_error(raw)  # made wrong while a server imported the app
-        if kept is not None:
-            raise kept
+        raise_kept(raw)  # made wrong while a server imported the app
         return raw
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where} must be a Budget(...), got {type(raw).__name__}",

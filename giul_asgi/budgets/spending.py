@@ -266,7 +266,8 @@ class Budgets:
                 if counted > 0:
                     self._add(i, key, int(now // self._period_s[i]), counted)
                 if first > 0 and (energy.settled or not self._usual_settled[i]):
-                    self._usual_settled[i] = self._usual_settled[i] or (energy.settled and self._hard[i])
+                    if energy.settled and self._hard[i]:
+                        self._usual_settled[i] = True
                     self._learn_usual(i, first)
                 counts.append((first, counted))
             if waits and energy.id is not None:

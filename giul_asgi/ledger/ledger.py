@@ -34,7 +34,7 @@ import anyio
 
 from ..carbon import CarbonFeed, carbon_of, static_status
 from ..config import Node
-from ..deferred import startup_error
+from ..deferred import raise_kept
 from ..energy import Carbon, Provenance, Share
 from ..errors import GiulError, ReaderUnavailable
 from ..hostshare import CardTable, SeatBooks, Unusable, card_key, log_unshared, resolve
@@ -146,9 +146,7 @@ class Ledger:
         read_timeout: float = 1.0,
         poll: bool = True,
     ) -> None:
-        kept = startup_error(node)  # a Node made wrong while a server imported the app
-        if kept is not None:
-            raise kept
+        raise_kept(node)  # a Node made wrong while a server imported the app
         self.node = node
         self.read_timeout = read_timeout
         #: False: nothing reads the card by itself; the caller feeds :meth:`ingest` (tests).
