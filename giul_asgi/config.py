@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from .deferred import built_for_a_server, keeps_its_error, kept_record, raise_kept
+from .deferred import KeepsItsError, built_for_a_server, kept_record, raise_kept
 from .errors import ConfigError
 from .hostshare.place import check_setting
 
@@ -40,9 +40,8 @@ FOREIGN: tuple[str, ...] = ("charge", "subtract")
 MAX_TRACE_MB = 4096.0
 
 
-@keeps_its_error
 @dataclass(frozen=True)
-class Node:
+class Node(metaclass=KeepsItsError):
     """A set of GPUs metered as one, with the operator's idle floor for all of them.
 
     ``gpus`` are NVML indices; an empty tuple means every GPU the host shows.
@@ -333,9 +332,8 @@ def _check_carbon(node: Node) -> None:
             remedy="poll more often or keep values longer (defaults: 300 s and 6 h)")
 
 
-@keeps_its_error
 @dataclass(frozen=True)
-class Tier:
+class Tier(metaclass=KeepsItsError):
     """A class of model; the hint prices a token when nothing could measure it."""
 
     #: The tier's name, in every figure and label.
@@ -352,9 +350,8 @@ class Tier:
         object.__setattr__(self, "joules_per_1k_hint", hint)
 
 
-@keeps_its_error
 @dataclass(frozen=True)
-class Route:
+class Route(metaclass=KeepsItsError):
     """Requests whose route template (or path) matches ``pattern`` go to ``node``/``tier``.
 
     ``pattern`` is an exact template or path (``/v1/models/{id}``), a glob with ``*``

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
+import inspect
 import re
 import sys
-from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -52,47 +51,49 @@ def built_for_a_server(frame: FrameType | None) -> bool:
     return False
 
 
-def keeps_its_error(cls: type[T]) -> type[T]:
-    """Decorate a frozen dataclass of settings: see the module. Only a failing construction
-    looks at the call stack."""
-    init: Callable[..., None] = cls.__init__  # type: ignore[misc]
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    what = cls.__name__
+class KeepsItsError(type):
+    """The metaclass of a frozen dataclass of settings: see the module. The record is made
+    here, so a subclass keeps its error too, one a user declares with ``@dataclass`` (which
+    writes an ``__init__`` of its own) included. Only a failing construction looks at the
+    call stack."""
 
-    @functools.wraps(init)
-    def build(self: Any, /, *args: Any, **kwargs: Any) -> None:
+    def __call__(cls: type[T], *args: Any, **kwargs: Any) -> T:
         try:
-            init(self, *args, **kwargs)
+            record: T = super().__call__(*args, **kwargs)  # type: ignore[misc]
+            return record
         except ConfigError as exc:
             error = exc
         except TypeError as exc:  # a keyword it does not take, a positional too many
-            error = _misnamed(what, names, kwargs, exc)
-        else:
-            return
+            names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+            error = _misnamed(cls.__name__, names, kwargs, exc)
         if not built_for_a_server(sys._getframe(1)):
             raise error from None
-        _keep(self, error)
+        return kept_record(cls, error, args, kwargs)
 
-    setattr(cls, "__init__", build)  # noqa: B010  (mypy refuses assigning to __init__)
-    return cls
-
-
-def _keep(record: Any, error: ConfigError) -> None:
-    """Keep ``error`` in ``record``; what was not set is its default, so that repr, == and
-    hash still work."""
-    object.__setattr__(record, _KEPT, error)
-    for f in dataclasses.fields(record):
-        if f.name not in record.__dict__:
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else (
-                None if f.default is dataclasses.MISSING else f.default)
-            object.__setattr__(record, f.name, default)
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The record's own (``help()`` and editors would read the ``__call__`` above)."""
+        init = inspect.signature(cls.__init__)  # type: ignore[misc]
+        return init.replace(parameters=list(init.parameters.values())[1:])
 
 
-def kept_record(cls: type[T], error: ConfigError) -> T:
-    """A record of ``cls`` that stands for ``error`` (a whole configuration that could not
-    be read while a server imported the app: :func:`giul_asgi.config.load_config`)."""
+def kept_record(cls: type[T], error: ConfigError, args: tuple[Any, ...] = (),
+                kwargs: dict[str, Any] | None = None) -> T:
+    """A record of ``cls`` that stands for ``error``, with the values it was given where they
+    name a setting and defaults elsewhere, so that repr, == and hash still work (also a whole
+    configuration that could not be read: :func:`giul_asgi.config.load_config`)."""
     record = object.__new__(cls)
-    _keep(record, error)
+    object.__setattr__(record, _KEPT, error)
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    given = dict(zip((f.name for f in fields), args, strict=False)) | (kwargs or {})  # too many: kept
+    for f in fields:
+        if f.name in given:
+            value = given[f.name]
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None if f.default is dataclasses.MISSING else f.default
+        object.__setattr__(record, f.name, value)
     return record
 
 
@@ -128,5 +129,5 @@ def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeErro
     return MisnamedSetting(f"{key}= is not a {what} setting", remedy=remedy)
 
 
-__all__ = ["MisnamedSetting", "built_for_a_server", "keeps_its_error", "kept_record", "raise_kept",
+__all__ = ["KeepsItsError", "MisnamedSetting", "built_for_a_server", "kept_record", "raise_kept",
            "startup_error"]

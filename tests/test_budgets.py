@@ -235,19 +235,20 @@ def test_a_hard_budget_refuses_before_the_app_with_a_429_the_openai_client_raise
     caplog.set_level(logging.WARNING, logger="giul_asgi.budgets")
     metered = middleware([Budget(joules=250.0, hard=True)])
     with serve(metered) as base:
-        ai = openai.OpenAI(base_url=base + "/v1", api_key="sk-test", default_headers={"x-team": "team-a"},
-                           max_retries=0)
-        before = app.calls  # type: ignore[attr-defined]
-        for _ in range(3):  # 250 J left, 100 J each: the third is admitted with 50 J left
-            answer = ai.chat.completions.with_raw_response.create(
-                model="m", messages=[{"role": "user", "content": "hi"}])
-            assert answer.http_response.status_code == 200
-        with pytest.raises(openai.RateLimitError) as caught:
-            ai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-        assert app.calls - before == 3  # type: ignore[attr-defined]  # the refused one never ran
-        other = ai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                           extra_headers={"x-team": "team-b"})
-        assert other.model_extra is not None and other.model_extra["energy"]["joules"] == J
+        # Closed with the test: its pooled connection outlived it (an unraisable socket warning).
+        with openai.OpenAI(base_url=base + "/v1", api_key="sk-test", default_headers={"x-team": "team-a"},
+                           max_retries=0) as ai:
+            before = app.calls  # type: ignore[attr-defined]
+            for _ in range(3):  # 250 J left, 100 J each: the third is admitted with 50 J left
+                answer = ai.chat.completions.with_raw_response.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}])
+                assert answer.http_response.status_code == 200
+            with pytest.raises(openai.RateLimitError) as caught:
+                ai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            assert app.calls - before == 3  # type: ignore[attr-defined]  # the refused one never ran
+            other = ai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                               extra_headers={"x-team": "team-b"})
+            assert other.model_extra is not None and other.model_extra["energy"]["joules"] == J
         state = httpx.get(base + "/energy", params={"window": "all"}).json()["budgets"]
     error = caught.value
     assert error.status_code == 429

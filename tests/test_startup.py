@@ -86,7 +86,15 @@ CASES = {
     "budget typo": ("tenant='x-api-key', budgets=[Budget(jouls=5.0)]", ["jouls=", "joules=?"]),
     "toml typo": ("nodes=load_config({'node': [{'name': 'sim', 'idle_ww': 1.0}]}).nodes",
                   ["unknown key 'idle_ww'", "did you mean 'idle_w'?"]),
+    # A re-trial: a Node subclass declared with @dataclass writes its own __init__, which
+    # raised at import (a traceback; a crash loop under --workers).
+    "node subclass": ("nodes=[RackNode('sim', reader='simulated', idle_w=-1.0, rack='r1')]",
+                      ["idle_w must be >= 0", "giul-asgi probe"]),
+    "node subclass typo": ("nodes=[RackNode('sim', reader='simulated', rakc='r1')]", ["rakc=", "rack=?"]),
 }
+#: What a case's module declares before adding the middleware.
+PREAMBLE = ("from dataclasses import dataclass\n\n@dataclass(frozen=True)\n"
+            "class RackNode(Node):\n    rack: str = ''\n")
 
 
 def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
@@ -94,6 +102,8 @@ def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
     text = HEAD[framework] + ("from giul_asgi import Budget, EnergyMiddleware, Node, Route, Tier, "
                               "load_config\n")
     settings = setting if setting.startswith("nodes=") else f"{NODE}, {setting}"
+    if "RackNode" in setting:
+        text += PREAMBLE
     if way == "add_middleware":
         text += f"app.add_middleware(EnergyMiddleware, {settings})\n"
     else:
@@ -155,6 +165,8 @@ def assert_one_line(out: str, words: list[str]) -> None:
     ("tier value", "fastapi", "wrapped"),
     ("budget typo", "fastapi", "add_middleware"),
     ("toml typo", "starlette", "wrapped"),
+    ("node subclass", "fastapi", "add_middleware"),
+    ("node subclass typo", "starlette", "wrapped"),
 ])
 def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
     tmp_path: Path, case: str, framework: str, way: str,
@@ -179,7 +191,7 @@ def test_a_bad_setting_stops_uvicorn_lifespan_on_and_gunicorn(tmp_path: Path, se
         assert "Worker failed to boot" in out, out
 
 
-@pytest.mark.parametrize("case", ["node value", "node typo"])
+@pytest.mark.parametrize("case", ["node value", "node typo", "node subclass"])
 def test_a_bad_node_stops_uvicorn_workers_instead_of_a_crash_loop(tmp_path: Path, case: str) -> None:
     """A stranger's trial: ``Node(..., idle_w=-140.0)`` under ``uvicorn --workers 2`` raised at
     each worker's import; uvicorn respawned them for ever (28 times and 1,572 lines in 30 s).

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..deferred import keeps_its_error, raise_kept
+from ..deferred import KeepsItsError, raise_kept
 from ..errors import ConfigError
 from ..tenants import tenant_name
 
@@ -36,9 +36,8 @@ MAX_PERIOD_S = 366 * 86400.0
 _NAME = re.compile(r"[A-Za-z0-9._:@/+=*-]{1,64}")
 
 
-@keeps_its_error
 @dataclass(frozen=True)
-class Budget:
+class Budget(metaclass=KeepsItsError):
     """What one tenant (route, tier) may spend in each period, and what happens past it.
 
     ``Budget(joules=5e6, per="tenant", period="day")`` lets each tenant spend 5 MJ above
