@@ -436,8 +436,51 @@ def test_other_workers_rows_count_and_a_dead_one_counts_until_its_period_ends(tm
     assert budgets.spent == {}  # a new day: the dead worker's spending is over with its period
 
 
-def row(*spent: list[Any], refused: list[list[Any]] | None = None) -> bytes:
-    return framed(json.dumps({"schema": ROW_SCHEMA, "spent": list(spent), "refused": refused or []}).encode())
+def test_a_fresh_worker_reserves_the_usual_cost_the_other_workers_learnt(tmp_path: Path) -> None:
+    """A hostile trial's wave (40 clients of one key, 4 workers, 3 warm-up requests that
+    reached some workers only): a worker that had learnt no usual cost reserved nothing, and
+    the key passed its 300 J hard limit by 5-12 requests (benchmarks/results/
+    budgets-2026-12-03-usual.md). A worker's row now says the usual cost it learnt; one that
+    has learnt none reserves the live workers' mean until its own figures teach it."""
+    place = tmp_path / "place"
+    place.mkdir(mode=0o700)
+    server = ServerId("ltest", "a test's server", (os.getpid(), None))
+    clock = Clock(time.time())
+    budgets = Budgets([Budget(joules=100.0, hard=True)], directory=str(place), server=server, clock=clock)
+    budgets.setup()
+    assert budgets.folder is not None
+    day = int(clock.t // 86400)
+    parent = os.getppid()  # a live process that is not this one: the warm workers' rows
+    for tag, usual in (("b0", 15.0), ("b1", 25.0)):
+        (budgets.folder.folder / f"{parent}-{process_start(parent)}-{tag}.json").write_bytes(
+            row(["tenant/day/J", "u", day, 40.0], usual=[["tenant/day/J", usual]]))
+    # A row whose usual cost makes no sense is an odd row: skipped, neither spent nor reserved.
+    (budgets.folder.folder / f"{parent}-{process_start(parent)}-b2.json").write_bytes(
+        row(["tenant/day/J", "v", day, 1.0], usual=[["tenant/day/J", -5.0]]))
+    budgets.tick(read=True)
+    assert budgets._usual[0] == 20.0 and not budgets._usual_learnt[0]  # the live rows' mean
+    assert (0, "v") not in budgets.spent
+    admitted = []
+    with pytest.raises(OverBudget):
+        for _ in range(40):  # in flight together on the fresh worker
+            admitted.append(budgets.admit("t", "/", None)[0])
+    assert len(admitted) == 5  # 5 x 20 J reaches 100
+    budgets.spend(admitted[0], Energy(30.0, "measured", id="f0", settled=True))
+    budgets.spend(admitted[1], Energy(30.0, "measured", id="f1", settled=True))
+    assert budgets._usual[0] == pytest.approx(20.0 + 0.2 * 10.0 + 0.2 * 8.0)  # its own, from the borrowed
+    budgets.tick(read=True)
+    assert budgets._usual[0] == pytest.approx(23.6)  # learnt: the others' no longer replace it
+    data = unframed(budgets.folder.rows.path.read_bytes())
+    assert data is not None and json.loads(data)["usual"] == [["tenant/day/J", pytest.approx(23.6)]]
+    budgets.close()
+
+
+def row(*spent: list[Any], refused: list[list[Any]] | None = None, usual: list[list[Any]] | None = None,
+        ) -> bytes:
+    data: dict[str, Any] = {"schema": ROW_SCHEMA, "spent": list(spent), "refused": refused or []}
+    if usual is not None:
+        data["usual"] = usual
+    return framed(json.dumps(data).encode())
 
 
 def test_where_nothing_can_be_shared_the_budgets_are_the_workers_own_and_say_why(tmp_path: Path) -> None:

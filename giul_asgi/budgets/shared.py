@@ -89,6 +89,9 @@ class Found:
     changed: bool = True
     #: how many times each (budget, key) was crossed, server-wide
     crossed: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: a hard budget's usual cost of a request, as the live workers that learnt one say it
+    #: (their mean): what a worker that has learnt none yet reserves
+    usual: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -123,6 +126,18 @@ def entries(raw: Any) -> Iterator[tuple[tuple[str, str, int], float]]:
                 and math.isfinite(entry[3]) and entry[3] >= 0):
             raise ValueError(f"an entry that makes no sense: {entry!r:.80}")
         yield (entry[0], entry[1], entry[2]), float(entry[3])
+
+
+def _usual(raw: Any) -> Iterator[tuple[str, float]]:
+    """The ``[name, joules]`` usual costs of a row (raises ValueError on a bad one)."""
+    if not isinstance(raw, list):
+        raise ValueError("usual costs are not a list")
+    for entry in raw:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], int | float) and not isinstance(entry[1], bool)
+                and math.isfinite(entry[1]) and entry[1] > 0):
+            raise ValueError(f"a usual cost that makes no sense: {entry!r:.80}")
+        yield entry[0], float(entry[1])
 
 
 def as_entries(spent: Spent) -> list[list[Any]]:
@@ -163,7 +178,8 @@ def _row(raw: Any, schema: str) -> dict[str, Any]:
     if not isinstance(raw, dict) or raw.get("schema") != schema:
         raise ValueError("not a budgets row of this version")
     data: dict[str, Any] = {"spent": dict(entries(raw.get("spent", []))),
-                            "refused": dict(entries(raw.get("refused", [])))}
+                            "refused": dict(entries(raw.get("refused", []))),
+                            "usual": dict(_usual(raw.get("usual", [])))}
     if schema == DEAD_SCHEMA:
         folded = raw.get("folded")
         if not isinstance(folded, dict):
@@ -193,10 +209,13 @@ class ServerSpending:
         self._said: set[str] = set()
 
     # -- this worker ------------------------------------------------------------------------
-    def write(self, spent: Spent, refused: Spent) -> None:
-        """Rewrite this worker's row in place (raises OSError: the place is full or gone)."""
+    def write(self, spent: Spent, refused: Spent, usual: dict[str, float] | None = None) -> None:
+        """Rewrite this worker's row in place (raises OSError: the place is full or gone);
+        ``usual``: the hard budgets' usual costs this worker learnt."""
         blob = framed(dump({"schema": ROW_SCHEMA, "pid": os.getpid(),
-                            "spent": as_entries(spent), "refused": as_entries(refused)}))
+                            "spent": as_entries(spent), "refused": as_entries(refused),
+                            "usual": [[name, value] for name, value in (usual or {}).items()
+                                      if value > 0]}))
         if os.pwrite(self._fd, blob, 0) != len(blob):
             raise OSError(28, "the row was cut short (is the place full?)")
 
@@ -230,6 +249,7 @@ class ServerSpending:
         dead_row = self._whole.get(DEAD, (0, None))[1]
         folded = dead_row.get("folded", {}) if dead_row is not None else {}
         live = 0
+        usual: dict[str, list[float]] = {}
         for name, other in sorted(self._others.items()):
             if other.data is None or name in folded:
                 continue
@@ -238,12 +258,16 @@ class ServerSpending:
             if alive_too or other.alive is None:
                 other.alive = alive(*other.who)
             live += other.alive
+            if other.alive:
+                for budget, value in other.data["usual"].items():
+                    usual.setdefault(budget, []).append(value)
         if dead_row is not None:
             _add(spent, dead_row["spent"], since)
             _add(refused, dead_row["refused"], since)
         crossed_row = self._whole.get(CROSSED, (0, None))[1]
         crossed = crossed_row["counts"] if crossed_row is not None else {}
-        self._found = Found(spent, refused, live, changed, dict(crossed))
+        self._found = Found(spent, refused, live, changed, dict(crossed),
+                            {name: sum(values) / len(values) for name, values in usual.items()})
         return self._found
 
     def _scan(self) -> bool:

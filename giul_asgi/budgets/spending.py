@@ -4,7 +4,9 @@ The request's path asks one question per budget: has this key spent its limit?
 (``spent.get((budget, key), 0.0) >= limit``). Everything that makes that dictionary true
 happens elsewhere:
 
-- **at admission**, a hard budget adds the key's usual cost of a request (a reservation);
+- **at admission**, a hard budget adds its usual cost of a request (a reservation: learnt
+  from the figures this worker counted; until it has one, the other workers' mean, which
+  their rows carry);
 - **at the request's close**, on the event loop, its first figure (the one its headers
   said; for a hard budget, at least its reservation until it settles) replaces the
   reservation in this worker's count for (budget, key, period) and in the dictionary, so
@@ -199,6 +201,10 @@ class Budgets:
         #: admitted together cannot all pass the limit, and counted until the figure settles.
         self._usual = [0.0] * len(self.budgets)
         self._usual_settled = [False] * len(self.budgets)
+        #: Whether this worker learnt its usual cost from its own figures (else it holds the
+        #: other workers' mean, or nothing: a fresh worker beside warm ones, the hostile
+        #: trial's wave of 40 clients, reserved nothing and passed the limit by 11 requests).
+        self._usual_learnt = [False] * len(self.budgets)
         #: A key of a hard budget between NEAR of its limit and the limit: the fast pace.
         self._near = False
 
@@ -283,6 +289,14 @@ class Budgets:
         """Move a budget's usual cost of a request towards ``value`` (under the lock)."""
         usual = self._usual[i]
         self._usual[i] = value if usual == 0.0 else usual + USUAL_WEIGHT * (value - usual)
+        self._usual_learnt[i] = True
+
+    def _borrow_usual(self, others: dict[str, float]) -> None:
+        """Until it learns its own, a hard budget reserves what the other workers learnt."""
+        with self._lock:
+            for i, budget in enumerate(self.budgets):
+                if self._hard[i] and not self._usual_learnt[i] and budget.name in others:
+                    self._usual[i] = others[budget.name]
 
     def _add(self, i: int, key: str, period: int, value: float) -> None:
         """Count ``value`` (under the lock)."""
@@ -401,6 +415,8 @@ class Budgets:
             dirty, self._dirty = self._dirty, False
             own = self._named(self._own) if dirty or rolled else None
             refused = self._named(self._refused) if own is not None else None
+            usual = {b.name: self._usual[i] for i, b in enumerate(self.budgets)
+                     if b.name is not None and self._hard[i] and self._usual_learnt[i]}
         folder = self.folder
         since = {b.name: current[i] for i, b in enumerate(self.budgets) if b.name is not None}
         if dirty or rolled:
@@ -408,7 +424,7 @@ class Budgets:
         if folder is not None:
             try:
                 if own is not None and refused is not None:
-                    folder.write(own, refused)
+                    folder.write(own, refused, usual)
                 every = self._every_s * (4 if mono - self._last_change >= QUIET_S else 1)
                 if self._near:
                     every = NEAR_EVERY_S
@@ -422,6 +438,7 @@ class Budgets:
                         self._others_refused = self._indexed(found.refused)
                         self.workers = 1 + found.live
                         self._crossed = found.crossed
+                        self._borrow_usual(found.usual)
                 if fold:
                     self._last_fold = mono
                     if folder.fold(since):
