@@ -171,25 +171,18 @@ class Node(metaclass=KeepsItsError):
                     remedy="measure the node at rest (giul-asgi probe) and give that figure",
                 )
             object.__setattr__(self, "idle_w", idle)
-        if self.reader not in READER_KINDS:
-            raise ConfigError(
-                f"node {self.name!r}: reader must be one of {READER_KINDS}, got {self.reader!r}"
-            )
-        if self.split not in SPLITS:
-            raise ConfigError(
-                f"node {self.name!r}: split must be one of {SPLITS}, got {self.split!r}",
-                remedy='write split = "time" (the default), "tokens" (time x tokens per second) '
-                       'or "phases" (prefill and decode at their own learnt rates)',
-            )
+        check_choice(f"node {self.name!r}: reader", self.reader, READER_KINDS,
+                     remedy="'auto' (NVML if it answers), or 'simulated' to try it without a GPU")
+        check_choice(f"node {self.name!r}: split", self.split, SPLITS,
+                     remedy='"time" (the default), "tokens" (time x tokens per second) or "phases" '
+                            "(prefill and decode at their own learnt rates)")
         if self.period_s is not None:
             period = _number(self.period_s, f"node {self.name!r}: period_s")
             if period <= 0:
                 raise ConfigError(f"node {self.name!r}: period_s must be > 0, got {period}")
             object.__setattr__(self, "period_s", period)
-        if self.foreign not in FOREIGN:
-            raise ConfigError(
-                f"node {self.name!r}: foreign must be one of {FOREIGN}, got {self.foreign!r}"
-            )
+        check_choice(f"node {self.name!r}: foreign", self.foreign, FOREIGN,
+                     remedy="'charge' it to the windows open (the default) or 'subtract' it")
         ramp = _number(self.ramp_s, f"node {self.name!r}: ramp_s")
         if ramp < 0:
             raise ConfigError(f"node {self.name!r}: ramp_s must be >= 0 s, got {ramp}")
@@ -426,7 +419,7 @@ def check_choice(what: str, value: Any, choices: Iterable[str], *, remedy: str =
     if isinstance(value, str):
         close = [c for c in known if c.lower() == value.strip().lower()]
         close = close or difflib.get_close_matches(value.lower(), known, n=1, cutoff=0.6)
-    meant = f"did you mean {what}={close[0]!r}? " if close else ""
+    meant = f"did you mean {what.rsplit(': ', 1)[-1]}={close[0]!r}? " if close else ""
     raise ConfigError(f"{what}={value!r} is not one of {', '.join(known)}",
                       remedy=f"{meant}{remedy}".strip() or f"use one of {', '.join(known)}")
 

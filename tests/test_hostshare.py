@@ -9,6 +9,7 @@ import logging
 import multiprocessing as mp
 import os
 import pwd
+import re
 import stat
 import tempfile
 import threading
@@ -113,6 +114,14 @@ def test_the_environment_s_spellings_of_no_turn_sharing_off_and_a_relative_path_
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ConfigError, match="not an absolute path"):
         Node("n", workers_dir="giul")
+    # The middleware's build refuses them (test_startup: under a real uvicorn).
+    from giul_asgi.hostshare import place
+
+    for value, meant in (("offf", "did you mean GIUL_ASGI_LOAD_DIR=off?"), ("./x", "give an absolute")):
+        with pytest.raises(ConfigError, match=re.escape(meant)):
+            place.check_environment({"GIUL_ASGI_LOAD_DIR": value})
+    for fine in ("", "off", " No ", str(tmp_path)):
+        place.check_environment({"GIUL_ASGI_LOAD_DIR": fine})
 
 
 def test_a_bad_setting_fails_loudly_when_the_node_is_built() -> None:

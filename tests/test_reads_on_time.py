@@ -161,3 +161,12 @@ def test_the_setting_reads_off_seconds_or_the_default() -> None:
     assert configured({ENV: "off"}) is None
     assert configured({ENV: "0.0005"}) == 0.0005
     assert configured({ENV: "fast"}) == INTERVAL_S
+    # The middleware's build refuses what configured() warns of (test_startup: a real uvicorn).
+    from giul_asgi.errors import ConfigError
+    from giul_asgi.ledger.switch import check_environment
+
+    for bad in ("fast", "2", "-0.1"):
+        with pytest.raises(ConfigError, match="neither off nor seconds"):
+            check_environment({ENV: bad})
+    for fine in ("", "off", "0", "0.0005"):
+        check_environment({ENV: fine})

@@ -91,6 +91,8 @@ CASES = {
     "node subclass": ("nodes=[RackNode('sim', reader='simulated', idle_w=-1.0, rack='r1')]",
                       ["idle_w must be >= 0", "giul-asgi probe"]),
     "node subclass typo": ("nodes=[RackNode('sim', reader='simulated', rakc='r1')]", ["rakc=", "rack=?"]),
+    # A stranger's trial: no "did you mean" for a reader's name.
+    "reader typo": ("nodes=[Node('sim', reader='simulatd')]", ["reader='simulatd'", "reader='simulated'?"]),
 }
 #: What a case's module declares before adding the middleware.
 PREAMBLE = ("from dataclasses import dataclass\n\n@dataclass(frozen=True)\n"
@@ -114,7 +116,7 @@ def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
     return tmp_path
 
 
-def serve(tmp_path: Path, server: str) -> tuple[int, str]:
+def serve(tmp_path: Path, server: str, **environ: str) -> tuple[int, str]:
     """Run ``server`` over ``app:app`` until it exits; its status and everything it said."""
     command = {
         "uvicorn": [sys.executable, "-m", "uvicorn", "app:app", "--port", "0"],
@@ -125,7 +127,7 @@ def serve(tmp_path: Path, server: str) -> tuple[int, str]:
         "hypercorn": [sys.executable, "-m", "hypercorn", "app:app", "-b", "127.0.0.1:0"],
         "uvicorn-workers": [sys.executable, "-m", "uvicorn", "app:app", "--port", "0", "--workers", "2"],
     }[server]
-    env = dict(os.environ)
+    env = dict(os.environ) | environ
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     # A session of its own: a server that keeps serving is stopped with all its workers.
     with subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -167,6 +169,7 @@ def assert_one_line(out: str, words: list[str]) -> None:
     ("toml typo", "starlette", "wrapped"),
     ("node subclass", "fastapi", "add_middleware"),
     ("node subclass typo", "starlette", "wrapped"),
+    ("reader typo", "fastapi", "add_middleware"),
 ])
 def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
     tmp_path: Path, case: str, framework: str, way: str,
@@ -177,6 +180,23 @@ def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
     assert "Application startup failed" in out and "lifespan' protocol appears unsupported" not in out
     assert "Traceback" not in out, out
     assert_one_line(out, words)
+
+
+@pytest.mark.parametrize(("variable", "value", "words"), [
+    ("GIUL_ASGI_LOAD_DIR", "offf", ["GIUL_ASGI_LOAD_DIR='offf'", "did you mean GIUL_ASGI_LOAD_DIR=off?"]),
+    ("GIUL_ASGI_SWITCH_INTERVAL", "fast", ["GIUL_ASGI_SWITCH_INTERVAL='fast'", "seconds such as 0.002"]),
+])
+def test_a_misspelt_environment_variable_stops_uvicorn_with_one_line(
+    tmp_path: Path, variable: str, value: str, words: list[str],
+) -> None:
+    """A stranger's trial: GIUL_ASGI_LOAD_DIR=offf was a warning, and the server served with
+    each worker's figures its own; an environment variable is a setting too."""
+    status, out = serve(app_module(tmp_path, "fastapi", "add_middleware", "tenant='x-team'"), "uvicorn",
+                        **{variable: value})
+    assert status != 0, out
+    assert "Traceback" not in out, out
+    assert_one_line(out, words)
+    assert not (tmp_path / value).exists()
 
 
 @pytest.mark.parametrize("way", ["add_middleware", "wrapped"])

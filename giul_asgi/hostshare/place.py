@@ -31,6 +31,7 @@ Where no place works, figures are per process (``Place(None, reason, remedy=...)
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import fcntl
 import logging
@@ -38,7 +39,7 @@ import os
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +125,20 @@ def resolve(setting: Setting = None, *, candidates: Sequence[Path] | None = None
     return Place(None, "no place to share: " + "; ".join(reasons),
                  remedy=(remedies[0] + f"; or set {ENV} to a private directory (mkdir -m 700 DIR)")
                  if remedies else f"set {ENV} to a private directory (mkdir -m 700 DIR)")
+
+
+def check_environment(env: Mapping[str, str] = os.environ) -> None:
+    """A ``GIUL_ASGI_LOAD_DIR`` that is neither a word for off nor an absolute directory is a
+    bad setting: it stops the middleware's startup (elsewhere :func:`resolve` shares nothing
+    and says why), with the spelling of off it nearly is."""
+    value = env.get(ENV)
+    if not value or value.strip().lower() in OFF_WORDS or Path(value).is_absolute():
+        return
+    close = difflib.get_close_matches(value.strip().lower(), sorted(OFF_WORDS), n=1, cutoff=0.6)
+    meant = f"did you mean {ENV}={close[0]}? " if close else ""
+    raise ConfigError(f"{ENV}={value!r} is neither off nor an absolute directory",
+                      remedy=f"{meant}give an absolute directory (mkdir -m 700 /run/giul-asgi), or {OFF!r} "
+                             "to share nothing")
 
 
 def check_setting(setting: object) -> None:
@@ -429,5 +444,6 @@ def held_if_free(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-__all__ = ["ENV", "OFF", "OFF_WORDS", "PRIVATE", "Place", "Setting", "check_setting", "default_candidates",
-           "held", "held_if_free", "log_unshared", "make_dir", "open_file", "remedy", "resolve"]
+__all__ = ["ENV", "OFF", "OFF_WORDS", "PRIVATE", "Place", "Setting", "check_environment", "check_setting",
+           "default_candidates", "held", "held_if_free", "log_unshared", "make_dir", "open_file", "remedy",
+           "resolve"]

@@ -37,13 +37,34 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 
+from ..errors import ConfigError
+
 log = logging.getLogger("giul_asgi.poller")
 
 ENV = "GIUL_ASGI_SWITCH_INTERVAL"
+_OFF = frozenset({"off", "no", "false", "0"})
 #: The interval set while reader threads run (s).
 INTERVAL_S = 0.001
 #: CPython's own: an interval other than this is the application's choice, and is kept.
 CPYTHON_S = 0.005
+
+
+def check_environment(env: Mapping[str, str] = os.environ) -> None:
+    """A ``GIUL_ASGI_SWITCH_INTERVAL`` that is neither off nor seconds between 0 and 1 is a
+    bad setting: it stops the middleware's startup (elsewhere the default is used, warned)."""
+    text = (env.get(ENV) or "").strip().lower()
+    if text and text not in _OFF and _seconds(text) is None:
+        raise ConfigError(f"{ENV}={text!r} is neither off nor seconds between 0 and 1",
+                          remedy=f"unset it (the default is {INTERVAL_S:g} s), give seconds such as "
+                                 "0.002, or off to leave CPython's interval alone")
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < 1 else None
 
 
 def configured(env: Mapping[str, str] = os.environ) -> float | None:
@@ -51,13 +72,10 @@ def configured(env: Mapping[str, str] = os.environ) -> float | None:
     text = (env.get(ENV) or "").strip().lower()
     if not text:
         return INTERVAL_S
-    if text in ("off", "no", "false", "0"):
+    if text in _OFF:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 1:
+    value = _seconds(text)
+    if value is None:
         log.warning("%s=%r is neither off nor seconds between 0 and 1: using %g s", ENV, text, INTERVAL_S)
         return INTERVAL_S
     return value
@@ -120,4 +138,4 @@ class Switch:
 #: The process's one: the interval is the process's.
 SWITCH = Switch()
 
-__all__ = ["CPYTHON_S", "ENV", "INTERVAL_S", "SWITCH", "Switch", "configured"]
+__all__ = ["CPYTHON_S", "ENV", "INTERVAL_S", "SWITCH", "Switch", "check_environment", "configured"]
