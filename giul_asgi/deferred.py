@@ -87,7 +87,7 @@ def kept_record(cls: type[T], error: ConfigError, args: tuple[Any, ...] = (),
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     given = dict(zip((f.name for f in fields), args, strict=False)) | (kwargs or {})  # too many: kept
     for f in fields:
-        if f.name in given:
+        if f.name in given and _hashable(given[f.name]):  # a list of GPUs: the record's hash
             value = given[f.name]
         elif f.default_factory is not dataclasses.MISSING:
             value = f.default_factory()
@@ -109,6 +109,14 @@ def raise_kept(*records: object) -> None:
         kept = startup_error(record)
         if kept is not None:
             raise kept
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 class MisnamedSetting(ConfigError, TypeError):

@@ -134,7 +134,7 @@ def test_a_record_made_wrong_while_a_module_is_imported_keeps_its_error_for_the_
 
     (tmp_path / "bad_nodes.py").write_text(
         "from giul_asgi import Node, Tier\nnode = Node('n', idle_w=-140.0)\ntypo = Node('m', idle_ww=1.0)\n"
-        "tier = Tier('t', joules_per_1k_hint=-1.0)\n")
+        "tier = Tier('t', joules_per_1k_hint=-1.0)\nlisted = Node('l', gpus=[0, 1], idle_w=-1.0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("bad_nodes")
     for record, words in ((module.node, "idle_w must be >= 0"), (module.typo, "did you mean idle_w=")):
@@ -152,7 +152,8 @@ def test_a_record_made_wrong_while_a_module_is_imported_keeps_its_error_for_the_
         Meter.for_node(None, module.tier, ledgers=Ledgers())
     # A hostile trial: a kept record failed repr, == and hash (fields never set).
     assert "idle_ww" not in repr(module.typo) and module.typo == module.typo
-    assert len({module.typo, module.node}) == 2
+    assert len({module.typo, module.node, module.listed}) == 3  # a list given is not kept: its hash
+    assert module.node.name == "n" and module.node.idle_w == -140.0  # the values it was given
 
 
 def test_a_misspelt_keyword_is_also_the_type_error_python_would_raise() -> None:
