@@ -387,7 +387,8 @@ def test_a_settled_figure_corrects_the_first_and_an_unknown_one_spends_nothing()
 
 # -- one server's workers: rows as a live and a dead worker leave them ----------------------------------
 
-def test_other_workers_rows_count_and_a_dead_one_counts_until_its_period_ends(tmp_path: Path) -> None:
+def shared_budgets(tmp_path: Path) -> tuple[Budgets, Clock]:
+    """A hard 100 J budget shared through a private place of the test's, started."""
     place = tmp_path / "place"
     place.mkdir(mode=0o700)
     server = ServerId("ltest", "a test's server", (os.getpid(), None))
@@ -395,6 +396,12 @@ def test_other_workers_rows_count_and_a_dead_one_counts_until_its_period_ends(tm
     budgets = Budgets([Budget(joules=100.0, hard=True)], directory=str(place), server=server, clock=clock)
     budgets.setup()
     assert budgets.folder is not None and budgets.shared_reason is None
+    return budgets, clock
+
+
+def test_other_workers_rows_count_and_a_dead_one_counts_until_its_period_ends(tmp_path: Path) -> None:
+    budgets, clock = shared_budgets(tmp_path)
+    assert budgets.folder is not None
     folder = budgets.folder.folder
     day = int(clock.t // 86400)
     parent = os.getppid()  # a live process that is not this one: a live worker's row
@@ -442,12 +449,7 @@ def test_a_fresh_worker_reserves_the_usual_cost_the_other_workers_learnt(tmp_pat
     the key passed its 300 J hard limit by 5-12 requests (benchmarks/results/
     budgets-2026-12-03-usual.md). A worker's row now says the usual cost it learnt; one that
     has learnt none reserves the live workers' mean until its own figures teach it."""
-    place = tmp_path / "place"
-    place.mkdir(mode=0o700)
-    server = ServerId("ltest", "a test's server", (os.getpid(), None))
-    clock = Clock(time.time())
-    budgets = Budgets([Budget(joules=100.0, hard=True)], directory=str(place), server=server, clock=clock)
-    budgets.setup()
+    budgets, clock = shared_budgets(tmp_path)
     assert budgets.folder is not None
     day = int(clock.t // 86400)
     parent = os.getppid()  # a live process that is not this one: the warm workers' rows

@@ -392,15 +392,19 @@ class Budgets:
             self._wake.clear()
         self._final_write()
 
-    def _wait(self) -> float:
-        """Until the next sum (``every_s``, four times that when all is quiet), or the next
-        period's start if sooner; a close wakes the thread before (to write its row)."""
-        mono, now = time.monotonic(), self._clock()
-        every = self._every_s if mono - self._last_change < QUIET_S else 4 * self._every_s
+    def _every(self, mono: float) -> float:
+        """The time between two sums: ``every_s``, four times that when all is quiet,
+        NEAR_EVERY_S near a hard limit."""
         if self._near:
-            every = NEAR_EVERY_S
+            return NEAR_EVERY_S
+        return self._every_s if mono - self._last_change < QUIET_S else 4 * self._every_s
+
+    def _wait(self) -> float:
+        """Until the next sum, or the next period's start if sooner; a close wakes the
+        thread before (to write its row)."""
+        mono, now = time.monotonic(), self._clock()
         ends = min((c + 1) * p for c, p in zip(self._current, self._period_s, strict=True))
-        return max(0.0, min(every - (mono - self._last_read), ends - now + 0.0005))
+        return max(0.0, min(self._every(mono) - (mono - self._last_read), ends - now + 0.0005))
 
     def tick(self, *, read: bool = False) -> None:
         """One round: write this worker's row if it changed, sum the others' rows every
@@ -425,11 +429,8 @@ class Budgets:
             try:
                 if own is not None and refused is not None:
                     folder.write(own, refused, usual)
-                every = self._every_s * (4 if mono - self._last_change >= QUIET_S else 1)
-                if self._near:
-                    every = NEAR_EVERY_S
                 fold = mono - self._last_fold > FOLD_S
-                if read or rolled or fold or mono - self._last_read >= 0.9 * every:
+                if read or rolled or fold or mono - self._last_read >= 0.9 * self._every(mono):
                     self._last_read = mono
                     found = folder.read(since, again=rolled, alive_too=fold)
                     if found.changed:
