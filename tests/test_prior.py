@@ -81,3 +81,20 @@ def test_bias_and_spread_are_learnt_from_first_figures_once_there_are_enough() -
     assert math.isclose(bias, 0.12)  # first figures fell 12% short, typically
     assert 0.01 < spread <= 0.03
     assert math.ceil(41 * COVER) <= 40
+
+
+def test_a_process_that_learnt_nothing_of_its_own_guesses_from_the_host_s_rate() -> None:
+    """Spans only other processes' windows were in teach the host's rate per window-second;
+    a guess from it says so, with the cold spread (no residual of its own yet), and any rate
+    this process learns from its own windows comes first."""
+    prior = Prior(0.1, lambda: 0.1)
+    w = window(0.0, 0.05)
+    assert prior.first_guess(w, False, 0.0) is None
+    prior.learn_host(30.0, 0.3)  # the others' windows: 100 J per window-second
+    first = prior.first_guess(w, False, 0.0)
+    assert first is not None and first.basis == "the host's other processes' spans"
+    assert math.isclose(first.guess, 100.0 * 0.05)
+    assert prior.bias_spread() == (0.0, COLD_SPREAD)
+    prior.learn_span(200.0, 1.0, 1.0, [(window(0.0, 2.0), 1.0)], 1.0)  # its own window, whole
+    own = prior.first_guess(w, False, 0.0)
+    assert own is not None and own.basis == "the node's prior" and math.isclose(own.guess, 200.0 * 0.05)

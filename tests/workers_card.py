@@ -28,6 +28,7 @@ from typing import Any
 from truecard import Job, TrueCard, TrueReader
 
 from giul_asgi.config import Node
+from giul_asgi.energy import Energy
 from giul_asgi.ledger import Ledger
 from giul_asgi.meter import Meter
 
@@ -40,8 +41,14 @@ Plan = list[tuple[int, float, float, float]]  # (worker, start offset, seconds, 
 def schedule(workers: int, per_worker: int, seed: int = 11, shape: str = "steady") -> Plan:
     """Who runs what, when: ``steady`` (0.2-0.6 s requests at random times over two
     seconds), ``short`` (50 ms requests back to back with 20-80 ms between, every worker at
-    once), ``burst`` (every request 0.4 s long, all starting within 20 ms, from idle)."""
+    once), ``burst`` (every request 0.4 s long, all starting within 20 ms, from idle),
+    ``late`` (``steady`` but for the last worker, which sends 50 ms requests from 1.6 s on,
+    0.15 s apart: a worker started beside warm ones, as gunicorn recycles one)."""
     rng = random.Random(seed)
+    if shape == "late":
+        plan = schedule(workers - 1, per_worker, seed)
+        return plan + [(workers - 1, 1.6 + 0.15 * i, 0.05, rng.uniform(60.0, 120.0))
+                       for i in range(per_worker)]
     if shape == "short":
         plan: Plan = []
         for w in range(workers):
@@ -125,13 +132,15 @@ def run(index: int, node_name: str, setting: str | bool | None, start: Any, work
     card._phase = 0.041  # every process's card steps at the same times
     reader = _Upstream(card, plan, ran, killed)
     reader.card_id = f"schedule:{node_name}"  # type: ignore[attr-defined]  # every process's one card
+    if shape == "late" and index == workers - 1:  # it starts now, beside warm ones
+        time.sleep(max(0.0, t_start + 1.5 - time.monotonic()))
     ledger = Ledger(Node(node_name, idle_w=IDLE, workers_dir=setting), reader)
     ledger.ensure_started()
     # This worker's opens and closes in time order (its windows may overlap).
     events = sorted([(t_start + o, 0, k) for k, (w, o, _, _) in enumerate(plan) if w == index]
                     + [(t_start + o + s, 1, k) for k, (w, o, s, _) in enumerate(plan) if w == index])
     meters: dict[int, Meter] = {}
-    firsts: dict[int, float | None] = {}
+    firsts: dict[int, Energy] = {}
     for at, kind, k in events:
         time.sleep(max(0.0, at - time.monotonic()))
         if kind == 0:
@@ -141,7 +150,7 @@ def run(index: int, node_name: str, setting: str | bool | None, start: Any, work
         else:
             ran[2 * k + 1] = max(ran[2 * k] + 0.001, time.monotonic() - rng.uniform(0.0, 0.002))
             meters[k].close()
-            firsts[k] = meters[k].figure().joules
+            firsts[k] = meters[k].figure()
     deadline = time.monotonic() + 10.0  # a loaded machine settles late; never for ever
     while not all(m.settled_now for m in meters.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -149,10 +158,15 @@ def run(index: int, node_name: str, setting: str | bool | None, start: Any, work
     charged = sum(f.joules or 0.0 for f in figures)
     # First figures against what their own requests caused, where a first figure was made
     # (the very first request of a fresh process may say unknown: the node knew nothing).
-    made = [k for k, v in firsts.items() if v is not None]
-    first = (sum(firsts[k] or 0.0 for k in made), caused_by(
+    made = [k for k, v in firsts.items() if v.joules is not None]
+    first = (sum(firsts[k].joules or 0.0 for k in made), caused_by(
         [p if k in made else (p[0], p[1], p[2], 0.0) for k, p in enumerate(plan)], ran, {index}))
     missing = sum(1 for f in figures if f.joules is None)
+    # Each first figure against its own settled one: numeric, and inside its uncertainty.
+    settled = {k: m.figure() for k, m in meters.items()}
+    inside = sum(1 for k in made if settled[k].joules is not None
+                 and abs((settled[k].joules or 0.0) - (firsts[k].joules or 0.0))
+                 <= (firsts[k].uncertainty_joules or 0.0))
     contended = sum(1 for f in figures if f.contended)
     # The end of the schedule is quiet for everybody: wait for every worker's last figures
     # to reach the table before reading the host's books.
@@ -160,7 +174,7 @@ def run(index: int, node_name: str, setting: str | bool | None, start: Any, work
     host = ledger.host_totals()
     ledger.stop(1.0)
     out.put((index, charged, ledger.totals().measured_j, host.charged_j, host.workers, first, missing,
-             contended))
+             contended, (len(made), inside, len(firsts))))
 
 
 class FileCard:

@@ -297,6 +297,9 @@ class Book:
             return
         windows = self.windows
         members = windows.tails(span.t0, span.t1) if span.tails else windows.overlapping(span.t0, span.t1)
+        if (not members or mine <= 0) and not span.tails and not span.unwatched:
+            # Only other processes' windows were in it (as the decider counted): their rate.
+            self.prior.learn_host(span.part(span.covered - mine), span.covered - mine)
         if not members:
             if mine > 0:  # the decider saw windows of ours that have gone (abandoned)
                 part = span.part(mine)

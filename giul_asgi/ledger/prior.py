@@ -9,7 +9,11 @@ the rest at the node's *prior*, the joules per window-second it recently charged
   (each charged its run and, if it closed alone, its tail: ``share / (seconds + tail)``).
   Each is a ratio of decayed sums, joules over window-seconds, so a window of a millisecond
   teaches a thousandth of what a second does (a rate from one short window's share over its
-  own few ms, tail inside, was the 1000x first figures of issue 21). A guess is the rate
+  own few ms, tail inside, was the 1000x first figures of issue 21). Last, where this
+  process's own windows have taught nothing yet, the **host's rate**: the same ratio over
+  the card's spans that only other processes' windows were in, as the card's holder decided
+  them (a worker started beside warm ones, gunicorn's recycled worker, guesses from the
+  others' spans rather than saying unknown). A guess is the rate
   times the part not reported, plus a ramp-down tail (``ramp_s / 5`` at that rate, no longer
   than the window itself: a request too short to ramp the card up leaves little to ramp
   down) for a window that closes alone. Before any of these, the node knows nothing: the first figure
@@ -146,6 +150,7 @@ class Prior:
         self._span_rate = _Rate()  # the spans windows shared with no close inside
         self._run_rate = _Rate()  # the same, in spans windows covered whole
         self._card_w: float | None = None  # above-idle watts of spans no window was in
+        self._host_rate = _Rate()  # spans only other processes' windows were in
         self._line = _Line()  # settled windows' share against their seconds
         self._settled = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
@@ -168,6 +173,11 @@ class Prior:
         self._span_rate.add(rate * covered, covered)
         if all(overlap >= seconds * (1 - 1e-9) for _, overlap in members):
             self._run_rate.add(rate * covered, covered)
+
+    def learn_host(self, joules: float, covered: float) -> None:
+        """A span of the card that only other processes' windows were in: what they took of
+        it (``joules``) over their window-seconds in it (``covered``)."""
+        self._host_rate.add(joules, covered)
 
     def learn_card(self, watts: float) -> None:
         """A span no window was in: the card's above-idle power then. Never a first figure's
@@ -216,6 +226,9 @@ class Prior:
             # A window measured for half a period or more has ramped up: its own rate stands
             # (a sliver of one, a ramp-up's first ms, would not).
             return window.share / window.measured_s, tail, "the window's own measured rate"
+        host = self._host_rate.value
+        if host is not None:
+            return host, tail, "the host's other processes' spans"
         if settling and self._card_w:
             return self._card_w, 0.0, "the card's power in its first readings"
         return None, 0.0, "nothing yet"
