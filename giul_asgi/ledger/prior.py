@@ -217,12 +217,12 @@ class Prior:
         if run is not None:
             return run, tail, "the node's prior"
         spans = self._span_rate.value
-        if spans is not None:
+        if spans is not None and self._span_rate.seconds >= self.period():
             return spans, tail, "the node's first spans"
         settled = self._prior.value
         if settled is not None:
             return settled, tail, "the node's settled windows"
-        if window.measured_s >= self.period() / 2 and window.share > 0:
+        if window.measured_s >= self.period() and window.share > 0:
             # A window measured for half a period or more has ramped up: its own rate stands
             # (a sliver of one, a ramp-up's first ms, would not).
             return window.share / window.measured_s, tail, "the window's own measured rate"
