@@ -180,3 +180,15 @@ def test_a_reader_that_never_worked_gives_its_time_up_as_gaps() -> None:
     gaps = [p for p in pieces if isinstance(p, Gap)]
     assert gaps and all(g.why == "reader failed: ConnectError" and g.fault for g in gaps)
     assert gaps[0].t0 == 5.0 and all(a.t1 == b.t0 for a, b in itertools.pairwise(gaps))
+
+
+def test_a_counter_that_does_not_follow_its_last_holder_s_starts_afresh_without_a_fault() -> None:
+    """A restarted upstream's card counts from another origin: the time since the last
+    holder's baseline is a gap before this tape's first reading, not a fault that would make
+    every window in it a tier hint."""
+    tape = Tape("counter", IDLE, period_hint=0.1)
+    tape.resume(5_000_000.0, 4.0)  # the last holder's baseline: another counter
+    pieces = tape.feed_all(counter_readings(150.0, period=0.1, seconds=1.0))
+    gap = pieces[0]
+    assert isinstance(gap, Gap) and "changed hands" in gap.why and not gap.fault
+    assert gap.t0 == 4.0 and spans(pieces)  # and then spans of the new counter
