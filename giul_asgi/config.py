@@ -373,11 +373,14 @@ class Config:
 
 
 def _number(value: Any, what: str) -> float:
+    key = what.rsplit(": ", 1)[-1]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{what} must be a number, got {value!r}")
+        raise ConfigError(f"{what} must be a number, got {value!r}",
+                          remedy=f"give {key} an int or a float, not a {type(value).__name__} "
+                                 "(in TOML, without quotes)")
     number = float(value)
     if not math.isfinite(number):
-        raise ConfigError(f"{what} must be finite, got {value!r}")
+        raise ConfigError(f"{what} must be finite, got {value!r}", remedy=f"give {key} a finite number")
     return number
 
 
@@ -491,10 +494,12 @@ def _load_config(source: str | Path | Mapping[str, Any]) -> Config:
     names = {n.name for n in nodes}
     tier_names = {t.name for t in tiers}
     for i, route in enumerate(routes):
-        if isinstance(route.node, str) and route.node not in names:
-            raise ConfigError(f"route[{i}].node: no node named {route.node!r}")
-        if isinstance(route.tier, str) and route.tier not in tier_names:
-            raise ConfigError(f"route[{i}].tier: no tier named {route.tier!r}")
+        for what, name, declared in (("node", route.node, names), ("tier", route.tier, tier_names)):
+            if isinstance(name, str) and name not in declared:
+                close = difflib.get_close_matches(name, sorted(declared), n=1, cutoff=0.6)
+                raise ConfigError(f"route[{i}].{what}: no {what} named {name!r}",
+                                  remedy=(f"did you mean {close[0]!r}? " if close else "")
+                                  + f"declare it in a [[{what}]] table or fix the route")
     return Config(nodes=nodes, tiers=tiers, routes=routes)
 
 

@@ -14,8 +14,10 @@ def test_node_normalises_and_validates() -> None:
     assert Node("b", gpus=3).gpus == (3,)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="idle_w must be >= 0"):
         Node("a", idle_w=-1)
-    with pytest.raises(ConfigError, match="idle_w must be a number"):
+    with pytest.raises(ConfigError, match=r"idle_w must be a number.*give idle_w an int or a float"):
         Node("a", idle_w="80")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"joules_per_1k_hint must be a number.*give joules_per_1k_hint"):
+        Tier("small", joules_per_1k_hint="lots")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"reader=.* is not one of"):
         Node("a", reader="magic")
     with pytest.raises(ConfigError, match=r"split=.* is not one of"):
@@ -171,3 +173,16 @@ def test_settings_of_the_wrong_shape_are_refused_with_the_shape_that_works() -> 
         with pytest.raises(ConfigError, match=re.escape(words)):
             settings_list("nodes", value, Node, "Node(...)")
     assert settings_list("nodes", (n for n in [Node("a")]), Node, "Node(...)") == [Node("a")]
+
+
+def test_every_giul_asgi_variable_name_is_one_the_package_reads() -> None:
+    from giul_asgi.environment import VARIABLES, check_environment
+
+    check_environment({"GIUL_ASGI_LOAD_DIR": "off", "GIUL_ASGI_SWITCH_INTERVAL": "0.002",
+                       "GIUL_DEMO_PORT": "1"})
+    for name, meant in (("GIUL_ASGI_LOAD_DIRS", "did you mean GIUL_ASGI_LOAD_DIR?"),
+                        ("GIUL_ASGI_SWITCHINTERVAL", "did you mean GIUL_ASGI_SWITCH_INTERVAL?"),
+                        ("GIUL_ASGI_COLOUR", "rename or unset it")):
+        with pytest.raises(ConfigError) as caught:
+            check_environment({name: "off"})
+        assert meant in str(caught.value) and all(v in str(caught.value) for v in VARIABLES)

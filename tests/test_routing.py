@@ -179,3 +179,15 @@ def test_path_set_exact_and_patterns() -> None:
     paths = PathSet(["/health", "/metrics/*", "/v1/{x}/status"])
     assert "/health" in paths and "/metrics/a" in paths and "/v1/q/status" in paths
     assert "/v1/chat" not in paths
+
+
+def test_a_route_naming_a_node_nearly_declared_says_which_was_meant() -> None:
+    """A stranger's trial: Route(node="sima") beside a declared "sim-a" said only that it
+    was not declared."""
+    from starlette.applications import Starlette
+
+    from giul_asgi import ConfigError, EnergyMiddleware, Node, Route
+
+    with pytest.raises(ConfigError, match="did you mean 'sim-a'"):
+        EnergyMiddleware(Starlette(), nodes=[Node("sim-a", reader="simulated")],
+                         routes=[Route("/x", node="sima")])

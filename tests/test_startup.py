@@ -185,6 +185,11 @@ def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
 @pytest.mark.parametrize(("variable", "value", "words"), [
     ("GIUL_ASGI_LOAD_DIR", "offf", ["GIUL_ASGI_LOAD_DIR='offf'", "did you mean GIUL_ASGI_LOAD_DIR=off?"]),
     ("GIUL_ASGI_SWITCH_INTERVAL", "fast", ["GIUL_ASGI_SWITCH_INTERVAL='fast'", "seconds such as 0.002"]),
+    ("GIUL_ASGI_SWITCH_INTERVAL", "offf", ["did you mean GIUL_ASGI_SWITCH_INTERVAL=off?"]),
+    # A stranger's trial: a misspelt name was silently ignored (the setting not applied).
+    ("GIUL_ASGI_LOADDIR", "off", ["GIUL_ASGI_LOADDIR is not a giul-asgi variable",
+                                  "did you mean GIUL_ASGI_LOAD_DIR?"]),
+    ("GIUL_ASGI_SWITCH_INTERVALL", "off", ["did you mean GIUL_ASGI_SWITCH_INTERVAL?"]),
 ])
 def test_a_misspelt_environment_variable_stops_uvicorn_with_one_line(
     tmp_path: Path, variable: str, value: str, words: list[str],

@@ -32,10 +32,9 @@ from ..budgets import Budget, Budgets, OverBudget, check_budgets
 from ..config import Node, Route, Tier, settings_list
 from ..context import meter_var
 from ..deferred import raise_kept
+from ..environment import check_environment
 from ..errors import ConfigError, GiulError
-from ..hostshare.place import check_environment as hostshare_environment
 from ..ledger import Ledgers, default_ledgers
-from ..ledger.switch import check_environment as switch_environment
 from ..listeners import Listener, Listeners
 from ..meter import Meter
 from ..records import RecordStore
@@ -151,8 +150,7 @@ class EnergyMiddleware:
             raise ConfigError("max_tenants applies to the statistics the middleware builds",
                               remedy="pass EnergyStats(max_tenants=...) as stats=, or leave stats unset")
         check_names(settings, also=_OWN_SETTINGS)
-        for check_environment in (hostshare_environment, switch_environment):  # a misspelt one stops it too
-            check_environment()
+        check_environment()  # a misspelt GIUL_ASGI_* name or value stops it too
         self.options = options = Options.build(**settings)
         #: Resolves a request's tenant (None: no tenants, and nothing is done per request).
         self._tenant = tenant_source(tenant if tenant is not None else options.tenant_header)

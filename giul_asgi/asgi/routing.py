@@ -26,6 +26,7 @@ tier that is not declared): it fails once, at startup, with :class:`ConfigError`
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -318,9 +319,11 @@ def _lookup(table: dict[str, Any], kind: type, value: Any, what: str) -> Any:
         table.setdefault(value.name, value)  # type: ignore[attr-defined]
         return value
     if value not in table:
+        close = difflib.get_close_matches(str(value), sorted(table), n=1, cutoff=0.6)
+        meant = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
             f"a route names {what} {value!r}, which is not declared",
-            remedy=f"add it to the middleware's {what}s=[...] or fix the route",
+            remedy=f"{meant}add it to the middleware's {what}s=[...] or fix the route",
         )
     return table[value]
 

@@ -31,6 +31,7 @@ hands every 1 ms rather than 5; a thread alone with the GIL is never asked to le
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import sys
@@ -54,9 +55,11 @@ def check_environment(env: Mapping[str, str] = os.environ) -> None:
     bad setting: it stops the middleware's startup (elsewhere the default is used, warned)."""
     text = (env.get(ENV) or "").strip().lower()
     if text and text not in _OFF and _seconds(text) is None:
+        close = difflib.get_close_matches(text, sorted(_OFF), n=1, cutoff=0.6)
+        meant = f"did you mean {ENV}={close[0]}? " if close else ""
         raise ConfigError(f"{ENV}={text!r} is neither off nor seconds between 0 and 1",
-                          remedy=f"unset it (the default is {INTERVAL_S:g} s), give seconds such as "
-                                 "0.002, or off to leave CPython's interval alone")
+                          remedy=f"{meant}unset it (the default is {INTERVAL_S:g} s), give seconds such "
+                                 "as 0.002, or off to leave CPython's interval alone")
 
 
 def _seconds(text: str) -> float | None:
