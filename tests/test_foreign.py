@@ -76,9 +76,12 @@ def test_a_foreign_load_seen_only_in_short_gaps_is_subtracted_within_its_uncerta
             done.append((meter, meter.figure(), truth))
             run.advance(0.25)
         run.advance(0.5)
-        for meter, first, truth in done:
+        for i, (meter, first, truth) in enumerate(done):
             settled = meter.figure()
-            assert settled.settled and first.joules is not None and settled.joules is not None
+            assert settled.settled and settled.joules is not None
+            if first.joules is None:  # the very first may say so: its node had learnt nothing
+                assert i == 0 and first.method == "unknown", first
+                continue
             hits[0] += abs(first.joules - truth) <= (first.uncertainty_joules or 0.0)
             hits[1] += abs(settled.joules - truth) <= (settled.uncertainty_joules or 0.0)
             n += 1
