@@ -250,10 +250,11 @@ class Prior:
         if line is not None:
             # What settled windows like it were charged: the rest of its run at the running
             # rate, and what a window gets beyond its run (its ramp-up, if none of it has
-            # been reported yet, is in that offset; once some has, only the tail is to come).
+            # been reported yet, is in that offset; once some has, its tail is still to come,
+            # at least: a job that starts late makes the offset negative, the tail does not).
             run, offset = line
             if window.share > 0:
-                offset = max(0.0, offset)
+                offset = max(offset, run * self._tail(window, alone))
             guess = max(0.0, run * unshared + offset)
             # The residual's unit is the guess (a millisecond's worth at least).
             return First(window.share, guess, max(guess, run * MIN_GUESS_S), measured_unc,
