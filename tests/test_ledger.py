@@ -495,6 +495,29 @@ def test_reads_come_from_a_real_thread_and_settle_windows_on_the_real_clock() ->
     assert ledger.totals().reads > 20
 
 
+def test_a_window_closed_just_before_the_stop_settles_measured_not_lost() -> None:
+    """A stranger's trial: under gunicorn's --max-requests, each recycled worker's last
+    answer settled unknown ("closed after the ledger's last reading"): the one read at the
+    stop came before the counter's next step. Stopping, the reader reads on while closed
+    windows wait (a couple of periods at most), within the middleware's 0.5 s."""
+    for seed in range(3):
+        card = TrueCard(idle_w=IDLE, seed=seed)
+        ledger = Ledger(Node("last", idle_w=IDLE), TrueReader(card))
+        ledger.ensure_started()
+        meter = Meter(ledger)
+        time.sleep(0.3)
+        meter.open()
+        job = card.start_job(150.0)
+        time.sleep(0.25)
+        card.stop_job(job)
+        meter.close()
+        ledger.stop(0.5)  # at once, as a worker's shutdown does
+        e = meter.figure()
+        truth = job.truth(card.ramp_up, card.tau)
+        assert e.settled and e.joules is not None and e.method == "measured", e
+        assert abs(e.joules - truth) <= max(e.uncertainty_joules or 0, 0.1 * truth), (e, truth)
+
+
 def test_energy_counter_watts_match_the_card_on_every_counter_kind() -> None:
     for gauge, period in (("counter", 0.1), ("counter", 0.02), ("every_read", 0.1)):
         run = Run()

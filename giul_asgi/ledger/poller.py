@@ -63,6 +63,11 @@ IDLE_S = 1.0
 #: or wake: closed windows settle once the counter has stepped past their ramp-down.
 LINGER_PERIODS = 5
 LINGER_MIN_S = 0.5
+#: Stopping, the reader reads on while closed windows wait on the counter's next steps, for
+#: this many periods at most (and never more than SETTLE_AT_STOP_MAX_S): one read right after
+#: a recycled worker's last close could not cover its tail, and it settled unknown.
+SETTLE_AT_STOP_PERIODS = 2.5
+SETTLE_AT_STOP_MAX_S = 0.4
 #: The busy pace of a stepped counter: ``steps`` reads across each step once the tape knows
 #: them (:mod:`.pace`), with the GIL's switch interval at 1 ms (:mod:`.switch`); ``uniform``
 #: reads ``READS_PER_PERIOD`` times a period at random phases and leaves the interval alone,
@@ -198,7 +203,7 @@ class Poller:
             self._alarm.set()
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Ask the reader to stop (after one last read) and wait at most ``timeout``."""
+        """Ask the reader to stop (after its last reads) and wait at most ``timeout``."""
         self._stop.set()
         self._alarm.set()
         bound = timeout if timeout is not None else self.read_timeout + self.close_timeout
@@ -250,7 +255,7 @@ class Poller:
             log.warning("closing the reader of node %r: %s", self.name, exc)
 
     def _loop(self, reader: Reader) -> None:
-        """Read at the node's pace until stopped, then once more."""
+        """Read at the node's pace until stopped, then while closed windows wait (bounded)."""
         hint = getattr(reader, "poll_s", None)
         per = READS_PER_PERIOD if reader.kind == "counter" else 4
         poll_s = float(hint) if hint else max(0.005, min(reader.period / per, 1.0))
@@ -301,8 +306,19 @@ class Poller:
             self._deliver(busy_wait)
             busy_wait = max(0.0, busy_wait - (self._clock() - started))
             self._pause(busy_wait, min(idle_s, shared_idle) if shared else idle_s, linger)
-        if self._turn():
-            self._read(reader)  # the last reading settles what closed since the one before
+        self._settle_at_stop(reader, poll_s)
+
+    def _settle_at_stop(self, reader: Reader, poll_s: float) -> None:
+        """The last readings: at the busy pace while windows wait on the card (bounded), so
+        that what closed just before the stop settles measured, not lost."""
+        bound = min(SETTLE_AT_STOP_PERIODS * reader.period, SETTLE_AT_STOP_MAX_S)
+        deadline = self._clock() + bound
+        for _ in range(int(bound / poll_s) + 1):  # a test's clock may not move
+            if self._turn():
+                self._read(reader)
+            if self._busy is None or not self._busy() or self._clock() >= deadline:
+                return
+            time.sleep(poll_s)
 
     def _pause(self, busy_wait: float, idle_wait: float, linger: float) -> None:
         """Wait for the next read: the busy pace while windows need it, else doze."""
