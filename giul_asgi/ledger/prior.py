@@ -216,15 +216,16 @@ class Prior:
         run = self._run_rate.value
         if run is not None:
             return run, tail, "the node's prior"
-        spans = self._span_rate.value
+        spans = self._span_rate.value  # from a period of window time at least (as below)
         if spans is not None and self._span_rate.seconds >= self.period():
             return spans, tail, "the node's first spans"
         settled = self._prior.value
         if settled is not None:
             return settled, tail, "the node's settled windows"
         if window.measured_s >= self.period() and window.share > 0:
-            # A window measured for half a period or more has ramped up: its own rate stands
-            # (a sliver of one, a ramp-up's first ms, would not).
+            # A window measured for a period or more has ramped up and its job has begun: its
+            # own rate stands (a sliver of one, a ramp-up's first ms, or a first span that
+            # held mostly the time before the upstream started the job, would not).
             return window.share / window.measured_s, tail, "the window's own measured rate"
         host = self._host_rate.value
         if host is not None:
