@@ -34,7 +34,7 @@ import typing
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .energy import Energy
@@ -285,6 +285,11 @@ class RecordStore:
                 if self._clock() - found.t > self.max_age_s:
                     return Lookup(None, f"expired after max_age_s ({self.max_age_s:g} s)")
                 energy, nonsense = parse_record(found.data)
+                if energy is not None and not energy.settled and found.writer_gone:
+                    # Its worker died (kill -9) before the card reported the window: this
+                    # first figure is all there is, and says so.
+                    gone = "never settled: the worker process that served it ended first"
+                    return Lookup(replace(energy, error=f"{gone}; {energy.error}" if energy.error else gone))
                 if energy is not None:
                     return Lookup(energy)
                 _say_once(f"a record in {found.path} makes no sense ({nonsense}): skipped")

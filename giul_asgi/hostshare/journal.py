@@ -106,6 +106,13 @@ class Found:
     t: float
     path: Path
 
+    @property
+    def writer_gone(self) -> bool:
+        """Whether the process that wrote it has ended (its ring folded, or its pid gone): a
+        record it had not settled then never will be."""
+        named = parse(self.path.name, SUFFIX)
+        return named is None or not alive(*named)
+
 
 class Journal:
     """This store's ring in its server's folder, and lookups in the server's other rings.
