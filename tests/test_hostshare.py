@@ -174,20 +174,23 @@ def test_an_explicit_directory_others_may_write_is_refused_not_chmodded(
     os.chmod(open_dir, 0o777)
     found = resolve(open_dir)
     assert found.path is None and "others may write in it (mode 0777)" in (found.reason or "")
-    assert found.remedy == f"chmod 700 {open_dir}"
+    assert found.remedy == (f"give it a directory of its own (mkdir -m 700 {open_dir}/giul-asgi; "
+                            f"GIUL_ASGI_LOAD_DIR={open_dir}/giul-asgi), or chmod 700 {open_dir} "
+                            "if nothing else uses it")
     assert _mode(open_dir) == 0o777  # the operator's directory: never chmod-ed behind their back
     readable = tmp_path / "readable"
     readable.mkdir(mode=0o755)
     os.chmod(readable, 0o755)
     found = resolve(str(readable))
     assert "others may read it (mode 0755)" in (found.reason or "")
-    assert found.remedy == f"chmod 700 {readable}"
+    remedy = found.remedy or ""
+    assert remedy.startswith("give it a directory of its own") and f"chmod 700 {readable}" in remedy
     assert _mode(readable) == 0o755
     with caplog.at_level(logging.INFO, logger="giul_asgi.hostshare"):
         log_unshared(resolve(open_dir))
     line = next(r for r in caplog.records if "per process" in r.getMessage())
     assert line.levelno == logging.WARNING
-    assert f"cannot use {open_dir}" in line.getMessage() and f"-> chmod 700 {open_dir}" in line.getMessage()
+    assert f"cannot use {open_dir}" in line.getMessage() and f"chmod 700 {open_dir}" in line.getMessage()
     os.chmod(open_dir, 0o700)  # the remedy works
     assert resolve(open_dir).path == open_dir
 

@@ -228,10 +228,14 @@ def _mode(path: Path, info: os.stat_result) -> _Refused | None:
         return _Refused(f"it belongs to another user (uid {info.st_uid}; this server runs as uid {uid})",
                         f"give a directory of uid {uid}'s, mode 0700 (mkdir -m 700 DIR), or unset "
                         f"{ENV}: the default place is private")
+    # A directory of its own first: chmod of one that other software uses (GIUL_ASGI_LOAD_DIR=/etc,
+    # as root, in a stranger's trial) would break the host.
+    own = f"give it a directory of its own (mkdir -m 700 {sub}; {ENV}={sub}), or chmod 700 {path} " \
+          "if nothing else uses it"
     if mode & 0o022:
-        return _Refused(f"others may write in it (mode {mode:04o})", f"chmod 700 {path}")
+        return _Refused(f"others may write in it (mode {mode:04o})", own)
     if mode & 0o077:
-        return _Refused(f"others may read it (mode {mode:04o})", f"chmod 700 {path}")
+        return _Refused(f"others may read it (mode {mode:04o})", own)
     return None
 
 
