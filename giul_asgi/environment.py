@@ -30,8 +30,10 @@ def check_environment(env: Mapping[str, str] = os.environ) -> None:
     value one of its variables cannot take."""
     for name in sorted(env):
         if name.startswith(PREFIX) and name not in VARIABLES:
-            close = difflib.get_close_matches(name, VARIABLES, n=1, cutoff=0.6)
-            meant = f"did you mean {close[0]}? " if close else ""
+            # Matched without the prefix every name shares (GIUL_ASGI_TRACE is not LOAD_DIR).
+            close = difflib.get_close_matches(name[len(PREFIX):], [v[len(PREFIX):] for v in VARIABLES],
+                                              n=1, cutoff=0.6)
+            meant = f"did you mean {PREFIX}{close[0]}? " if close else ""
             raise ConfigError(f"{name} is not a giul-asgi variable (they are {', '.join(VARIABLES)})",
                               remedy=f"{meant}rename or unset it")
     check_load_dir(env)

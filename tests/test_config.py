@@ -186,3 +186,6 @@ def test_every_giul_asgi_variable_name_is_one_the_package_reads() -> None:
         with pytest.raises(ConfigError) as caught:
             check_environment({name: "off"})
         assert meant in str(caught.value) and all(v in str(caught.value) for v in VARIABLES)
+    with pytest.raises(ConfigError) as caught:
+        check_environment({"GIUL_ASGI_TRACE": "1"})  # shares only the prefix with any of them
+    assert "did you mean" not in str(caught.value)
