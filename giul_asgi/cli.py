@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import math
 import os
 import sys
@@ -75,6 +76,21 @@ def url(text: str) -> str:
     return text.rstrip("/")
 
 
+#: The demo's own environment variables (its ports).
+DEMO_VARIABLES = ("GIUL_DEMO_PORT", "GIUL_DEMO_UPSTREAM_PORT")
+
+
+def _check_demo_environment() -> None:
+    """A ``GIUL_DEMO_*`` name the demo does not read would silently do nothing (a stranger's
+    GIUL_DEMO_PRT put the demo on 8000): a bad setting, with the name it nearly is."""
+    for name in sorted(os.environ):
+        if name.startswith("GIUL_DEMO_") and name not in DEMO_VARIABLES:
+            close = difflib.get_close_matches(name, DEMO_VARIABLES, n=1, cutoff=0.8)
+            raise ConfigError(f"{name} is not a variable the demo reads (they are "
+                              f"{', '.join(DEMO_VARIABLES)})",
+                              remedy=(f"did you mean {close[0]}? " if close else "") + "rename or unset it")
+
+
 def _env_port(name: str, default: int) -> int:
     """A default port from the environment (the README's tests run the demo on free ports)."""
     text = os.environ.get(name)
@@ -107,6 +123,7 @@ def demo(args: argparse.Namespace) -> int:
     # A load that exits serves nobody after it: free ports, so it never clashes with a demo
     # already serving on 8000 (a stranger ran the README's --load 40 beside one).
     passing = args.load > 0 and not args.serve
+    _check_demo_environment()
     gateway = args.port if args.port is not None else 0 if passing else _env_port("GIUL_DEMO_PORT", 8000)
     upstream = (args.upstream_port if args.upstream_port is not None else 0 if passing
                 else _env_port("GIUL_DEMO_UPSTREAM_PORT", 8001))

@@ -324,3 +324,15 @@ def test_a_load_that_exits_takes_free_ports_beside_a_demo_serving() -> None:
                               cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 requests in" in done.stdout, done.stdout
+
+
+def test_a_misspelt_demo_variable_stops_the_demo_with_the_name_it_nearly_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A stranger's GIUL_DEMO_PRT=9120 put the demo on port 8000, silently."""
+    from giul_asgi.cli import main
+
+    monkeypatch.setenv("GIUL_DEMO_PRT", "9120")
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert "GIUL_DEMO_PRT is not a variable the demo reads" in err and "did you mean GIUL_DEMO_PORT?" in err
