@@ -414,3 +414,32 @@ def test_no_answer_shows_a_counter_below_another_ledger_s_earlier_one_departed_o
     finally:
         holder.close()
         other.close()
+
+
+def test_a_ledger_is_ready_once_it_has_had_its_first_turn_at_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The middleware's startup waits (``wait_ready``) until the reader thread has taken its
+    first turn at the card's table, not only until the reader is built: a worker joining warm
+    ones (gunicorn's recycled worker) then has their rate before its first request. On a
+    loaded host the turn came after a 50 ms request had closed, which answered unknown."""
+    import anyio
+    from truecard import TrueCard, TrueReader
+
+    from giul_asgi.ledger import Ledger
+    from giul_asgi.ledger import ledger as ledger_module
+
+    class SlowTable(CardTable):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            time.sleep(0.3)  # a loaded host's thread start, mmap and first look
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_module, "CardTable", SlowTable)
+    reader = TrueReader(TrueCard())
+    reader.card_id = "slow-turn"  # type: ignore[attr-defined]
+    ledger = Ledger(Node("slow", idle_w=70.0, workers_dir=str(tmp_path)), reader)
+    try:
+        anyio.run(ledger.wait_ready, 20.0)
+        assert ledger.table is not None and ledger.looked
+    finally:
+        ledger.stop(1.0)

@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 from truecard import Job, TrueCard, TrueReader
 
 from giul_asgi.config import Node
@@ -135,7 +136,7 @@ def run(index: int, node_name: str, setting: str | bool | None, start: Any, work
     if shape == "late" and index == workers - 1:  # it starts now, beside warm ones
         time.sleep(max(0.0, t_start + 1.5 - time.monotonic()))
     ledger = Ledger(Node(node_name, idle_w=IDLE, workers_dir=setting), reader)
-    ledger.ensure_started()
+    anyio.run(ledger.wait_ready, 5.0)  # as the middleware's startup does, before any request
     # This worker's opens and closes in time order (its windows may overlap).
     events = sorted([(t_start + o, 0, k) for k, (w, o, _, _) in enumerate(plan) if w == index]
                     + [(t_start + o + s, 1, k) for k, (w, o, s, _) in enumerate(plan) if w == index])

@@ -182,6 +182,9 @@ class Ledger:
         #: joined yet, or nothing can be shared); joined on the reader thread.
         self.table: CardTable | None = None
         self._joined = False
+        #: The reader thread has had its first turn at the table (joined it, and taken what
+        #: the card's holder published): a follower's first figures can use the host's rate.
+        self.looked = False
         self._books_t = -math.inf
         self._highs: dict[str, float] = {}
         #: Holder: pieces its tape yielded that wait to be decided (see DECIDE_AFTER_S).
@@ -515,6 +518,12 @@ class Ledger:
         """The reader thread's question at each lap: read the card now? Yes where this
         process is alone on it, or holds it; otherwise take what its holder published,
         and take the card over if nobody holds it any more (its holder left or died)."""
+        try:
+            return self._turn_at_table()
+        finally:
+            self.looked = True
+
+    def _turn_at_table(self) -> bool:
         if not self._joined:
             self._join()
         table = self.table
@@ -801,14 +810,16 @@ class Ledger:
         return poller.health if poller is not None else None
 
     async def wait_ready(self, timeout: float) -> None:
-        """Wait (at most ``timeout``) for the reader to be built. Raises the build's error
-        when the operator asked for this reader by name; a slow driver is logged, not
-        waited for."""
+        """Wait (at most ``timeout``) for the reader to be built and its first turn at the
+        card's table (a worker that joins warm ones learns their rate before its first
+        request: gunicorn's recycled worker on a loaded host answered it unknown). Raises the
+        build's error when the operator asked for this reader by name; a slow driver is
+        logged, not waited for."""
         if not self.book.measures and self.failure is None:
             return  # reader="none": nothing to wait for
         self.ensure_started()
         with anyio.move_on_after(timeout):
-            while self.reader is None and self.failure is None and self._poller is not None:
+            while self._starting():
                 await anyio.sleep(0.005)
         if self.failure is not None and explicit(self.node):
             if isinstance(self.failure, GiulError):
@@ -821,6 +832,12 @@ class Ledger:
                 "node %r: the reader is still starting after %.2g s (a slow or wedged driver?);"
                 " serving, with figures unknown until it answers", self.node.name, timeout,
             )
+
+    def _starting(self) -> bool:
+        """Whether the reader thread is still on its way to its first reading's turn."""
+        if self.failure is not None or self._poller is None:
+            return False
+        return self.reader is None or (self.book.measures and not self.looked and not self._stopped)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the poller (one last reading first, bounded) and settle every window."""
