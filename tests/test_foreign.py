@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from test_ledger import IDLE, Run
 from truecard import Foreign
 
@@ -87,3 +88,30 @@ def test_a_foreign_load_seen_only_in_short_gaps_is_subtracted_within_its_uncerta
             n += 1
         assert run.books() < 1e-9 * run.ledger.totals().measured_j
     assert hits[0] >= 0.9 * n and hits[1] >= 0.9 * n
+
+
+def _decided(watts: list[float], first_open: float, stamp_s: float = 0.01) -> float | None:
+    """A decider's foreign level after quiet spans of ``watts`` and one span whose first
+    window opened at ``first_open`` (the host's windows, as the card's holder sees them)."""
+    from giul_asgi.ledger.decider import Decider
+    from giul_asgi.spans import Coverage
+
+    decider = Decider(ramp_s=0.1, subtract_foreign=False, period=lambda: 0.1)
+    quiet = spans(watts, stamp_s=stamp_s)
+    for span in quiet:
+        decider.decide(span, Coverage(), IDLE)
+    t = quiet[-1].t1
+    busy = Span(t, t + 0.1, 40.0, 40.0 + IDLE * 0.1, stamp_s, 0.001)
+    opened = Coverage(t + 0.1 - first_open, 1, busy=((first_open, t + 0.1),), open_now=1)
+    return decider.decide(busy, opened, IDLE).level
+
+
+def test_a_window_s_ramp_up_stamped_before_it_opened_is_no_foreign_load() -> None:
+    """A burst from idle whose first step the tape stamped a few ms early put the windows'
+    ramp-up in the quiet span before them: 600 W 'witnessed' with no window open, and every
+    window of the burst flagged contended (issue 20; 1 run in 6 of a hostile trial, and the
+    suite's four-worker burst once). A quiet span ending within its step's doubt of the next
+    open is not witnessed; a quiet span well before it is."""
+    assert _decided([0.0, 600.0], first_open=0.2 + 0.004) == 0.0  # 4 ms after: the stamp's doubt
+    assert _decided([100.0, 100.0], first_open=0.2 + 0.05) == pytest.approx(100.0)  # a load in a real gap
+    assert _decided([100.0, 100.0], first_open=0.2 + 0.004) == pytest.approx(100.0)  # the first span alone

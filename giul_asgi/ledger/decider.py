@@ -33,6 +33,9 @@ class Decider:
         #: The card's process list showed a process other than the node's server (None:
         #: nobody could look).
         self.processes_foreign: bool | None = None
+        #: A quiet span not witnessed yet: the next span says whether a window opened within
+        #: its step's doubt after it (a stamp too early puts a window's ramp-up in it).
+        self._held: tuple[Span, float | None] | None = None
 
     def decide(self, span: Span, host: Coverage, idle_w: float | None) -> CardSpan:
         """What the host's windows (``host``: every process's coverage of the span) share of
@@ -45,11 +48,13 @@ class Decider:
         unseen = 0.0
         foreign_j = 0.0
         measured = span.above_j
+        self._witness_held(host)
         if covered <= 0:
             # Quiet only where the span's start, to its step's doubt, is a ramp-down past the
-            # last close: a late stamp must not make a window's energy a foreign load.
+            # last close (a late stamp must not make a window's energy a foreign load), and
+            # its end, to its step's doubt, before the next open: held until the next span.
             if span.t0 - span.stamp_s >= host.last_close + self.ramp_s:
-                self.foreign.witness(span, idle_w)
+                self._held = (span, idle_w)
             measured = above = self._net_below(span, period)
         else:
             # Load nobody on the host sees (the upstream's requests beyond every window here)
@@ -73,6 +78,20 @@ class Decider:
             processes_foreign=self.processes_foreign, unseen_recent=self.unseen.recent(span.t1),
             period=period, busy_s=0.0 if tails else min(seconds, union_s(host.busy)),
         )
+
+    def _witness_held(self, host: Coverage) -> None:
+        """Witness the quiet span held back, unless a window of the next span (``host``:
+        its coverage) opened within the held span's step doubt after its end: a burst from
+        idle whose first step was stamped early read as a foreign load of hundreds of watts,
+        and flagged every window of it contended."""
+        held = self._held
+        if held is None:
+            return
+        self._held = None
+        span, idle_w = held
+        first_open = min((a for a, _ in host.busy), default=None)
+        if first_open is None or first_open >= span.t1 + span.stamp_s:
+            self.foreign.witness(span, idle_w)
 
     def _net_below(self, span: Span, period: float) -> float:
         """The energy above idle booked for a span no window was in, never below zero: a
