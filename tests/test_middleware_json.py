@@ -110,6 +110,28 @@ async def test_fastapi_headers_and_energy_block() -> None:
     assert r.json()["usage"] == USAGE  # the app's own data untouched
 
 
+async def test_a_middleware_added_twice_meters_once_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stranger's app called add_middleware twice: every answer carried two sets of
+    X-Energy-* headers with two ids and two figures. The outer one meters; the inner one
+    passes the request and warns once."""
+    node, _card = busy_node()
+    app = make_fastapi(node)
+    app.add_middleware(EnergyMiddleware, nodes=[node], tiers=[Tier("8b", 300.0)], ledgers=Ledgers())
+    with caplog.at_level(logging.WARNING, logger="giul_asgi.middleware"):
+        async with await client_for(app) as client:
+            answers = [await client.post("/v1/chat/completions", json={"model": "llama"}) for _ in range(2)]
+    for r in answers:
+        assert r.status_code == 200
+        assert len(r.headers.get_list("x-energy-id")) == 1 and len(r.headers.get_list("x-energy-joules")) == 1
+        body = r.json()
+        assert "energy" in body and body["usage"] == USAGE
+        assert r.headers["content-length"] == str(len(r.content))
+    said = [rec for rec in caplog.records if "twice" in rec.getMessage()]
+    assert len(said) == 1 and "add it once" in said[0].getMessage()
+
+
 async def test_route_label_is_the_template_never_the_raw_path() -> None:
     node, _ = busy_node()
     stats = RecordingStats()

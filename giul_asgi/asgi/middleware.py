@@ -98,6 +98,7 @@ class EnergyMiddleware:
     #: A bad setting kept for the lifespan startup to fail with (see ``fails_the_startup``).
     config_error: ConfigError | None = None
     _said_unmetered = False
+    _said_nested = False
     _started = False
     _joining: HostStats | None = None  # the statistics it built, joining their server
 
@@ -284,6 +285,10 @@ class EnergyMiddleware:
         if path in self.exclude or (path != full and full in self.exclude):
             await self.app(scope, receive, send)  # health checks, documents: never touched
             return
+        if meter_var.get() is not None:  # an outer EnergyMiddleware meters it: one figure
+            self._say_nested()
+            await self.app(scope, receive, send)
+            return
         target = self.router.match(scope)
         if target is None:  # routes are declared and none is this one's: not ours to touch
             await self.app(scope, receive, send)
@@ -428,6 +433,14 @@ class EnergyMiddleware:
             self._said_unmetered = True
             log.error("%s; nothing is metered (without a lifespan startup there is nothing "
                       "to stop)", failure_line(self.config_error))
+
+    def _say_nested(self) -> None:
+        """Added twice (two ``add_middleware`` calls, or a mounted app's own): the outer one
+        meters, and this one says so once rather than add a second set of headers."""
+        if not self._said_nested:
+            self._said_nested = True
+            log.warning("EnergyMiddleware is in the app's stack twice: the inner one passes the "
+                        "requests the outer one meters -> add it once")
 
     def _start_without_lifespan(self, scope: Scope) -> None:
         # No lifespan (or a server that does not send it): the first request starts the
