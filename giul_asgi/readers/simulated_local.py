@@ -95,7 +95,8 @@ class LocalSimulatedReader:
         own = "the node's" if spec.idle_w is not None else "the simulation's own: set idle_w to use yours"
         self.notes = [
             f"simulated card in this process: idle {self.simulated_idle_w:g} W ({own}); "
-            f"{self.window_w:g} W per open window, counter steps every {self.period * 1000:g} ms"
+            f"{self.window_w:g} W for one open window, n windows {self.window_w:g} x n^0.6 W (batched), "
+            f"the card {cap:g} W at most; counter steps every {self.period * 1000:g} ms"
         ]
 
     def drive(self, load: LoadSource) -> None:
