@@ -192,3 +192,44 @@ def test_a_counter_that_does_not_follow_its_last_holder_s_starts_afresh_without_
     gap = pieces[0]
     assert isinstance(gap, Gap) and "changed hands" in gap.why and not gap.fault
     assert gap.t0 == 4.0 and spans(pieces)  # and then spans of the new counter
+
+
+def _steps_read_at(reads: list[float], seed: int) -> tuple[list[Reading], list[float]]:
+    """An idle card's counter (70 W, steps every 100 ms +-3 ms) read at ``reads``: the
+    readings, and the true time of the last step before each."""
+    def step(k: int) -> float:
+        return 0.041 + 0.1 * k + random.Random(k * 7919 + seed).uniform(-0.003, 0.003)
+
+    readings, truth = [], []
+    for t in reads:
+        k = math.floor((t - 0.041) / 0.1) + 1
+        while step(k) > t:
+            k -= 1
+        readings.append(Reading(t, joules=math.floor(IDLE * step(k) * 1000) / 1000))
+        truth.append(step(k))
+    return readings, truth
+
+
+def test_an_idle_card_read_once_a_period_is_stamped_within_its_doubt() -> None:
+    """A reader dozing at one read a period (the card's holder reading it for a server's
+    other workers while none of them has a window open) reads at the steps' own pace: its
+    reads lock to their phase and each bracket is a period wide. Those brackets taught the
+    step clock a period 12% short and stamps 30-100 ms from the steps with a doubt of 4 ms
+    (a quiet span then held a period's idle energy too many, read as a foreign load of 60 W,
+    and a burst after it was flagged contended). Fresh, and after a busy spell whose line
+    it keeps, every span's stamp is within its stated doubt of the counter's true step, give
+    or take the steps' own 3 ms."""
+    for seed in range(6):
+        rng = random.Random(seed)
+        busy = list(itertools.accumulate(0.01 * rng.uniform(0.5, 1.5) for _ in range(300)))
+        for before, reads in (([], [0.013 + 0.1009 * i for i in range(100)]),  # fresh, locked
+                              (busy, [busy[-1] + 0.1009 * i for i in range(1, 100)])):  # after busy
+            readings, truth = _steps_read_at(before + reads, seed)
+            tape = Tape("counter", IDLE, period_hint=0.1)
+            checked = outside = 0
+            for reading, step in zip(readings, truth, strict=True):
+                for span in spans(tape.feed(reading)):
+                    if reading.t > reads[0]:  # the dozing reads' spans
+                        checked += 1
+                        outside += abs(span.t1 - step) > span.stamp_s + 0.003
+            assert checked > 60 and outside <= 0.03 * checked, (seed, checked, outside)

@@ -52,6 +52,14 @@ WIDTH_FLOOR = 0.2
 #: seen 3% off the period), and the most spread, in periods, of a line it is paced by.
 PACE_BRACKETS = 8
 PACE_SPREAD = 0.1
+#: A bracket wider than this share of a period says little of where its step fell, and a
+#: reader dozing at one read a period (an idle card read for other processes) locks its
+#: reads to the steps' phase: only narrower ones teach the line (see StepClock.step).
+NARROW = 0.35
+#: How far (periods) a line is carried past the newest step it rests on to place the step of
+#: a wide bracket: its period's error grows with the distance (a line learnt over 3 s was 7 ms
+#: off after 8 s of a reader dozing at one read a period).
+REACH = 20
 
 
 class StepClock:
@@ -68,14 +76,20 @@ class StepClock:
     that would pull the line as hard as they do.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hint: float = 0.1) -> None:
+        self.hint = hint  # the period expected before one is learnt
         self._brackets: deque[tuple[float, float]] = deque(maxlen=BRACKETS)
         self._reads = deque[bool](maxlen=64)  # True for a read that saw a change
         self.period: float | None = None
         self._line: tuple[float, float] | None = None  # a step on the learnt line, its +-
 
-    def saw(self, changed: bool) -> None:
-        self._reads.append(changed)
+    def saw(self, changed: bool, gap: float = 0.0) -> None:
+        """A read that did or did not see the value change, ``gap`` after the one before:
+        only reads well inside the expected period apart tell a counter that moves at every
+        read from a stepped one (read once a period, a stepped counter changes at every read
+        too; the learnt period is no guide: one that moves at every read is learnt as the gap)."""
+        if gap < NARROW * self.hint:
+            self._reads.append(changed)
 
     @property
     def every_read(self) -> bool:
@@ -95,13 +109,26 @@ class StepClock:
             # The last line point at or before the read, or the next where a step straying
             # as far as steps do would fall before it (the read saw that one, early): the
             # point before it would put the step, and the span's start, a period early.
+            # A line carried far past the steps it rests on drifts by its period's error:
+            # then the last period before the read, and all of it in doubt.
             anchor, spread = line
+            if b - anchor > REACH * period:
+                return b - period / 2, period / 2
             at = anchor + period * math.floor((b + 3 * spread - anchor) / period)
             return min(max(at, b - period, a + 1e-6), b), min(period / 2, spread + period / 20)
+        half = (b - a) / 2
+        if b - a > NARROW * (period or self.hint) and not self.every_read:
+            # A bracket a good part of a period wide says where its step fell to within its
+            # width, no better: a reader dozing at one read a period (an idle card read for a
+            # server's other workers) locks its reads to the steps' phase, and brackets a
+            # period wide taught the line a period 12% short and put steps 30-100 ms from
+            # where they fell with a doubt of 4 ms (an idle span then held a period's energy
+            # too many, read as a foreign load of 60 W, and the burst after it as contended).
+            # Its step is its middle, in doubt by half its width, and it teaches nothing.
+            return a + half, half
         self._brackets.append((a, b))
         if self.every_read:
             return b, 0.0
-        half = (b - a) / 2
         mids = [(x + y) / 2 for x, y in self._brackets]
         if len(mids) < 4:
             return a + half, half
@@ -169,7 +196,7 @@ class Tape:
         self.kind = kind
         self.idle_w = idle_w
         self.period_hint = period_hint
-        self.steps = StepClock()
+        self.steps = StepClock(period_hint)
         # The counter's baseline: its value, when it was true (None: not yet known), and the
         # last read that still showed it (a step after it lies after that read).
         self._base_j: float | None = None
@@ -248,6 +275,7 @@ class Tape:
     # -- counters -------------------------------------------------------------------------
     def _counter(self, t: float, joules: float) -> list[Piece]:
         base_j, base_t = self._base_j, self._base_t
+        gap = t - self._quiet_t  # since the read before (each read sets _quiet_t)
         if base_j is None:
             # A baseline whose time is unknown until the counter is seen to step.
             self._base_j, self._base_t, self._quiet_t = joules, None, t
@@ -271,18 +299,18 @@ class Tape:
             drop = -delta
             if joules < 0.01 * base_j or drop > max(self.max_w, DEFAULT_MAX_W) * max(since, self.period):
                 return self._reset(t, joules)
-            self.steps.saw(False)
+            self.steps.saw(False, gap)
             self._quiet_t = t  # a wobble: the baseline never moves backwards
             return []
         if delta == 0 or (since > 0 and delta / since < self._least_step_w()):
-            self.steps.saw(False)
+            self.steps.saw(False, gap)
             self._quiet_t = t
             anchor = base_t if base_t is not None else self._first_t
             if anchor is not None and t - anchor > max(STALE_PERIODS * self.period, STALE_MIN_S):
                 self._forget()
                 return [self._gap(anchor, t, f"energy counter did not move for {t - anchor:.1f} s")]
             return []
-        self.steps.saw(True)
+        self.steps.saw(True, gap)
         step, stamp = self.steps.step(self._quiet_t, t, base_t)
         self._quiet_t = t
         if base_t is None:
