@@ -115,3 +115,23 @@ def test_a_window_s_ramp_up_stamped_before_it_opened_is_no_foreign_load() -> Non
     assert _decided([0.0, 600.0], first_open=0.2 + 0.004) == 0.0  # 4 ms after: the stamp's doubt
     assert _decided([100.0, 100.0], first_open=0.2 + 0.05) == pytest.approx(100.0)  # a load in a real gap
     assert _decided([100.0, 100.0], first_open=0.2 + 0.004) == pytest.approx(100.0)  # the first span alone
+
+
+def test_what_an_edge_s_step_doubt_can_move_is_no_foreign_load() -> None:
+    """Half a second of an idle card read once a period (brackets a period wide: each step
+    in doubt by 50 ms), the last quiet span before a burst holding 3.5 J of its neighbour's
+    (its step stamped 50 ms early): 7 W over what was seen, which flagged a burst from idle
+    contended. What one misplaced edge can add is no load; a real 100 W load seen through
+    the same doubts is, and a 7 W one seen through narrow stamps is too."""
+    watch = ForeignWatch()
+    for span in spans([0.0, 0.0, 0.0, 0.0, 35.0], stamp_s=0.05):
+        watch.witness(span, IDLE)
+    assert watch.level(0.1, IDLE) == 0.0
+    loaded = ForeignWatch()
+    for span in spans([100.0] * 5, stamp_s=0.05):
+        loaded.witness(span, IDLE)
+    assert loaded.level(0.1, IDLE) == pytest.approx(100.0)
+    narrow = ForeignWatch()
+    for span in spans([7.0] * 5, stamp_s=0.002):
+        narrow.witness(span, IDLE)
+    assert narrow.level(0.1, IDLE) == pytest.approx(7.0)

@@ -49,6 +49,7 @@ class ForeignWatch:
         self.seen_s = 0.0
         self.seen_t: float | None = None  # when the level was last witnessed
         self.spans = 0
+        self.edge_s = 0.0  # the step doubt at the end of the last span witnessed
 
     def witness(self, span: Span, idle_w: float | None) -> None:
         seconds = span.seconds
@@ -70,6 +71,7 @@ class ForeignWatch:
         self.seen_s += seconds
         self.seen_t = span.t1
         self.spans += 1
+        self.edge_s = span.stamp_s
 
     def level(self, period: float, idle_w: float | None) -> float | None:
         """The foreign load's watts above idle, when one has been witnessed long enough
@@ -77,7 +79,12 @@ class ForeignWatch:
         level = self.level_w
         if level is None or self.seen_s < max(FOREIGN_BELIEVE_S, FOREIGN_BELIEVE_PERIODS * period):
             return None
-        return level if level >= max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * (idle_w or 0.0)) else 0.0
+        # A step stamped late or early moves energy between neighbouring spans: inside a
+        # run of witnessed spans it cancels, but at the run's end (a window opens next) it
+        # stays in the level. What that edge could add is no load (a burst from idle whose
+        # quiet span held 3.5 J of its neighbour's, over half a second seen, read as 7 W).
+        edge_w = 2 * self.edge_s * ((idle_w or 0.0) + abs(level)) / self._s
+        return level if level >= max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * (idle_w or 0.0), edge_w) else 0.0
 
     def doubt_w(self) -> float:
         """How far the level may be from the load under the windows, in watts: how much
