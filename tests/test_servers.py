@@ -116,6 +116,29 @@ def test_this_process_is_a_server_of_its_own_until_it_inherits_a_listener() -> N
         assert not {os.fstat(x.fileno()).st_ino for x in (a, b, unbound)} & set(listening_sockets())
 
 
+def test_a_worker_of_a_pid_1_master_keeps_its_master_as_the_servers_keeper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container's `CMD uvicorn --workers 4` makes the master pid 1: every worker's parent
+    is pid 1, which systemd's socket activation also is. Each worker was its own keeper, and
+    the records split by worker (a hostile trial: 12 of 48 lookups answered, a killed
+    worker's ids all lost). Where pid 1 holds the listener, it is the keeper."""
+    from giul_asgi.hostshare import server as server_module
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        inode = os.fstat(s.fileno()).st_ino
+        monkeypatch.setattr(server_module.os, "getppid", lambda: 1)
+        monkeypatch.setattr(server_module, "_socket_inodes", lambda pid: {inode} if pid == 1 else set())
+        master = identify()
+        assert master.key == f"l{inode}" and master.keeper[0] == 1
+        # systemd's socket activation, pid 1 not to be looked in: the process keeps itself
+        monkeypatch.setattr(server_module, "_socket_inodes", lambda pid: None)
+        activated = identify()
+        assert activated.key == f"l{inode}" and activated.keeper[0] == os.getpid()
+
+
 def test_no_proc_is_a_process_of_its_own(tmp_path: Path) -> None:
     assert identify(str(tmp_path / "missing")).key.startswith("p")
 

@@ -147,11 +147,15 @@ def identify(fd_dir: str = FD_DIR) -> ServerId:
             return ServerId(f"l{inode}", f"inherited listener socket:[{inode}]",
                             (ppid, process_start(ppid)))
     elif listeners and ppid <= 1:
-        # socket activation (systemd hands the listener over, and we cannot look in pid 1):
-        # the listener outlives a restart, and so does the server
+        # A master that is pid 1 (a container's `CMD uvicorn --workers 4`, gunicorn as init)
+        # holds the listener: it is the keeper, as any master is (each worker its own keeper
+        # split the records by worker). Else socket activation (systemd hands the listener
+        # over, and we may not look in pid 1): the listener outlives a restart, and so does
+        # the server.
         inode = listeners[0]
-        return ServerId(f"l{inode}", f"inherited listener socket:[{inode}] (from pid {ppid})",
-                        (pid, start))
+        held = _socket_inodes(ppid) if ppid == 1 else None
+        keeper = (ppid, process_start(ppid)) if held is not None and inode in held else (pid, start)
+        return ServerId(f"l{inode}", f"inherited listener socket:[{inode}] (from pid {ppid})", keeper)
     name = f"{pid}-{start}" if start is not None else f"{pid}-x{secrets.token_hex(3)}"
     return ServerId(f"p{name}", f"own process {name}", (pid, start))
 
