@@ -190,13 +190,23 @@ def test_rows_that_make_no_sense_are_skipped_and_said_once(tmp_path: Path, caplo
         row = list(good["keys"][0])
         row[7] = [row[7][0], row[7][1], 10**400, *row[7][3:]]  # valid JSON, no float holds it
         plant(9, {**good, "keys": [row]})  # (a hostile tester: /energy answered 500 for good)
+        # Whole numbers a float holds but no server makes (a hostile tester, again: 10**30
+        # requests made /energy answer 500 for good, 10**30 nJ read 1e21 J in every book).
+        row = list(good["keys"][0])
+        row[7] = [10**30, 10**30, *row[7][2:]]
+        plant(10, {**good, "keys": [row]})
+        row = list(good["keys"][0])
+        row[7] = [row[7][0], row[7][1], 10**30, *row[7][3:]]
+        plant(11, {**good, "keys": [row]})
+        plant(12, {**good, "dropped": 10**30})
         with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
             for _ in range(3):
                 snap = me.snapshot("all")
                 assert snap["totals"]["requests"] == 1 and snap["totals"]["joules"]["sum"] == 3.0
                 me.view().counters()
+                json.dumps(snap, allow_nan=False)
         said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
-        for n in range(1, 10):
+        for n in range(1, 13):
             assert sum(f"{other}-{n}-z.json" in m for m in said) == 1, (n, said)
         assert snap["dropped"] == 0 and all(math.isfinite(c[3]) for c in me.view().counters())
     finally:

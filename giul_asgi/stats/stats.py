@@ -41,7 +41,7 @@ from ..energy import Energy
 from ..errors import ConfigError
 from ..listeners import Settled
 from ..tenants import DEFAULT_MAX_TENANTS, TenantPlaces
-from .cell import MAX_COUNT, NG, NJ, Cell, Point
+from .cell import MAX_REQUESTS, NG, NJ, Cell, Point
 from .contract import Counter, LabelSums
 from .groups import Sums, Table, points, table, window_table
 from .labels import NONE, OTHER, Key, Labels, is_key, key_bound
@@ -553,7 +553,7 @@ def _put(rolling: Rolling, at: int, step: int, cell: Cell) -> None:
 def _whole(value: Any, what: str) -> int:
     """A count from another worker's row: a whole number, not negative (a bool, a float,
     NaN or a string is a damaged row)."""
-    if type(value) is not int or not 0 <= value < MAX_COUNT:
+    if type(value) is not int or not 0 <= value < MAX_REQUESTS:
         raise ValueError(f"{what}={value!r} is not a count")
     return value
 
