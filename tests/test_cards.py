@@ -141,6 +141,12 @@ def test_odd_values_in_a_seat_count_as_nothing_and_a_torn_piece_waits(tmp_path: 
         host = holder.host(books(charged=1.0))
         assert host.charged_j == 1.0 and all(math.isfinite(v) for v in
                                               (host.measured_j, host.unattributed_j, host.in_flight_j))
+        # A finite number no card draws (a hostile trial's 1e300 stayed in every book for good):
+        # nothing, as NaN is, and never shown as the highest any seat showed.
+        odd.publish_books(books(received=1e300, charged=1e300, windows=1))
+        host = holder.host(books(charged=1.0))
+        assert host.charged_j == 1.0 and host.measured_j < 1e15
+        assert holder.host(books(charged=1.0)).charged_j == 1.0
         holder.publish(span(0.0, 1.0, 5.0, covered=0.0), {}, 0.1)
         # A byte of the published piece changes under the reader (a torn write): not taken.
         at = 4096 + 20

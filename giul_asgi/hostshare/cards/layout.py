@@ -84,8 +84,15 @@ EVENTS_AT = PAGE
 ANSWERS_AT = PAGE + EVENTS * EVENT
 
 
+#: A value in a card's files past this (J, W, s, window-seconds) is damage, read as nothing:
+#: a card draws 1e15 J in no lifetime, and the books show the highest any seat ever showed,
+#: so a planted 1e300 stayed in every worker's books for good (a hostile trial).
+MAX_VALUE = 1e15
+
+
 def finite(value: float) -> float:
-    return value if math.isfinite(value) else 0.0
+    """A number read from a card's files, or 0.0 where it is damage (NaN, infinite, absurd)."""
+    return value if math.isfinite(value) and abs(value) <= MAX_VALUE else 0.0
 
 
 def read_shown(mm: mmap.mmap) -> tuple[float, ...] | None:
