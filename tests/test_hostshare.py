@@ -76,6 +76,23 @@ def test_a_symbolic_link_or_a_file_is_refused(tmp_path: Path) -> None:
     assert "symbolic link" in (found.reason or "") and "not a directory" in (found.reason or "")
 
 
+def test_a_read_only_place_is_refused_with_a_remedy_that_can_help(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A private directory of ours on a read-only mount: chmod 700 (the remedy a hostile
+    trial got) cannot help; the remedy says to mount it read-write or to give another."""
+    place = tmp_path / "ro"
+    place.mkdir(mode=0o700)
+    real_access = os.access
+    monkeypatch.setattr(place_module.os, "access",
+                        lambda p, mode: False if Path(p) == place else real_access(p, mode))
+    flags = os.statvfs(tmp_path).f_flag | os.ST_RDONLY
+    monkeypatch.setattr(place_module.os, "statvfs", lambda p: type("V", (), {"f_flag": flags})())
+    found = resolve(str(place))
+    assert found.path is None and "read-only file system" in (found.reason or "")
+    assert "mount it read-write" in (found.remedy or "") and "chmod" not in (found.remedy or "")
+
+
 def test_the_default_is_shared_memory_then_the_runtime_dir(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1234")
     places = place_module.default_candidates()

@@ -189,8 +189,19 @@ def _usable(path: Path, *, explicit: bool) -> _Refused | None:
     finally:
         os.close(fd)
     if not os.access(path, os.W_OK | os.X_OK):
+        if _read_only(path):  # chmod cannot help there (a hostile trial's remedy did)
+            return _Refused("it is on a read-only file system",
+                            f"mount it read-write, or give a private directory on a writable one "
+                            f"(mkdir -m 700 DIR; {ENV}=DIR)")
         return _Refused("this user cannot write in it", f"chmod 700 {path} (as its owner)")
     return None
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _mkdir(path: Path, *, parents: bool) -> bool:
