@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,3 +131,57 @@ def test_missing_binary_and_bad_options() -> None:
 )
 def test_parse_value(text: str, value: float | None) -> None:
     assert parse_value(text) == value
+
+
+SERVER = """
+import time
+from giul_asgi.readers.base import ReaderSpec
+from giul_asgi.readers.smi import SmiReader
+reader = SmiReader(ReaderSpec(gpus=(0,), period=0.05))
+print("reading", flush=True)
+time.sleep(3600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_no_stuck_nvidia_smi_outlives_a_server_killed_with_sigkill(tmp_path: Path) -> None:
+    """A healthy nvidia-smi dies of a broken pipe once its server is gone; one stuck in the
+    driver never writes again and lived on under pid 1 (a hostile trial). It dies with its
+    server, as dmon does."""
+    pids = tmp_path / "pids"
+    env = {**os.environ, "FAKE_SMI_PIDS": str(pids), "FAKE_SMI_HANG": "2",
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True, env=env,
+                              start_new_session=True)  # not our group: only its own death counts
+    smi: list[int] = []
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "reading"
+        deadline = time.monotonic() + 20
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        smi = [int(x) for x in pids.read_text().split()]
+        time.sleep(0.5)  # it has printed all it will: no pipe to break
+        assert all(_alive(pid) for pid in smi)
+        server.kill()
+        server.wait(20)
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in smi) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in smi), f"nvidia-smi {smi} outlived its server"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(20)
+        if server.stdout is not None:
+            server.stdout.close()
+        for pid in smi:
+            with contextlib.suppress(OSError):
+                if b"nvidia-smi" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)

@@ -45,7 +45,6 @@ import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -55,6 +54,7 @@ from typing import Literal
 
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
+from .children import dying_with_us
 from .options import Options
 
 FIELDS = "155,156"  # DCGM_FI_DEV_POWER_USAGE (W), DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ)
@@ -66,20 +66,6 @@ OPTIONS = ("dcgmi", "host", "interval_ms", "start_timeout_s", "backoff_s", "back
 KEEP_LINES = 8
 #: A line longer than this is not dmon output (read on without holding it).
 MAX_LINE = 64 * 1024
-#: ``prctl`` option: the signal this process gets when its parent dies (linux/prctl.h).
-PR_SET_PDEATHSIG = 1
-#: Run as ``python -I -S -c WRAPPER <parent pid> <dcgmi> <args...>``: ask for SIGKILL at the
-#: parent's death, make sure the parent did not die before we asked, then become dcgmi.
-WRAPPER = (
-    "import ctypes,os,signal,sys\n"
-    "if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:\n"
-    "    sys.stderr.write('prctl(PR_SET_PDEATHSIG) failed\\n')\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    os._exit(0)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
-)
-
-
 class DcgmiError(ReaderUnavailable):
     """``dcgmi dmon`` could not give this node's fields."""
 
@@ -401,34 +387,12 @@ class DcgmiReader:
 
 
 def _launch(command: list[str]) -> subprocess.Popen[bytes]:
-    """Start ``command`` in a process group of its own, through :data:`WRAPPER` on Linux
-    (SIGKILL when this process dies); without a Python to run it, ``preexec_fn`` does the
-    same ``prctl`` (less safe beside threads, so the wrapper comes first)."""
-    argv = command
-    preexec: Callable[[], None] | None = None
-    if sys.platform.startswith("linux"):
-        python = sys.executable
-        if python and os.access(python, os.X_OK) and os.path.basename(python).startswith("python"):
-            argv = [python, "-I", "-S", "-c", WRAPPER, str(os.getpid()), *command]
-        else:
-            preexec = _die_with_parent()
+    """Start ``command`` in a process group of its own, killed when this process dies
+    (:mod:`.children`)."""
+    argv, preexec = dying_with_us(command)
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, bufsize=0, start_new_session=True,
                             preexec_fn=preexec)
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-    return preexec
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:

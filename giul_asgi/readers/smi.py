@@ -25,6 +25,7 @@ from typing import Literal
 
 from ..errors import ReaderUnavailable
 from .base import Kind, ReaderSpec, Reading
+from .children import dying_with_us
 from .options import Options
 
 OPTIONS = ("binary", "interval_ms", "backoff_s", "backoff_max_s", "stale_s")
@@ -115,8 +116,9 @@ class SmiReader:
         failures = 0
         while not self._stop.is_set():
             try:
-                proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, bufsize=1)
+                argv, preexec = dying_with_us(self.command())  # a stuck one outlived a killed server
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, bufsize=1, preexec_fn=preexec)
             except OSError as exc:
                 self.last_error = f"could not start {self.binary}: {exc}"
             else:
