@@ -521,3 +521,23 @@ def test_a_record_kept_by_one_process_is_found_by_another(ctx: Any, tmp_path: Pa
     finally:
         stop.touch()
         proc.join(10)
+
+
+def test_a_process_in_a_pid_namespace_of_its_own_shares_through_its_namespace_s_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows and seats are named by process ids and judged alive in the reader's own PID
+    namespace: two containers over one /dev/shm removed each other's (a hostile trial). A
+    process outside the host's first namespace shares through its namespace's folder."""
+    monkeypatch.setattr(place_module, "pid_namespace", lambda: place_module.INIT_PID_NAMESPACE)
+    assert resolve(str(tmp_path)).path == tmp_path
+    monkeypatch.setattr(place_module, "pid_namespace", lambda: 4026532999)
+    inner = resolve(str(tmp_path)).path
+    assert inner == tmp_path / "pidns-4026532999"
+    assert stat.S_IMODE(os.stat(inner).st_mode) == 0o700
+    monkeypatch.setattr(place_module, "pid_namespace", lambda: 4026533000)
+    assert resolve(str(tmp_path)).path == tmp_path / "pidns-4026533000"
+    (tmp_path / "pidns-4026533001").symlink_to(tmp_path / "pidns-4026532999")  # planted: refused
+    monkeypatch.setattr(place_module, "pid_namespace", lambda: 4026533001)
+    planted = resolve(str(tmp_path))
+    assert planted.path is None and "pidns-4026533001" in (planted.reason or "")

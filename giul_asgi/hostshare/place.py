@@ -26,6 +26,13 @@ requests and joules merged into ours) and plant links that make us write elsewhe
 
 Where no place works, figures are per process (``Place(None, reason, remedy=...)``) and
 :func:`log_unshared` says why, once, as a warning with the remedy.
+
+Rows, seats and folders in the place are named by process ids and judged alive in the
+reader's own PID namespace. Two containers over one ``/dev/shm`` (one pod's, or
+``--ipc=host``) each have their own: there each side took the other's live rows for dead
+and removed them. So a process outside the host's first PID namespace shares through a
+folder of its namespace's inside the place (``pidns-<inode>``): the processes of one
+container meet there, and two containers never touch each other's files.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ OFF = "off"
 OFF_WORDS = frozenset({OFF, "false", "no", "0", "none"})
 #: What a place may let others do: nothing (group and other bits all clear).
 PRIVATE = 0o700
+#: The inode of the host's first PID namespace (the kernel's PROC_PID_INIT_INO).
+INIT_PID_NAMESPACE = 0xEFFFFFFC
 
 Setting = str | os.PathLike[str] | bool | None
 
@@ -109,7 +118,7 @@ def resolve(setting: Setting = None, *, candidates: Sequence[Path] | None = None
                                 "to share nothing")
         refused = _usable(path, explicit=True)
         if refused is None:
-            return Place(path)
+            return _in_namespace(path)
         return Place(None, f"cannot use {path}: {refused.why}", remedy=refused.remedy)
     reasons: list[str] = []
     remedies: list[str] = []
@@ -119,12 +128,34 @@ def resolve(setting: Setting = None, *, candidates: Sequence[Path] | None = None
             if reasons:
                 _warn_once(f"the default place {reasons[0]} is refused; sharing through {path} "
                            f"instead (-> {remedies[0]})")
-            return Place(path)
+            return _in_namespace(path)
         reasons.append(f"{path}: {refused.why}")
         remedies.append(refused.remedy)
     return Place(None, "no place to share: " + "; ".join(reasons),
                  remedy=(remedies[0] + f"; or set {ENV} to a private directory (mkdir -m 700 DIR)")
                  if remedies else f"set {ENV} to a private directory (mkdir -m 700 DIR)")
+
+
+def pid_namespace() -> int | None:
+    """The inode of this process's PID namespace (None where ``/proc`` does not say)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _in_namespace(path: Path) -> Place:
+    """The place itself for the host's first PID namespace, else its namespace's folder in it
+    (see the module's docstring)."""
+    ns = pid_namespace()
+    if ns is None or ns == INIT_PID_NAMESPACE:
+        return Place(path)
+    folder = path / f"pidns-{ns}"
+    try:
+        make_dir(folder, root=path)
+    except OSError as exc:
+        return Place(None, f"cannot use {folder}: {exc.strerror or exc}", remedy=remedy(exc))
+    return Place(folder)
 
 
 def check_environment(env: Mapping[str, str] = os.environ) -> None:
