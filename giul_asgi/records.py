@@ -41,7 +41,7 @@ from .energy import Energy
 from .errors import ConfigError
 from .hostshare import ENV, OFF, Setting, log_unshared, resolve
 from .hostshare.journal import CENSUS_S, UNKNOWN, Journal, ring_bytes, say_unshared, sweep
-from .hostshare.place import remedy
+from .hostshare.place import remedy, room
 from .hostshare.server import ServerId, server_identity
 from .listeners import Settled
 from .meter import id_prefix, split_id
@@ -131,7 +131,7 @@ class RecordStore:
             sweep(place.path)  # dead servers' folders, at each start
             try:
                 journal = Journal(place.path, server, max_age_s=self.max_age_s,
-                                  capacity=ring_bytes(self.max_records), tag=self._tag,
+                                  capacity=ring_bytes(self.max_records, room(place.path)), tag=self._tag,
                                   clock=self._clock)
             except OSError as exc:
                 self._reason = (f"cannot make this process's journal in {place.path / 'records'}: "

@@ -541,3 +541,25 @@ def test_a_process_in_a_pid_namespace_of_its_own_shares_through_its_namespace_s_
     monkeypatch.setattr(place_module, "pid_namespace", lambda: 4026533001)
     planted = resolve(str(tmp_path))
     assert planted.path is None and "pidns-4026533001" in (planted.reason or "")
+
+
+def test_rings_and_tails_are_sized_by_the_place_s_room() -> None:
+    """Docker's /dev/shm is 64 MB: 4 MiB rings, 1 MiB tails and a seat each filled it at about
+    a dozen workers (a hostile trial: 19 MB for four), and every worker then charged the card
+    whole. On a small place each process's files are a share of its room; on a large one, as
+    before."""
+    from giul_asgi.hostshare.journal import JOURNAL_BYTES, ring_bytes
+    from giul_asgi.hostshare.place import room
+    from giul_asgi.stats.tail import AREA, tail_area
+
+    mb = 1 << 20
+    assert ring_bytes(10_000) == JOURNAL_BYTES == ring_bytes(10_000, 16 << 30)
+    assert ring_bytes(10_000, 64 * mb) == 1 * mb and ring_bytes(10_000, 8 * mb) == 256 * 1024
+    assert ring_bytes(10, 64 * mb) == 64 * 1024  # a small store keeps its own small ring
+    assert tail_area(AREA, None) == AREA == tail_area(AREA, 16 << 30)
+    assert tail_area(AREA, 64 * mb) == 256 * 1024
+    # What a worker's files come to on Docker's default: 28 workers fit in 64 MB (with the card
+    # tape, the fold ring and the rows).
+    per_worker = ring_bytes(10_000, 64 * mb) + 2 * tail_area(AREA, 64 * mb) + 452 * 1024
+    assert 28 * per_worker + 4 * mb < 64 * mb
+    assert (room(Path("/")) or 0) > 0

@@ -57,9 +57,16 @@ SWEEP_S = 60.0
 UNKNOWN = "unknown id"
 
 
-def ring_bytes(max_records: int) -> int:
-    """The ring a store of ``max_records`` is given."""
-    return min(JOURNAL_BYTES, max(64 * 1024, max_records * BYTES_PER_RECORD))
+#: A ring is at most this share of the place's file system: 1 MiB on Docker's 64 MB
+#: /dev/shm, where 4 MiB rings, tails and seats filled it at a dozen workers (a hostile trial:
+#: 19 MB for four), and every worker then charged the card whole.
+ROOM_SHARE = 64
+
+
+def ring_bytes(max_records: int, room: int | None = None) -> int:
+    """The ring a store of ``max_records`` is given, on a place of ``room`` bytes."""
+    most = JOURNAL_BYTES if room is None else max(256 * 1024, min(JOURNAL_BYTES, room // ROOM_SHARE))
+    return min(most, max(64 * 1024, max_records * BYTES_PER_RECORD))
 
 
 def folder_name(server: ServerId) -> str:
@@ -434,5 +441,16 @@ def _say_once(text: str) -> None:
     log.warning("%s", text)
 
 
-__all__ = ["CENSUS_S", "FOLD", "JOURNAL_BYTES", "UNKNOWN", "Found", "Journal", "folder_name",
-           "ring_bytes", "say_unshared", "sweep"]
+__all__ = [
+    "CENSUS_S",
+    "FOLD",
+    "JOURNAL_BYTES",
+    "ROOM_SHARE",
+    "UNKNOWN",
+    "Found",
+    "Journal",
+    "folder_name",
+    "ring_bytes",
+    "say_unshared",
+    "sweep",
+]

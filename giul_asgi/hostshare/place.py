@@ -136,6 +136,17 @@ def resolve(setting: Setting = None, *, candidates: Sequence[Path] | None = None
                  if remedies else f"set {ENV} to a private directory (mkdir -m 700 DIR)")
 
 
+def room(path: Path) -> int | None:
+    """The size of the file system the place is on (bytes; None where it cannot be told):
+    what each process's rings and tails are sized by, so that a small one (Docker's
+    /dev/shm is 64 MB) holds the workers of a large server, not the first dozen."""
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    return info.f_blocks * info.f_frsize or None
+
+
 def pid_namespace() -> int | None:
     """The inode of this process's PID namespace (None where ``/proc`` does not say)."""
     try:

@@ -46,13 +46,13 @@ from typing import Any
 from ..energy import Energy
 from ..errors import ConfigError
 from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
-from ..hostshare.place import remedy
+from ..hostshare.place import remedy, room
 from ..listeners import Settled
 from .folder import Other, ServerFolder, dump, remove_dead_servers
 from .labels import Key
 from .merge import merge_samples, merge_server, samples_of
 from .stats import EnergyStats
-from .tail import AREA
+from .tail import AREA, tail_area
 
 log = logging.getLogger("giul_asgi.stats")
 
@@ -147,8 +147,8 @@ class HostStats:
             return
         try:
             root = place.path / "stats"
-            folder = ServerFolder(root, self.server, tag=str(next(_instances)),
-                                  place=place.path, step_s=self.stats.step_s, area=area)
+            folder = ServerFolder(root, self.server, tag=str(next(_instances)), place=place.path,
+                                  step_s=self.stats.step_s, area=tail_area(area, room(place.path)))
             remove_dead_servers(root, self.server.key)
         except OSError as exc:
             self._unshare(f"cannot write the statistics in {place.path}: {exc.strerror or exc}", exc)

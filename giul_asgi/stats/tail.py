@@ -41,10 +41,18 @@ from .labels import Key, is_key
 
 #: The bytes of one area (two per worker): about 2,500 requests between two rows.
 AREA = 512 * 1024
+#: An area is at most this share of the place's file system (see journal.ROOM_SHARE).
+ROOM_SHARE = 256
+
 MAGIC = b"GIULTAIL"
 _HEAD = struct.Struct("<8sQQ")  # magic, generation, bytes used after the header
 _LEN = struct.Struct("<I")
 SUFFIX = ".tail"
+
+
+def tail_area(area: int, room: int | None) -> int:
+    """The area a tail of at most ``area`` bytes is given on a place of ``room`` bytes."""
+    return area if room is None else min(area, max(64 * 1024, room // ROOM_SHARE))
 
 
 class Tail:
@@ -231,4 +239,5 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number here")
 
 
-__all__ = ["AREA", "MAGIC", "SUFFIX", "Changed", "Generation", "Tail", "TailReader"]
+__all__ = ["AREA", "MAGIC", "ROOM_SHARE", "SUFFIX", "Changed", "Generation", "Tail", "TailReader",
+           "tail_area"]
