@@ -8,7 +8,8 @@ of its server's processes. Records are one server's (:mod:`.server`): the rings 
 ``records/<server>/`` of the host's place, and another server's are never read.
 
 Bound, per server: one ring per live store (one per process, or per middleware where a
-process has several; :data:`JOURNAL_BYTES` at most each, plus a page), the ``fold`` ring and
+process has several; :data:`JOURNAL_BYTES` at most each, and no more than 1/:data:`ROOM_SHARE`
+of the place's file system, plus a page), the ``fold`` ring and
 its lock; a dead process's ring is folded into ``fold`` (its records younger than the max
 age copied, its id counters kept) and removed within :data:`CENSUS_S` of a live process
 seeing it dead, so dead rings waiting are at most as many as the processes that died in that
