@@ -45,6 +45,9 @@ SOURCES: tuple[str, ...] = ("local", "remote", "none")
 BOUNDARIES: tuple[str, ...] = ("gpu", "cpu", "host")
 #: Which token count a record's ``tokens`` is: the default is what the model generated.
 TOKEN_KINDS: tuple[str, ...] = ("output", "input", "total")
+#: A request's token count past this is none: a usage object's 2**64 - 1 (a server that wrote
+#: -1 unsigned) made a worker's own statistics refuse themselves, and /energy answer 500.
+MAX_TOKENS = 2**32
 #: A provisional figure more interpolated than this says so in its ``error``.
 MOSTLY_INTERPOLATED = 0.5
 
@@ -329,6 +332,7 @@ def _idle_part(share: Share, idle_w: float | None) -> float:
 __all__ = [
     "BACKENDS",
     "BOUNDARIES",
+    "MAX_TOKENS",
     "METHODS",
     "SOURCES",
     "TOKEN_KINDS",

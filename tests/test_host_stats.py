@@ -320,3 +320,29 @@ def test_readers_on_several_threads_see_counts_that_never_go_down(tmp_path: Path
         assert requests(me) == 3000  # 2,000 settled, 1,000 answered only: unknown
     finally:
         me.close()
+
+
+def test_a_worker_s_own_odd_answers_never_make_its_statistics_refuse_themselves(tmp_path: Path) -> None:
+    """A hostile trial's upstream answered usage.completion_tokens = 2**64 - 1 (a server's -1
+    written unsigned): the worker's own cell then failed the check meant for other workers'
+    rows, and every /energy and /metrics answered 500 for the process's life; a request
+    longer than a day (a day-long stream) would have done the same. Such a count is no
+    count; a long request is a request."""
+    from giul_asgi.wire.body import usage_tokens
+
+    assert usage_tokens({"completion_tokens": 2**64 - 1}) is None
+    assert usage_tokens({"completion_tokens": 2**32 - 1}) == 2**32 - 1
+    stats = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("own-odd"))
+    stats.wait_ready()  # joined on its own thread
+    try:
+        stats.record(Energy(5.0, "measured", route="/a", tokens=2**64 - 1, seconds=0.1),
+                     outcome="ok", status=200)
+        stats.record(Energy(7.0, "measured", route="/a", tokens=10, seconds=2 * 86_400.0),
+                     outcome="ok", status=200)
+        for window in ("all", "15m"):
+            snap = stats.snapshot(window)
+            assert snap["totals"]["requests"] == 2 and snap["totals"]["tokens"] == 10
+            json.dumps(snap, allow_nan=False)
+        stats.view().counters()
+    finally:
+        stats.close()

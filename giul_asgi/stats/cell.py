@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..energy import MAX_TOKENS
 from .labels import METHOD_MIX, OUTCOMES
 from .sketch import BINS, BINS_PER_DECADE, JPT, KEYS, LOWEST_EXP, SEC, J, count, quantiles
 
@@ -30,12 +31,10 @@ US = 1e6  # microseconds a second
 _MAX = 1e15
 #: A count past this in another worker's row is damage, not a count (any float holds it).
 MAX_COUNT = 2**128
-#: Requests, figures and tokens past this are damage too: no server answers 2**53 requests,
-#: and past 2**64 a count could not even be written as JSON (a hostile row of 10**30
-#: requests made /energy answer 500 for the server's life).
+#: Requests and figures past this are damage too: no server answers 2**53 requests, and past
+#: 2**64 a count could not even be written as JSON (a hostile row of 10**30 requests made
+#: /energy answer 500 for the server's life).
 MAX_REQUESTS = 2**53
-#: A microsecond sum past a day a request is damage.
-_MAX_US = 86_400 * US
 _log10 = math.log10
 _ceil = math.ceil
 _FIRST = LOWEST_EXP * BINS_PER_DECADE  # sketch.bin_of, inlined in add(): three calls a record
@@ -82,7 +81,7 @@ class Cell:
         s = seconds if seconds > 1e-6 else 1e-6
         k = _ceil(_log10(s) * BINS_PER_DECADE) - _FIRST
         ks = KEYS[SEC + (0 if k < 0 else (_TOP if k > _TOP else k))]
-        if tokens is not None and not (isinstance(tokens, int) and tokens > 0):
+        if tokens is not None and not (isinstance(tokens, int) and 0 < tokens < MAX_TOKENS):
             tokens = None
         bins = self.bins
         if joules is not None and 0.0 < joules < _MAX:
@@ -218,13 +217,15 @@ class Cell:
         if cell.known > cell.requests or cell.contended > cell.requests \
                 or cell.carbon_known > cell.requests or cell.alloc_known > cell.requests:
             raise ValueError("a cell counts more figures than requests")
-        if max(cell.requests, cell.tokens, cell.tok_tokens, *cell.bins.values(), 0) >= MAX_REQUESTS:
-            raise ValueError("a cell counts more requests or tokens than any server answers")
-        # Sums no larger than their figures can make (1e15 J, or g, each; a day a request):
-        # a whole number of any size passed, and 10**30 nJ read 1e21 J in every book.
+        if max(cell.requests, *cell.bins.values(), 0) >= MAX_REQUESTS:
+            raise ValueError("a cell counts more requests than any server answers")
+        # Sums no larger than their figures can make (1e15 J, or g, and MAX_TOKENS each): a
+        # whole number of any size passed, and 10**30 nJ read 1e21 J in every book. A cell of
+        # this process's own always passes: each figure was held to the same bounds when added.
         if cell.nj > cell.known * _MAX * NJ or cell.tok_nj > cell.known * _MAX * NJ \
                 or cell.alloc_nj > cell.alloc_known * _MAX * NJ \
-                or cell.carbon_ng > cell.carbon_known * _MAX * NG or cell.us > cell.requests * _MAX_US:
+                or cell.carbon_ng > cell.carbon_known * _MAX * NG \
+                or max(cell.tokens, cell.tok_tokens) > cell.requests * MAX_TOKENS:
             raise ValueError("a cell's sum is more than its figures can make")
         return cell
 

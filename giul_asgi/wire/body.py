@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from ..energy import Energy
+from ..energy import MAX_TOKENS, Energy
 from .headers import TEMPLATES_MAX
 
 TOKEN_KEYS: dict[str, tuple[str, ...]] = {
@@ -140,8 +140,8 @@ def usage_tokens(usage: Any, kind: str = "output") -> int | None:
         return None
     for key in TOKEN_KEYS.get(kind, ()):
         value = usage.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_TOKENS:
+            return value  # (2**64 - 1 is a server's -1, not a count)
     if kind == "total":
         parts = [usage_tokens(usage, "input"), usage_tokens(usage, "output")]
         if all(p is not None for p in parts):
