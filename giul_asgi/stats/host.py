@@ -39,6 +39,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,13 +121,37 @@ class HostStats:
         self._live = 0
         self._overflow_said = False
         self.write_errors = 0
+        self._directory, self._area, self._given = directory, area, server
+        self._forked = False
+        self._fork_lock = threading.Lock()
+        _hosts.add(self)
+        self._begin()
+
+    def _begin(self) -> None:
+        """Join the server's statistics on the writer's own thread (now, and again in a
+        forked child). Starlette builds the middleware, and so these, on the event loop: the
+        place is found and the first row written there, never on the loop."""
         self._ready = threading.Event()  # the place is joined (or found unusable)
         self._early: list[tuple[str, float, tuple[Any, ...]]] = []  # answered while joining
-        # Starlette builds the middleware, and so these, on the event loop: the place is
-        # found and the first row written on the writer's own thread, never on the loop.
-        self._thread = threading.Thread(target=self._start, args=(directory, area),
+        self._thread = threading.Thread(target=self._start, args=(self._directory, self._area),
                                         name="giul-host-stats", daemon=True)
         self._thread.start()
+
+    def _after_fork(self) -> None:
+        """A child of a process that had these (gunicorn --preload builds the app in its
+        master): the parent's row, tail and writer are the parent's, and its server may not
+        be this one's; this process joins its own server's statistics anew. Without this,
+        every worker counted on its own under the master's server and /energy jumped between
+        their counts (a hostile trial: 36, 15, 22, 36 on six scrapes)."""
+        with self._fork_lock:
+            if not self._forked:
+                return
+            self._forked = False
+            self.server, self.folder, self.shared_reason = self._given, None, None
+            self.stats.journal = None
+            self._pending, self._written, self._live = {}, -1, 0
+            self._stop, self._due = threading.Event(), threading.Event()
+            self._begin()
 
     def _start(self, directory: str | os.PathLike[str] | None, area: int) -> None:
         try:
@@ -163,6 +188,8 @@ class HostStats:
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the server's statistics are joined (or found unusable); lifespan
         startup waits on it off the loop, so the first request is counted for the server."""
+        if self._forked:
+            self._after_fork()
         return self._ready.wait(timeout)
 
     @property
@@ -188,9 +215,13 @@ class HostStats:
 
     # What the middleware calls, as on EnergyStats: this worker counts.
     def settled(self, batch: Sequence[Settled]) -> None:
+        if self._forked:
+            self._after_fork()
         self.stats.settled(batch)
 
     def record(self, energy: Energy, *, outcome: str, status: int | None) -> None:
+        if self._forked:
+            self._after_fork()
         self.stats.record(energy, outcome=outcome, status=status)
 
     def answered(self, id: str | None, route: str | None, node: str | None, tier: str | None,
@@ -199,6 +230,8 @@ class HostStats:
         so that it is counted even if this worker dies before it settles. Never raises."""
         if not isinstance(id, str):
             return
+        if self._forked:
+            self._after_fork()
         try:
             t = time.time()
             six = (route, node, tier, outcome, status, tenant)
@@ -385,7 +418,7 @@ class HostStats:
 
     def view(self) -> EnergyStats:
         """The whole server's statistics: this worker's live state merged with the others'."""
-        self._ready.wait(JOIN_WAIT_S)
+        self.wait_ready(JOIN_WAIT_S)
         folder = self.folder
         if folder is None:
             return self.stats
@@ -405,6 +438,21 @@ class HostStats:
         out["shared_reason"] = self.shared_reason
         out["server"] = self.server.key if self.server is not None else None
         return out
+
+
+_hosts: weakref.WeakSet[HostStats] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for host in list(_hosts):
+        # A lock another thread held at the fork stays held in the child: new ones.
+        host._tail_lock, host._flush_lock = threading.Lock(), threading.Lock()
+        host._fork_lock = threading.Lock()
+        host.stats.renew_locks()
+        host._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,80}")

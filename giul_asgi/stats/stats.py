@@ -105,6 +105,13 @@ class EnergyStats:
         #: their step (a HostStats writes them in place, :mod:`.tail`).
         self.journal: Callable[[list[tuple[Key, Settled]], int], None] | None = None
 
+    def renew_locks(self) -> None:
+        """New locks, in a forked child: one another thread of the parent held at the fork
+        stays held in the child for ever (gunicorn --preload forks a master whose writer
+        thread cuts rows under them)."""
+        self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
+
     @property
     def windows(self) -> tuple[str, ...]:
         return self.geometry.names
