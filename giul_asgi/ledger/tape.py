@@ -63,7 +63,7 @@ REACH = 20
 #: And past the last narrow bracket, a wide bracket's step (whose read may fall either side
 #: of a line point by the line's drift): a reader busy enough to bracket steps narrowly
 #: refreshes its line every period or two.
-WIDE_REACH = 5
+WIDE_REACH = 2
 
 
 class StepClock:
