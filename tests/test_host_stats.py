@@ -48,7 +48,8 @@ WORKER = textwrap.dedent('''
     from giul_asgi.stats import EnergyStats, HostStats
     place, key, end = sys.argv[1], sys.argv[2], sys.argv[5]
     settled, answered_only = int(sys.argv[3]), int(sys.argv[4])
-    stats = HostStats(EnergyStats(), place, flush_s=3600, server=ServerId(key, "test", (1, None)))
+    keeper = (int(os.environ["KEEPER"]), None)  # the test's process, as server() says
+    stats = HostStats(EnergyStats(), place, flush_s=3600, server=ServerId(key, "test", keeper))
     stats.wait_ready()  # joined on its own thread
     for i in range(settled):
         stats.answered(f"s{i}", "/work", "gpu", None, "ok", 200, None)
@@ -76,7 +77,7 @@ WORKER = textwrap.dedent('''
 
 
 def worker(place: Path, key: str, settled: int, answered_only: int = 0, end: str = "kill") -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KEEPER": str(os.getpid())}
     subprocess.run([sys.executable, "-c", WORKER, str(place), key, str(settled), str(answered_only), end],
                    env=env, check=False, timeout=120)
 
@@ -293,7 +294,7 @@ def test_readers_on_several_threads_see_counts_that_never_go_down(tmp_path: Path
     me = HostStats(EnergyStats(), tmp_path, flush_s=0.05, server=server("threads"))
 
     me.wait_ready()  # joined on its own thread
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KEEPER": str(os.getpid())}
     child = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), me.server.key, "0", "0", "busy"],
                              env=env)
     seen: list[list[int]] = [[], []]

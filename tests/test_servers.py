@@ -172,12 +172,16 @@ def test_two_single_process_servers_from_one_parent_and_a_restart_are_three_serv
     assert set(key_a.values()).isdisjoint(key_b.values())
     assert [c["totals"]["requests"] for c in counted] == [7, 3], counted
     assert [c["workers"] for c in counted] == [1, 1]
+    place = tmp_path / "place"
     with server(command("uvicorn", ports[0]), env, log) as again:  # the same parent, restarted
         key_again = wait_up(bases[0], again, log)
+        # the two dead servers' folders went with this start, at once (they stayed a minute)
+        left = {part: os.listdir(place / part) for part in ("stats", "records")}
         get(bases[0], "/work")
         counted_again = settled(bases[0], 1)
     assert set(key_again.values()).isdisjoint(key_a.values())
     assert counted_again["totals"]["requests"] == 1, counted_again
+    assert all(len(names) == 1 for names in left.values()), left
 
 
 def load(base: str, stop: threading.Event, counts: dict[str, int], lock: threading.Lock) -> None:

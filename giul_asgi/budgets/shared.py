@@ -195,12 +195,12 @@ class ServerSpending:
     def __init__(self, place: Path, server: ServerId, *, tag: str) -> None:
         self.server = server
         self.root = place / "budgets"
-        self.folder = make_dir(self.root / server.key, root=place)
+        self.folder = make_dir(self.root / server.folder, root=place)
         self.rows = Rows(self.folder, tag=tag, root=place)
         if not (self.folder / SERVER).exists():
             replace(self.folder / SERVER, dump({"key": server.key, "how": server.how,
                                                 "keeper": list(server.keeper)}))
-        remove_dead_servers(self.root, server.key)  # earlier runs' folders, once all are gone
+        remove_dead_servers(self.root, server.folder)  # earlier runs' folders, once all are gone
         self._fd = open_file(self.rows.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         self._others: dict[str, _Other] = {}
         self._whole: dict[str, tuple[int, dict[str, Any] | None]] = {}  # dead.json, crossed.json

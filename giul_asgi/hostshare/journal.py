@@ -37,7 +37,7 @@ from pathlib import Path
 from .place import held, make_dir, open_file, remedy
 from .ring import Prefix, Ring, RingError
 from .rows import TMP, Row, Rows, alive, me, parse
-from .server import ServerId
+from .server import ServerId, keeper_in
 
 log = logging.getLogger("giul_asgi.records")
 
@@ -71,15 +71,8 @@ def ring_bytes(max_records: int, room: int | None = None) -> int:
 
 
 def folder_name(server: ServerId) -> str:
-    """The server's folder: its key and its keeper, so that a dead server is known by name."""
-    pid, start = server.keeper
-    return f"{server.key}.{pid}-{start or 'x'}"
-
-
-def _keeper(name: str) -> tuple[int, str | None] | None:
-    _, sep, tail = name.rpartition(".")
-    who = parse(tail + ".k", ".k") if sep else None
-    return who
+    """The server's records folder (:attr:`ServerId.folder`)."""
+    return server.folder
 
 
 @dataclass(slots=True)
@@ -402,7 +395,7 @@ def sweep(place: Path, *, mine: str | None = None) -> int:
             continue
         if name == mine or not entry.is_dir(follow_symlinks=False):
             continue
-        keeper = _keeper(name)
+        keeper = keeper_in(name)
         if keeper is None or alive(*keeper):
             continue
         removed += _remove_dead_folder(Path(entry.path))

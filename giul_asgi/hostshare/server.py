@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rows import alive, process_start
+from .rows import alive, parse, process_start
 
 #: Where a process's descriptors are listed (Linux).
 FD_DIR = "/proc/self/fd"
@@ -53,6 +53,22 @@ class ServerId:
     def alive(self) -> bool:
         """Whether the server's keeper still runs (its workers may come and go)."""
         return alive(*self.keeper)
+
+    @property
+    def folder(self) -> str:
+        """The name of the server's folders in the place (statistics, records, budgets): its
+        key and its keeper, so that a dead server is known by its folder's name alone (a
+        restart's next start removes it at once) and a later server that happens to get the
+        same key (a socket inode used again) never joins a dead one's folder."""
+        pid, start = self.keeper
+        return f"{self.key}.{pid}-{start or 'x'}"
+
+
+def keeper_in(name: str) -> tuple[int, str | None] | None:
+    """The keeper a server folder's name holds (see :attr:`ServerId.folder`); None for a
+    name that holds none."""
+    _, sep, tail = name.rpartition(".")
+    return parse(tail + ".k", ".k") if sep else None
 
 
 def listening_sockets(fd_dir: str = FD_DIR) -> dict[int, int]:
@@ -174,4 +190,4 @@ def server_identity() -> ServerId:
         return _known[1]
 
 
-__all__ = ["FD_DIR", "ServerId", "identify", "listening_sockets", "server_identity"]
+__all__ = ["FD_DIR", "ServerId", "identify", "keeper_in", "listening_sockets", "server_identity"]

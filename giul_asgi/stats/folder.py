@@ -1,7 +1,7 @@
 """One server's statistics files: each live worker's row and tail, one row for the dead, and their bound.
 
-``stats/<server key>/`` in the host's place (the key: :mod:`giul_asgi.hostshare.server`)
-holds, and never anything else:
+``stats/<server key>.<keeper>/`` in the host's place (:attr:`ServerId.folder`) holds, and
+never anything else:
 
 - ``<pid>-<start>-<n>.json``: a live worker's *row*, its whole state at its last cut,
   replaced atomically every ``flush_s``;
@@ -21,7 +21,9 @@ its bytes are the live workers' tails (``2 x tail.AREA`` each) and the rows (eac
 as :meth:`EnergyStats.bound` says, whatever the number of requests or of dead workers).
 
 A dead *server*'s folder (its keeper and every worker gone: a restart, another server that
-ran before on the host) is removed by the next statistics to start on the host; rows of
+ran before on the host) is removed by the next statistics to start on the host, at once: the
+keeper is in the folder's name, so a folder is never judged before its files are made (a
+folder of the former layout, named by the key alone, only once a minute old); rows of
 the former flat layout (``stats/<pid>-<start>.json``) likewise once their writer is dead.
 
 Nothing in the folder is trusted: a row that is not JSON, has NaN or Infinity in it, or
@@ -43,7 +45,7 @@ from typing import Any
 
 from ..hostshare.place import held_if_free, make_dir, open_file
 from ..hostshare.rows import Row, Rows, alive, parse, replace
-from ..hostshare.server import ServerId
+from ..hostshare.server import ServerId, keeper_in
 from .labels import NONE, OTHER
 from .tail import AREA, SUFFIX, Changed, Generation, Tail, TailReader
 
@@ -56,7 +58,8 @@ TENANTS = "tenants.txt"
 DEAD_SCHEMA = "giul-asgi/stats-dead/1"
 _said: set[tuple[str, str]] = set()  # (folder, file) said skipped, once a process
 _said_lock = threading.Lock()
-#: A server folder this young is never removed (its first files may not be there yet).
+#: A folder of the former layout (no keeper in its name) this young is never removed (its
+#: first files may not be there yet).
 YOUNG_S = 60.0
 #: How long a folded name is remembered after its files are removed (seconds).
 FORGET_S = 60.0
@@ -103,7 +106,7 @@ class ServerFolder:
                  step_s: float, area: int = AREA) -> None:
         self.server = server
         self.root = root
-        self.folder = make_dir(root / server.key, root=place)
+        self.folder = make_dir(root / server.folder, root=place)
         self.rows = Rows(self.folder, tag=tag, root=place)
         self.step_s = step_s
         self.tail = Tail(self.folder / (self.rows.name[: -len(".json")] + SUFFIX), area=area)
@@ -355,8 +358,11 @@ def remove_dead_servers(root: Path, ours: str) -> int:
             continue
         if entry.name == ours or not entry.is_dir(follow_symlinks=False):
             continue
-        if time.time() - info.st_mtime < YOUNG_S:
-            continue  # a server starting now: its files are being made
+        keeper = keeper_in(entry.name)
+        if keeper is not None and alive(*keeper):
+            continue
+        if keeper is None and time.time() - info.st_mtime < YOUNG_S:
+            continue  # the former layout's, starting now: its files are being made
         if _server_dead(Path(entry.path)):
             removed += _remove_folder(Path(entry.path))
     return removed

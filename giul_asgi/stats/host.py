@@ -174,7 +174,7 @@ class HostStats:
             root = place.path / "stats"
             folder = ServerFolder(root, self.server, tag=str(next(_instances)), place=place.path,
                                   step_s=self.stats.step_s, area=tail_area(area, room(place.path)))
-            remove_dead_servers(root, self.server.key)
+            remove_dead_servers(root, self.server.folder)
         except OSError as exc:
             self._unshare(f"cannot write the statistics in {place.path}: {exc.strerror or exc}", exc)
             return
