@@ -563,3 +563,118 @@ def test_rings_and_tails_are_sized_by_the_place_s_room() -> None:
     per_worker = ring_bytes(10_000, 64 * mb) + 2 * tail_area(AREA, 64 * mb) + 452 * 1024
     assert 28 * per_worker + 4 * mb < 64 * mb
     assert (room(Path("/")) or 0) > 0
+
+
+NAMESPACE_CHILD = """
+import sys
+from pathlib import Path
+from giul_asgi.hostshare import place
+place.pid_namespace = lambda: int(sys.argv[2])  # a container's processes, as their /proc says
+folder = place.resolve(sys.argv[1]).path
+(folder / "stats").mkdir(exist_ok=True)
+(folder / "stats" / f"row-{place.os.getpid()}.json").write_bytes(b"x" * 4096)
+print(folder, flush=True)
+sys.stdin.readline()  # serving, until the test lets go (or kills it)
+"""
+
+
+def test_a_pid_namespace_s_folder_goes_once_its_last_process_has_ended(tmp_path: Path) -> None:
+    """No process can tell whether another namespace's processes run, so a restarted
+    container's folder was never removed: six container restarts filled a 64 MB /dev/shm (a
+    hostile trial). Each process of a namespace holds its folder's lease; once none does, the
+    next process to look removes the folder, and one still held is left alone."""
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def container(ns: int) -> tuple[subprocess.Popen[str], Path]:
+        proc = subprocess.Popen([sys.executable, "-c", NAMESPACE_CHILD, str(tmp_path), str(ns)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        return proc, Path(proc.stdout.readline().strip())
+
+    (a, folder_a), (b, folder_b) = container(4026532001), container(4026532002)
+    c, folder_c = container(4026532002)  # a second process of b's container
+    d = c
+    assert folder_a == tmp_path / "pidns-4026532001" and folder_b == folder_c
+    legacy = tmp_path / "pidns-4026532003"  # no lease: a former version's folder
+    legacy.mkdir(mode=0o700)
+    try:
+        assert place_module.sweep_namespaces(tmp_path) == 0  # all held, the legacy one young
+        a.kill()
+        a.wait(10)
+        b.kill()
+        b.wait(10)
+        os.utime(legacy, (time.time() - 3600, time.time() - 3600))
+        assert place_module.sweep_namespaces(tmp_path) == 2  # a's, and the old lease-less one
+        assert sorted(os.listdir(tmp_path)) == ["pidns-4026532002"]  # c still holds b's
+        c.send_signal(signal.SIGTERM)
+        c.wait(10)
+        d, folder_d = container(4026532002)  # the container restarted: a folder anew, held
+        assert folder_d == folder_b and place_module.sweep_namespaces(tmp_path) == 0
+        d.kill()
+        d.wait(10)
+        assert place_module.sweep_namespaces(tmp_path) == 1 and os.listdir(tmp_path) == []
+    finally:
+        for proc in (a, b, c, d):
+            proc.kill()
+            proc.wait(10)
+            if proc.stdin is not None:
+                proc.stdin.close()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def test_a_sweep_half_done_is_finished_and_a_lease_swept_under_a_joiner_is_made_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    half = tmp_path / ".gone-pidns-4026532005-0a1b2c3d"  # a sweeper killed while removing it
+    (half / "stats").mkdir(parents=True, mode=0o700)
+    os.utime(half, (time.time() - 3600, time.time() - 3600))
+    assert place_module.sweep_namespaces(tmp_path) == 1 and not half.exists()
+    # a joiner whose folder is renamed away between its open and its lock makes it anew
+    real_flock = place_module.fcntl.flock
+    swept: list[Path] = []
+
+    def flock(fd: int, op: int) -> None:
+        if op == place_module.fcntl.LOCK_SH and not swept:
+            gone = tmp_path / ".gone-x"
+            os.rename(tmp_path / "pidns-4026532006", gone)
+            swept.append(gone)
+        real_flock(fd, op)
+
+    monkeypatch.setattr(place_module.fcntl, "flock", flock)
+    monkeypatch.setattr(place_module, "pid_namespace", lambda: 4026532006)
+    got = resolve(str(tmp_path))
+    assert got.path == tmp_path / "pidns-4026532006" and (got.path / place_module.LEASE).exists()
+    assert swept and os.stat(got.path / place_module.LEASE).st_ino != os.stat(swept[0] / ".lease").st_ino
+
+
+def test_restarted_containers_leave_one_folder_in_real_pid_namespaces(tmp_path: Path) -> None:
+    """The same with the kernel's namespaces (``unshare -p``: root, or skipped): each restart
+    removes the last one's folder, and a process of the host's namespace removes the last."""
+    import shutil as sh
+    import subprocess
+    import sys
+
+    unshare = sh.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-p", "-f", "--mount-proc", "true"],
+                                         capture_output=True, check=False).returncode != 0:
+        pytest.skip("no PID namespaces here (unshare -p needs root)")
+    place = tmp_path / "place"
+    place.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "GIUL_ASGI_LOAD_DIR": str(place)}
+    script = ("from giul_asgi.hostshare import resolve; p = resolve().path; "
+              "(p / 'row').write_bytes(b'x'); print(p)")
+    seen = []
+    for _ in range(3):
+        run = subprocess.run([unshare, "-p", "-f", "--mount-proc", sys.executable, "-c", script], env=env,
+                             capture_output=True, text=True, check=True, timeout=60)
+        seen.append(Path(run.stdout.strip()).name)
+        assert os.listdir(place) == [seen[-1]], (seen, os.listdir(place))
+    assert all(name.startswith("pidns-") for name in seen)
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60, capture_output=True)
+    assert os.listdir(place) == ["row"]

@@ -33,6 +33,12 @@ reader's own PID namespace. Two containers over one ``/dev/shm`` (one pod's, or
 and removed them. So a process outside the host's first PID namespace shares through a
 folder of its namespace's inside the place (``pidns-<inode>``): the processes of one
 container meet there, and two containers never touch each other's files.
+
+No process can tell from ids whether another namespace's processes still run, so each
+process of a namespace holds its folder's *lease* (a shared ``flock`` on ``pidns-<inode>/.lease``,
+which the kernel lets go when the process ends, however it ends). A process that finds a
+namespace's lease free (every process of that container gone: a restart) removes its folder
+(:func:`sweep_namespaces`), so restarted containers no longer fill the place.
 """
 
 from __future__ import annotations
@@ -43,9 +49,12 @@ import errno
 import fcntl
 import logging
 import os
+import secrets
+import shutil
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +72,12 @@ OFF_WORDS = frozenset({OFF, "false", "no", "0", "none"})
 PRIVATE = 0o700
 #: The inode of the host's first PID namespace (the kernel's PROC_PID_INIT_INO).
 INIT_PID_NAMESPACE = 0xEFFFFFFC
+#: A PID namespace's folder, and the lease its live processes hold in it.
+NAMESPACE_PREFIX = "pidns-"
+LEASE = ".lease"
+#: A namespace folder with no lease (a former version's), or one half removed, this young is
+#: left alone: it may be being made.
+YOUNG_S = 60.0
 
 Setting = str | os.PathLike[str] | bool | None
 
@@ -156,17 +171,127 @@ def pid_namespace() -> int | None:
 
 
 def _in_namespace(path: Path) -> Place:
-    """The place itself for the host's first PID namespace, else its namespace's folder in it
-    (see the module's docstring)."""
+    """The place itself for the host's first PID namespace, else its namespace's folder in it,
+    leased for this process's life (see the module's docstring). Either way the folders of
+    namespaces that are gone are removed, once a process."""
     ns = pid_namespace()
     if ns is None or ns == INIT_PID_NAMESPACE:
+        _sweep_once(path, None)
         return Place(path)
-    folder = path / f"pidns-{ns}"
+    folder = path / f"{NAMESPACE_PREFIX}{ns}"
     try:
-        make_dir(folder, root=path)
+        _lease(folder, path)
     except OSError as exc:
         return Place(None, f"cannot use {folder}: {exc.strerror or exc}", remedy=remedy(exc))
+    _sweep_once(path, folder)
     return Place(folder)
+
+
+_leases: dict[Path, int] = {}  # a namespace folder -> the descriptor holding its lease
+_swept: set[tuple[int, Path]] = set()  # (pid, place): swept once a process
+_lease_lock = threading.Lock()
+
+
+def _lease(folder: Path, root: Path) -> None:
+    """Make ``folder`` and hold its lease (a shared ``flock``) until this process ends. A forked
+    child shares the parent's descriptor, and so the lease. Raises OSError."""
+    with _lease_lock:
+        if folder in _leases:
+            return
+        for _ in range(3):
+            make_dir(folder, root=root)
+            try:
+                fd = open_file(folder / LEASE, os.O_RDWR | os.O_CREAT)
+            except FileNotFoundError:
+                continue  # removed between the two steps by a sweeper that found it free
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits out a sweeper removing it now
+            try:
+                ours = os.stat(folder / LEASE, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except OSError:
+                ours = False
+            if ours:
+                _leases[folder] = fd
+                return
+            os.close(fd)  # the folder was swept under us: made anew
+        raise OSError(errno.EAGAIN, "removed as fast as it is made, refused", os.fspath(folder))
+
+
+def _sweep_once(root: Path, mine: Path | None) -> None:
+    key = (os.getpid(), root)
+    with _lease_lock:
+        if key in _swept:
+            return
+        _swept.add(key)
+    sweep_namespaces(root, mine)
+
+
+def sweep_namespaces(root: Path, mine: Path | None = None) -> int:
+    """Remove the folders of PID namespaces none of whose processes holds the lease any more
+    (a container restarted: its processes all ended), and halves of such removals that a
+    killed sweeper left; returns how many folders went. Never raises."""
+    removed = 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0
+    uid = os.getuid()
+    for entry in entries:
+        folder = Path(entry.path)
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if info.st_uid != uid or not entry.is_dir(follow_symlinks=False) or folder == mine:
+                continue
+        except OSError:
+            continue
+        if entry.name.startswith(".gone-"):
+            if time.time() - info.st_mtime >= YOUNG_S:  # a sweeper killed while removing it
+                removed += _remove_tree(folder)
+            continue
+        if not entry.name.startswith(NAMESPACE_PREFIX):
+            continue
+        with _unleased(folder, info) as free:
+            if not free:
+                continue
+            gone = root / f".gone-{entry.name}-{secrets.token_hex(4)}"
+            try:
+                os.rename(folder, gone)  # under the lease: whoever joins from now makes a new one
+            except OSError:
+                continue
+        removed += _remove_tree(gone)
+    return removed
+
+
+@contextlib.contextmanager
+def _unleased(folder: Path, info: os.stat_result) -> Iterator[bool]:
+    """True for a ``with`` block if no process holds ``folder``'s lease, which is then held
+    here exclusively (nobody joins it meanwhile); a folder with no lease is free once
+    :data:`YOUNG_S` old (a former version's; a new one gets its lease at once)."""
+    try:
+        fd = open_file(folder / LEASE, os.O_RDWR)
+    except FileNotFoundError:
+        yield time.time() - info.st_mtime >= YOUNG_S
+        return
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False  # a process of that namespace runs
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(folder: Path) -> int:
+    """Remove a folder of ours and all in it, never following a link; 1 if it went."""
+    try:
+        shutil.rmtree(folder)
+    except OSError:
+        return 0
+    return 1
 
 
 def check_environment(env: Mapping[str, str] = os.environ) -> None:
@@ -501,6 +626,6 @@ def held_if_free(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-__all__ = ["ENV", "OFF", "OFF_WORDS", "PRIVATE", "Place", "Setting", "check_environment", "check_setting",
-           "default_candidates", "held", "held_if_free", "log_unshared", "make_dir", "open_file", "remedy",
-           "resolve"]
+__all__ = ["ENV", "LEASE", "OFF", "OFF_WORDS", "PRIVATE", "Place", "Setting", "check_environment",
+           "check_setting", "default_candidates", "held", "held_if_free", "log_unshared", "make_dir",
+           "open_file", "remedy", "resolve", "sweep_namespaces"]
