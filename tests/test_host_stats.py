@@ -241,26 +241,87 @@ def test_a_full_place_is_said_loudly_and_in_energy(tmp_path: Path, caplog: Any) 
         subprocess.run(["umount", str(where)], check=False)
 
 
-def test_a_place_that_fills_later_is_said_too(tmp_path: Path, monkeypatch: Any, caplog: Any) -> None:
-    stats = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("later"))
-    stats.wait_ready()  # joined on its own thread
-    assert stats.shared
+OTHER_WORKER = textwrap.dedent('''
+    import os, sys
+    from giul_asgi.energy import Energy
+    from giul_asgi.hostshare.server import ServerId
+    from giul_asgi.stats import EnergyStats, HostStats
+    stats = HostStats(EnergyStats(), sys.argv[1], flush_s=3600,
+                      server=ServerId(sys.argv[2], "test", (int(os.environ["KEEPER"]), None)))
+    stats.wait_ready()
+    for i in range(5):
+        stats.answered(f"b{i}", "/a", "gpu", None, "ok", 200, None)
+        stats.record(Energy(2.0, "measured", route="/a", node="gpu", id=f"b{i}"), outcome="ok", status=200)
+    stats.flush()
+    for line in sys.stdin:  # what the test asks: this worker's answer for the server
+        print(stats.snapshot("all")["totals"]["requests"], flush=True)
+''')
+
+
+def test_a_place_that_fills_later_loses_no_count_and_writes_again_once_it_has_room(
+    tmp_path: Path, monkeypatch: Any, caplog: Any,
+) -> None:
+    """Something else fills /dev/shm under a running server: a worker that could not write its
+    row gave up sharing, and every counter of the server fell to that worker's own (a hostile
+    trial). Now its row waits, the tail goes on after the row on disk, both workers' answers
+    count every request, /energy says why, and the row is written once there is room."""
     import giul_asgi.hostshare.rows as rows
 
-    def full(path: Path, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    a = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("fills"))
+    a.wait_ready()
+    assert a.server is not None
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KEEPER": str(os.getpid())}
+    b = subprocess.Popen([sys.executable, "-c", OTHER_WORKER, str(tmp_path), a.server.key], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert b.stdin is not None and b.stdout is not None
 
-    monkeypatch.setattr(rows, "replace", full)
-    monkeypatch.setattr("giul_asgi.stats.folder.replace", full)
-    stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
-    with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
-        stats.flush()
-        stats.flush()
-    snap = stats.snapshot("all")
-    assert snap["shared"] is False and "No space left" in snap["shared_reason"]
-    assert snap["totals"]["requests"] == 1
-    assert len([r for r in caplog.records if "alone" in r.getMessage()]) == 1
-    stats.close()
+    def b_says() -> int:
+        assert b.stdin is not None and b.stdout is not None
+        b.stdin.write("?\n")
+        b.stdin.flush()
+        return int(b.stdout.readline())
+
+    def count(n: int, tag: str) -> None:
+        for i in range(n):
+            a.answered(f"{tag}{i}", "/a", "gpu", None, "ok", 200, None)
+            a.record(Energy(2.0, "measured", route="/a", node="gpu", id=f"{tag}{i}"), outcome="ok",
+                     status=200)
+
+    try:
+        count(10, "a")
+        a.flush()
+        assert b_says() == 15 and requests(a) == 15  # b's first answer: it has joined
+        real = rows.replace
+        room = {"full": True}
+
+        def full(path: Path, data: bytes) -> None:
+            if room["full"]:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            real(path, data)
+
+        monkeypatch.setattr(rows, "replace", full)
+        seen = []
+        with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
+            for n in (7, 3):
+                count(n, f"late{n}-")
+                a.flush()
+                seen.append((requests(a), b_says()))
+                snap = a.snapshot("all")
+                assert snap["shared"] is True and "No space left" in snap["shared_reason"], snap
+            room["full"] = False
+            a.flush()
+        assert seen == [(22, 22), (25, 25)]
+        assert (requests(a), b_says()) == (25, 25) and a.snapshot("all")["shared_reason"] is None
+        said = [r.getMessage() for r in caplog.records if r.name == "giul_asgi.stats"]
+        assert len([m for m in said if "cannot be written" in m]) == 1, said
+        assert len([m for m in said if "written in" in m and "again" in m]) == 1, said
+        a.close()
+        assert b_says() == 25
+    finally:
+        b.kill()
+        b.wait(10)
+        b.stdin.close()
+        b.stdout.close()
 
 
 def test_ten_thousand_tenants_from_many_rows_keep_the_labels_bound(tmp_path: Path) -> None:

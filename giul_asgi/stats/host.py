@@ -121,6 +121,7 @@ class HostStats:
         self._live = 0
         self._overflow_said = False
         self.write_errors = 0
+        self._unwritten: bytes | None = None  # a row cut but not written (a full place)
         self._directory, self._area, self._given = directory, area, server
         self._forked = False
         self._fork_lock = threading.Lock()
@@ -148,6 +149,7 @@ class HostStats:
                 return
             self._forked = False
             self.server, self.folder, self.shared_reason = self._given, None, None
+            self._unwritten = None
             self.stats.journal = None
             self._pending, self._written, self._live = {}, -1, 0
             self._stop, self._due = threading.Event(), threading.Event()
@@ -357,6 +359,8 @@ class HostStats:
             folder = self.folder
             if folder is None:
                 return
+            if self._unwritten is not None and not self._write(folder, self._unwritten):
+                return  # still no room: the tail goes on, uncut, after the row on disk
             changes = self.stats.records
             if changes != self._written or self._due.is_set() or not folder.rows.path.exists():
                 self._due.clear()
@@ -364,17 +368,42 @@ class HostStats:
                        "nodes": {name: [list(s) for s in samples]
                                  for name, samples in samples_of(self.stats).items()}}
                 try:
-                    folder.rows.write(dump(row))
-                    self._written = changes
-                except (OSError, ValueError) as exc:
+                    data = dump(row)
+                except ValueError as exc:
                     self.write_errors += 1
-                    self._unshare(f"cannot write this worker's row in {folder.folder}: "
-                                  f"{getattr(exc, 'strerror', None) or exc}", exc)
+                    self._unshare(f"cannot write this worker's row in {folder.folder}: {exc}", exc)
                     return
+                if not self._write(folder, data):
+                    return
+                self._written = changes
             try:
                 folder.fold(self._fold)
             except (OSError, ValueError) as exc:
                 log.debug("folding the dead workers failed: %s", exc)
+
+    def _write(self, folder: ServerFolder, data: bytes) -> bool:
+        """Write a row just cut; where the place is full (something else filled /dev/shm) keep
+        it, to be written first at the next flush. Meanwhile the tail is not cut again, so the
+        other workers count this one's requests from its last row on disk and the tail after
+        it (until the tail is full), and this worker's own answers count everything: no
+        counter goes down, and /energy says why in ``shared_reason``."""
+        try:
+            folder.rows.write(data)
+        except OSError as exc:
+            self.write_errors += 1
+            if self._unwritten is None:
+                self.shared_reason = (f"this worker's row cannot be written in {folder.folder} "
+                                      f"({exc.strerror or exc}): the other workers count its "
+                                      "requests up to its last row, and its tail until that fills")
+                log.warning("%s -> %s", self.shared_reason, remedy(exc))
+            self._unwritten = data
+            return False
+        if self._unwritten is not None:
+            log.warning("this worker's row is written in %s again: the other workers count all "
+                        "of its requests", folder.folder)
+            self._unwritten, self.shared_reason = None, None
+            self._due.set()  # a row of everything, at once
+        return True
 
     def _run(self) -> None:
         wait = self.flush_s
