@@ -131,3 +131,48 @@ def test_a_line_whose_offset_is_negative_still_guesses_the_tail_still_to_come() 
     first = prior.first_guess(w, True, 0.0)
     assert first is not None and first.basis == "the node's prior"
     assert math.isclose(first.guess, 100.0 * 0.05 + 100.0 * 0.1 / 5, rel_tol=1e-6)
+
+
+def taught() -> Prior:
+    """A prior that learnt from forty settled windows of 0.1-0.5 s, their first figures off."""
+    prior = Prior(0.1, lambda: 0.1)
+    for i in range(40):
+        seconds = 0.1 + 0.1 * (i % 5)
+        w = window(0.0, seconds, share=200.0 * seconds + 4.0 + (i % 3), measured_s=seconds)
+        w.first = First(reported=0.0, guess=200.0 * seconds, scale=200.0 * seconds)
+        prior.learn_settled(w, measured_unc=0.5)
+        prior.learn_span(200.0, covered=seconds, seconds=seconds, members=[(window(0, 1), seconds)], t1=1.0)
+    return prior
+
+
+def test_a_new_worker_starts_from_the_state_another_kept_and_guesses_as_it_did() -> None:
+    """gunicorn's --max-requests makes every worker new: each learnt its node from nothing and
+    answered its first requests unknown (a stranger's trial: a fifth to a half of them). A
+    prior's state, through JSON, makes a fresh one guess exactly as the one that learnt it."""
+    import json
+
+    old = taught()
+    new = Prior(0.1, lambda: 0.1)
+    assert new.first_guess(window(0.0, 0.05), True, 0.0) is None
+    assert new.restore(json.loads(json.dumps(old.state())))
+    w = window(0.0, 0.3, share=10.0, measured_s=0.05)
+    a, b = old.first_guess(w, True, 0.2), new.first_guess(w, True, 0.2)
+    assert a is not None and a == b
+    assert old.bias_spread() == new.bias_spread() and old.growth_at() == new.growth_at()
+    assert new.learnt == old.learnt
+    assert not new.restore(old.state())  # a prior that learnt keeps its own
+
+
+def test_a_kept_state_that_makes_no_sense_is_not_restored() -> None:
+    good = taught().state()
+    bad: list[object] = [None, [], "x", {}, {**good, "schema": "other/1"}, {**good, "settled": -1},
+                         {**good, "settled": 1.5}, {**good, "card_w": math.nan},
+                         {**good, "rates": {**good["rates"], "run": [1.0, -1.0]}},
+                         {**good, "rates": {"run": [1.0, 1.0]}},
+                         {**good, "line": [3.0, 1.0, 1.0, math.inf, 1.0, 1.0]},
+                         {**good, "line": [3.0, 1.0]}, {**good, "residuals": [0.1] * 257},
+                         {**good, "growth": ["0.1"]}, {**good, "residuals": [True]}]
+    for state in bad:
+        fresh = Prior(0.1, lambda: 0.1)
+        assert not fresh.restore(state), state
+        assert fresh.learnt == 0 and fresh.first_guess(window(0.0, 0.05), True, 0.0) is None

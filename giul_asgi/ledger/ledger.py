@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -37,7 +38,8 @@ from ..config import Node
 from ..deferred import raise_kept
 from ..energy import Carbon, Provenance, Share
 from ..errors import GiulError, ReaderUnavailable
-from ..hostshare import CardTable, SeatBooks, Unusable, card_key, log_unshared, resolve
+from ..hostshare import CardTable, SeatBooks, Unusable, card_key, log_unshared, resolve, server_identity
+from ..hostshare.priors import KeptPrior, prior_name
 from ..readers.base import Process, Reader, Reading
 from ..readers.mig import Mig, mig_of
 from ..spans import NOBODY, CardSpan, Gap, Span
@@ -58,6 +60,8 @@ _STARTING = "the node's reader is starting"
 _CLOSE, _REPORT = "close", "report"
 #: How often a ledger at a card's table publishes its books for the others (seconds).
 BOOKS_EVERY_S = 0.05
+#: How often a node's prior is kept for the server's next worker (s), where it learnt since.
+KEEP_EVERY_S = 2.0
 #: While other processes share the card, a piece is decided this long after its end at the
 #: soonest (s): their windows' opens reach the table a little after they happen (a process
 #: preempted between its clock and its store), and a window missed then is a foreign load.
@@ -182,6 +186,8 @@ class Ledger:
         #: joined yet, or nothing can be shared); joined on the reader thread.
         self.table: CardTable | None = None
         self._joined = False
+        self._kept: KeptPrior | None = None  # the node's prior, kept for the server's next worker
+        self._kept_learnt = 0
         #: The reader thread has had its first turn at the table (joined it, and taken what
         #: the card's holder published): a follower's first figures can use the host's rate.
         self.looked = False
@@ -590,14 +596,19 @@ class Ledger:
     def _join(self) -> None:
         """Sit at the card's table (reader thread: it creates files): shared by every process
         of the host that meters the same card, by default; where nothing can be shared,
-        this process's figures say so."""
+        this process's figures say so. First, start from what this server's earlier workers
+        learnt of the node (:meth:`_recall`)."""
         self._joined = True
         reader = self.reader
-        key = card_key(self.node, reader, custom=self._custom) if reader is not None else None
-        if key is None or self.clock is not time.monotonic or not self.book.measures:
-            return  # a card that lives in this process, or a test's clock: nobody else's
+        if self.clock is not time.monotonic or not self.book.measures:
+            return  # a test's clock: nobody else's
         place = resolve(self.node.workers_dir)
         log_unshared(place)
+        if place.path is not None:
+            self._recall(place.path, reader)
+        key = card_key(self.node, reader, custom=self._custom) if reader is not None else None
+        if key is None:
+            return  # a card that lives in this process
         if place.path is None:
             if not place.off:
                 self.unshared = f"per process: {place.reason}; other processes on this card are not seen"
@@ -618,6 +629,37 @@ class Ledger:
             settled = self._tray_locked()
             table.adopt([(window.seq, window.t_open) for window in self.book.open_windows()])
         _fire(settled)
+
+    def _recall(self, place: Path, reader: Reader | None) -> None:
+        """Start from the prior this server's workers kept (gunicorn's recycled worker answered
+        its first requests unknown while learning the node anew), and keep this one's."""
+        node = self.node
+        name = prior_name(node.name, node.idle_w, node.ramp_s, node.gpus, _reader_name(node, reader))
+        try:
+            kept = KeptPrior(place, server_identity(), name)
+        except OSError as exc:
+            log.debug("node %r: no place to keep its prior: %s", node.name, exc)
+            return
+        state = kept.load()
+        with self._lock:
+            prior = self.book.prior
+            restored = state is not None and prior.restore(state)
+            self._kept, self._kept_learnt = kept, prior.learnt
+        if restored:
+            log.info("node %r: starts from what this server's earlier workers learnt of the card "
+                     "(%d windows)", node.name, self._kept_learnt)
+
+    def _keep_prior(self) -> None:
+        """Keep the node's prior for the server's next worker, where it learnt since (chore)."""
+        kept = self._kept
+        if kept is None:
+            return
+        with self._lock:
+            prior = self.book.prior
+            if prior.learnt == self._kept_learnt:
+                return
+            self._kept_learnt, state = prior.learnt, prior.state()
+        kept.save(state)
 
     def _seat_books(self) -> SeatBooks:
         with self._lock:
@@ -699,6 +741,7 @@ class Ledger:
         if self._trace is not None:
             chores.append((WRITE_EVERY_S, self._trace.write))
         chores.append((LOOK_EVERY_S, self.history.chore(self.host_totals)))
+        chores.append((KEEP_EVERY_S, self._keep_prior))
         return chores
 
     def deciding(self) -> bool:
@@ -856,6 +899,7 @@ class Ledger:
             if self._note is not None:
                 self._note(("s",))
                 self._noted(settled)
+        self._keep_prior()  # what this worker learnt, for the next one
         table = self.table
         if self._trace is not None:
             totals = self._own_totals()  # what replay books again from this process's trace

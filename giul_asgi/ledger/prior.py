@@ -26,6 +26,11 @@ the rest at the node's *prior*, the joules per window-second it recently charged
 
 The same rate and spread fill time that no reading will ever cover (before the tape's first
 step, a gap where the reader failed): that part is an estimate, never booked as measured.
+
+What a prior has learnt is a plain state (:meth:`Prior.state`) that a new worker of the same
+server starts from (:meth:`Prior.restore`, :mod:`giul_asgi.hostshare.priors`): gunicorn's
+``--max-requests`` makes every worker new, and each answered its first requests unknown (a
+stranger's trial: a fifth to a half of them) while learning the node from nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .window import First, Window
 
@@ -58,6 +64,8 @@ LINE_KEEP = 0.97
 LINE_SPREAD = 0.25
 #: Rates forget with this time constant, in window-seconds taught.
 RATE_TAU_S = 5.0
+#: What :meth:`Prior.state` says it is.
+STATE_SCHEMA = "giul-asgi/prior/1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +99,12 @@ class _Rate:
     def value(self) -> float | None:
         return self.joules / self.seconds if self.seconds > 0 else None
 
+    def state(self) -> list[float]:
+        return [self.joules, self.seconds]
+
+    def restore(self, state: list[float]) -> None:
+        self.joules, self.seconds = state
+
 
 class _Line:
     """What settled windows were charged against how long they ran: ``share ~ rate x seconds
@@ -120,6 +134,14 @@ class _Line:
         self.sy = self.sy * k + joules
         self.sxx = self.sxx * k + seconds * seconds
         self.sxy = self.sxy * k + seconds * joules
+        self._stale = True
+
+    def state(self) -> list[float]:
+        return [float(self.n), self.sw, self.sx, self.sy, self.sxx, self.sxy]
+
+    def restore(self, state: list[float]) -> None:
+        self.n = int(state[0])
+        self.sw, self.sx, self.sy, self.sxx, self.sxy = state[1:]
         self._stale = True
 
     def fit(self) -> tuple[float, float] | None:
@@ -201,6 +223,38 @@ class Prior:
             self._residuals.append((actual - first.guess) / first.scale)
             self._growth.append(max(0.0, measured_unc - first.unc) / first.scale)
             self._ranks = None
+
+    # -- kept for the next worker ------------------------------------------------------------
+    @property
+    def learnt(self) -> int:
+        """How many windows taught this prior (it changed when this did)."""
+        return self._settled + len(self._residuals)
+
+    def state(self) -> dict[str, Any]:
+        """What this prior has learnt, as plain values (JSON)."""
+        return {"schema": STATE_SCHEMA, "settled": self._settled, "card_w": self._card_w,
+                "rates": {name: rate.state() for name, rate in self._rates().items()},
+                "line": self._line.state(), "residuals": list(self._residuals),
+                "growth": list(self._growth)}
+
+    def restore(self, state: Any) -> bool:
+        """Start from ``state`` (another worker's :meth:`state`) where this prior has learnt
+        nothing yet; False, changing nothing, for a state that makes no sense."""
+        if self.learnt or not _sane(state):
+            return False
+        for name, rate in self._rates().items():
+            rate.restore(state["rates"][name])
+        self._line.restore(state["line"])
+        self._settled = int(state["settled"])
+        self._card_w = state["card_w"]
+        self._residuals.extend(state["residuals"])
+        self._growth.extend(state["growth"])
+        self._ranks = None
+        return True
+
+    def _rates(self) -> dict[str, _Rate]:
+        return {"settled": self._prior, "span": self._span_rate, "run": self._run_rate,
+                "host": self._host_rate}
 
     # -- guessing -------------------------------------------------------------------------
     def rate(self, window: Window, alone: bool | float, *, settling: bool = False,
@@ -300,6 +354,26 @@ class Prior:
         return ranks
 
 
+def _sane(state: Any) -> bool:
+    """Whether a kept state is one :meth:`Prior.state` could have made: finite numbers, none
+    negative where a sum of time or weight is, at most :data:`RESIDUALS` residuals."""
+    def finite(x: Any) -> bool:
+        return type(x) in (int, float) and math.isfinite(x)
+
+    try:
+        rates, line = state["rates"], state["line"]
+        ok = (state["schema"] == STATE_SCHEMA and type(state["settled"]) is int and state["settled"] >= 0
+              and (state["card_w"] is None or (finite(state["card_w"]) and state["card_w"] >= 0))
+              and set(rates) == {"settled", "span", "run", "host"}
+              and all(len(r) == 2 and finite(r[0]) and finite(r[1]) and r[1] >= 0 for r in rates.values())
+              and len(line) == 6 and all(finite(x) for x in line) and line[0] >= 0 and line[1] >= 0
+              and all(len(state[k]) <= RESIDUALS and all(finite(x) for x in state[k])
+                      for k in ("residuals", "growth")))
+    except (KeyError, TypeError, AttributeError):
+        return False
+    return bool(ok)
+
+
 def _rank(values: deque[float]) -> float:
     rank = math.ceil((len(values) + 1) * COVER)
     return sorted(values)[rank - 1] if rank <= len(values) else 0.0
@@ -315,4 +389,4 @@ def _bias_spread(residuals: deque[float]) -> tuple[float, float]:
     return bias, sorted(abs(r - bias) for r in ordered)[rank - 1]
 
 
-__all__ = ["COLD_SPREAD", "COVER", "FLOOR", "Fill", "Prior"]
+__all__ = ["COLD_SPREAD", "COVER", "FLOOR", "STATE_SCHEMA", "Fill", "Prior"]
