@@ -75,8 +75,8 @@ INIT_PID_NAMESPACE = 0xEFFFFFFC
 #: A PID namespace's folder, and the lease its live processes hold in it.
 NAMESPACE_PREFIX = "pidns-"
 LEASE = ".lease"
-#: A namespace folder with no lease (a former version's), or one half removed, this young is
-#: left alone: it may be being made.
+#: A namespace folder half removed (its sweeper killed) this young is left alone: it may be
+#: being removed now.
 YOUNG_S = 60.0
 
 Setting = str | os.PathLike[str] | bool | None
@@ -249,7 +249,7 @@ def sweep_namespaces(root: Path, mine: Path | None = None) -> int:
             continue
         if not entry.name.startswith(NAMESPACE_PREFIX):
             continue
-        with _unleased(folder, info) as free:
+        with _unleased(folder) as free:
             if not free:
                 continue
             gone = root / f".gone-{entry.name}-{secrets.token_hex(4)}"
@@ -262,15 +262,12 @@ def sweep_namespaces(root: Path, mine: Path | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _unleased(folder: Path, info: os.stat_result) -> Iterator[bool]:
+def _unleased(folder: Path) -> Iterator[bool]:
     """True for a ``with`` block if no process holds ``folder``'s lease, which is then held
-    here exclusively (nobody joins it meanwhile); a folder with no lease is free once
-    :data:`YOUNG_S` old (a former version's; a new one gets its lease at once)."""
+    here exclusively (nobody joins it meanwhile). A folder with no lease is left alone: one
+    being made this instant, or a former version's, whose processes may still run."""
     try:
         fd = open_file(folder / LEASE, os.O_RDWR)
-    except FileNotFoundError:
-        yield time.time() - info.st_mtime >= YOUNG_S
-        return
     except OSError:
         yield False
         return
