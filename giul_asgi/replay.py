@@ -58,6 +58,7 @@ _SHAPES: dict[str, tuple[str, ...]] = {
     "a": (_NUM, _ID),
     "z": (_ID, _NUM, _NUM),
     "at": ("dict",),
+    "pr": ("dict",),
     "f": ("str",),
     "p": ("bool?",),
     "ow": (_NUM, _NUM),
@@ -357,6 +358,8 @@ def replay(loaded: Loaded, *, split: str | None = None, idle_w: float | None = N
         elif kind == "at":
             reader_box.append(_Recorded(event[1], clock))
             ledger.attach(reader_box[-1])
+        elif kind == "pr":  # the prior an earlier worker of the server kept, as live restored it
+            ledger.book.prior.restore(event[1])
         elif kind == "f":
             ledger.failed(GiulError(event[1]))
         elif kind == "p":

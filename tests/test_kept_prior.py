@@ -18,6 +18,11 @@ from giul_asgi.hostshare.server import ServerId
 STATE = {"schema": "giul-asgi/prior/1", "settled": 3}
 
 
+def kept_by_another(kept: KeptPrior, state: object) -> None:
+    """What an earlier worker of the server wrote (another process: this one's is not read)."""
+    kept.path.write_text(json.dumps({"by": "1-2", "prior": state}))
+
+
 def one_server(keeper: tuple[int, str | None] | None = None) -> ServerId:
     return ServerId("ltest", "a test's server", keeper or (os.getpid(), None))
 
@@ -27,6 +32,9 @@ def test_a_kept_prior_is_read_back_by_the_next_worker_and_is_its_node_s_alone(tm
     kept = KeptPrior(tmp_path, one_server(), name)
     assert kept.load() is None
     kept.save(STATE)
+    # a process's own later ledgers start from nothing (tests, an app built twice), as before
+    assert kept.load() is None and json.loads(kept.path.read_text())["prior"] == STATE
+    kept_by_another(kept, STATE)
     assert KeptPrior(tmp_path, one_server(), name).load() == STATE
     assert kept.path.parent == tmp_path / PRIORS / one_server().folder
     # a node changed between two starts (another idle floor) never starts from the old one's
@@ -38,13 +46,15 @@ def test_a_kept_prior_is_read_back_by_the_next_worker_and_is_its_node_s_alone(tm
 def test_what_is_planted_or_odd_in_the_file_is_not_read(tmp_path: Path) -> None:
     kept = KeptPrior(tmp_path, one_server(), "gpu.json")
     target = tmp_path / "elsewhere.json"
-    target.write_text(json.dumps(STATE))
+    planted = json.dumps({"by": "1-2", "prior": STATE})
+    target.write_text(planted)
     kept.path.symlink_to(target)
     assert kept.load() is None  # a link is never followed
     kept.save(STATE)  # replaced atomically: the link itself goes, its target stays
-    assert not kept.path.is_symlink() and kept.load() == STATE and target.read_text() == json.dumps(STATE)
-    kept.path.write_text('{"settled": NaN}')
-    assert kept.load() is None
+    assert not kept.path.is_symlink() and target.read_text() == planted
+    for odd in ('{"by": "1-2", "prior": {"settled": NaN}}', "[]", '{"by": "1-2"}', "nonsense"):
+        kept.path.write_text(odd)
+        assert kept.load() is None, odd
     kept.path.write_bytes(b" " * (MOST_BYTES + 1))
     assert kept.load() is None
     kept.save({"bad": float("nan")})  # never raises, never writes a NaN

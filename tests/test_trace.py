@@ -393,11 +393,25 @@ def test_a_token_split_live_ledger_reproduces(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("kept", [False, True])
 async def test_the_middleware_traces_every_node_and_replay_agrees_on_the_real_clock(
-    tmp_path: Path,
+    tmp_path: Path, kept: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The real path: the reader thread reads a simulated card and writes the trace; the
-    # requests close on the event loop. One setting for all nodes.
+    # requests close on the event loop. One setting for all nodes. ``kept``: the node starts
+    # from a prior an earlier worker of the server kept; the trace says so, and replay
+    # starts from it too.
+    if kept:
+        from giul_asgi.hostshare.priors import KeptPrior
+        from giul_asgi.ledger.prior import First, Prior, Window
+
+        taught = Prior(0.1, lambda: 0.02)
+        for i in range(20):
+            w = Window(0.0, 0.0)
+            w.t_close, w.share, w.measured_s = 0.03, 4.0 + 0.1 * (i % 4), 0.03
+            w.first = First(reported=0.0, guess=4.0, scale=4.0)
+            taught.learn_settled(w, 0.1)
+        monkeypatch.setattr(KeptPrior, "load", lambda self: taught.state())
     card = SimulatedCard(idle_w=60.0, cap_w=700.0, counter_period=0.02)
     node = Node("sim", idle_w=60.0, period_s=0.02,
                 reader_factory=lambda _n: SimulatedReader(card, period=0.02))
@@ -427,7 +441,9 @@ async def test_the_middleware_traces_every_node_and_replay_agrees_on_the_real_cl
     assert list(tmp_path.iterdir()), "the reader thread wrote nothing"
     await middleware.aclose()
     live = {r.energy.id: r.energy.joules for r in records}
-    result = replay(load(tmp_path))
+    loaded = load(tmp_path)
+    assert any(event[0] == "pr" for event in loaded.events) == kept
+    result = replay(loaded)
     rows = {row["id"]: row for row in result.rows}
     assert set(live) <= set(rows)
     for ident, joules in live.items():

@@ -6,7 +6,9 @@ any server that replaces its workers, makes each worker start that from nothing,
 worker on an in-process card (the simulated one) answered its first requests unknown: a
 fifth to a half of all answers in a stranger's trial. So each worker writes its prior here
 every few seconds and when it stops, and a new worker of the same server starts from the
-last one written (:meth:`KeptPrior.load`), before its first request.
+last one another process wrote (:meth:`KeptPrior.load`), before its first request. (A
+process's own later ledgers of the node, as a test suite or an app built twice makes, start
+from nothing, as they always did.)
 
 ``priors/<server folder>/<node>-<hash>.json``: one small file (a few kB) per node of each
 server, replaced atomically by whichever worker writes last; the hash is of what makes a
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .place import make_dir, open_file
-from .rows import alive, replace
+from .rows import alive, me, replace
 from .server import ServerId, keeper_in
 
 log = logging.getLogger("giul_asgi.hostshare")
@@ -55,7 +57,8 @@ class KeptPrior:
         _sweep(root, server.folder)
 
     def load(self) -> Any:
-        """The state kept last (plain JSON values), or None: none kept, or not readable."""
+        """The state another process kept last (plain JSON values), or None: none kept, this
+        process's own, or not readable."""
         try:
             fd = open_file(self.path, os.O_RDONLY)
         except OSError:
@@ -69,15 +72,19 @@ class KeptPrior:
         if len(raw) > MOST_BYTES:
             return None
         try:
-            return json.loads(raw, parse_constant=_no_constant)
+            kept = json.loads(raw, parse_constant=_no_constant)
         except ValueError:
             return None
+        if not isinstance(kept, dict) or kept.get("by") == me() or "prior" not in kept:
+            return None
+        return kept["prior"]
 
     def save(self, state: Any) -> None:
         """Keep ``state`` (atomically); never raises (a full place costs the next worker its
         head start, nothing else)."""
         try:
-            replace(self.path, json.dumps(state, separators=(",", ":"), allow_nan=False).encode())
+            data = {"by": me(), "prior": state}
+            replace(self.path, json.dumps(data, separators=(",", ":"), allow_nan=False).encode())
         except (OSError, ValueError) as exc:
             log.debug("the node's prior could not be kept in %s: %s", self.path, exc)
 

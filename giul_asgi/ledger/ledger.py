@@ -644,6 +644,8 @@ class Ledger:
         with self._lock:
             prior = self.book.prior
             restored = state is not None and prior.restore(state)
+            if restored and self._note is not None:
+                self._note(("pr", state))  # replay starts from it too
             self._kept, self._kept_learnt = kept, prior.learnt
         if restored:
             log.info("node %r: starts from what this server's earlier workers learnt of the card "
