@@ -565,6 +565,12 @@ def test_rings_and_tails_are_sized_by_the_place_s_room() -> None:
     assert (room(Path("/")) or 0) > 0
 
 
+def long_ago(folder: Path) -> None:
+    """A free lease last stamped longer ago than the grace (its processes gone that long)."""
+    old = time.time() - place_module.GRACE_S - 1
+    os.utime(folder / place_module.LEASE, (old, old))
+
+
 NAMESPACE_CHILD = """
 import sys
 from pathlib import Path
@@ -609,14 +615,19 @@ def test_a_pid_namespace_s_folder_goes_once_its_last_process_has_ended(tmp_path:
         b.kill()
         b.wait(10)
         os.utime(legacy, (time.time() - 3600, time.time() - 3600))
+        # a's lease is free but was stamped just now: its only worker may be being replaced
+        assert place_module.sweep_namespaces(tmp_path) == 0
+        long_ago(folder_a)
         assert place_module.sweep_namespaces(tmp_path) == 1  # a's; the lease-less one may be in use
         assert sorted(os.listdir(tmp_path)) == ["pidns-4026532002", "pidns-4026532003"]  # c holds b's
         c.send_signal(signal.SIGTERM)
         c.wait(10)
+        long_ago(folder_b)
         d, folder_d = container(4026532002)  # the container restarted: a folder anew, held
         assert folder_d == folder_b and place_module.sweep_namespaces(tmp_path) == 0
         d.kill()
         d.wait(10)
+        long_ago(folder_d)
         assert place_module.sweep_namespaces(tmp_path) == 1 and os.listdir(tmp_path) == [legacy.name]
     finally:
         for proc in (a, b, c, d):
@@ -676,6 +687,29 @@ def test_restarted_containers_leave_one_folder_in_real_pid_namespaces(tmp_path: 
                              capture_output=True, text=True, check=True, timeout=60)
         seen.append(Path(run.stdout.strip()).name)
         assert os.listdir(place) == [seen[-1]], (seen, os.listdir(place))
+        long_ago(place / seen[-1])  # the grace passed since it ended
     assert all(name.startswith("pidns-") for name in seen)
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60, capture_output=True)
     assert os.listdir(place) == ["row"]
+
+
+def test_a_held_lease_is_stamped_while_its_process_lives(tmp_path: Path) -> None:
+    """The grace counts from the last stamp: a holder renews it, so a namespace whose only
+    worker is being replaced is never older than one stamp when the next joins."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys, time\n"
+        "from giul_asgi.hostshare import place\n"
+        "place.STAMP_EVERY_S = 0.1\n"
+        "place.pid_namespace = lambda: 4026532010\n"
+        "lease = place.resolve(sys.argv[1]).path / place.LEASE\n"
+        "os.utime(lease, (time.time() - 3600, time.time() - 3600))\n"
+        "time.sleep(0.6)\n"
+        "print(time.time() - os.stat(lease).st_mtime)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True,
+                         text=True, check=True, timeout=60)
+    assert float(run.stdout) < 10.0, run.stdout  # stamped an hour back, renewed since

@@ -36,9 +36,14 @@ container meet there, and two containers never touch each other's files.
 
 No process can tell from ids whether another namespace's processes still run, so each
 process of a namespace holds its folder's *lease* (a shared ``flock`` on ``pidns-<inode>/.lease``,
-which the kernel lets go when the process ends, however it ends). A process that finds a
-namespace's lease free (every process of that container gone: a restart) removes its folder
-(:func:`sweep_namespaces`), so restarted containers no longer fill the place.
+which the kernel lets go when the process ends, however it ends) and stamps it (its mtime)
+every :data:`STAMP_EVERY_S`. A process that finds a namespace's lease free and its stamp older
+than :data:`GRACE_S` (every process of that container gone for that long: a restart) removes
+its folder (:func:`sweep_namespaces`), so restarted containers no longer fill the place. The
+grace is for a container whose only worker is being replaced (gunicorn's ``--max-requests``):
+its master never loads this package, so between the old worker's end and the new one's
+start nobody holds the lease (a hostile trial's neighbour, recycling its own workers, removed
+a live container's folder there, and with it every count and record of its server).
 """
 
 from __future__ import annotations
@@ -78,6 +83,10 @@ LEASE = ".lease"
 #: A namespace folder half removed (its sweeper killed) this young is left alone: it may be
 #: being removed now.
 YOUNG_S = 60.0
+#: How often a process stamps the leases it holds, and how long a free lease's stamp must be
+#: old before its namespace is taken for gone (longer than a worker's replacement takes).
+STAMP_EVERY_S = 5.0
+GRACE_S = 30.0
 
 Setting = str | os.PathLike[str] | bool | None
 
@@ -210,10 +219,33 @@ def _lease(folder: Path, root: Path) -> None:
             except OSError:
                 ours = False
             if ours:
+                os.utime(fd)
                 _leases[folder] = fd
+                _stamping()
                 return
             os.close(fd)  # the folder was swept under us: made anew
         raise OSError(errno.EAGAIN, "removed as fast as it is made, refused", os.fspath(folder))
+
+
+_stamper: list[int] = []  # the pid whose thread stamps the leases (a forked child starts its own)
+
+
+def _stamping() -> None:
+    """Start this process's thread that stamps its leases (under ``_lease_lock``)."""
+    if _stamper and _stamper[0] == os.getpid():
+        return
+    _stamper[:] = [os.getpid()]
+    threading.Thread(target=_stamp, name="giul-lease", daemon=True).start()
+
+
+def _stamp() -> None:
+    while True:
+        time.sleep(STAMP_EVERY_S)
+        with _lease_lock:
+            fds = list(_leases.values())
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.utime(fd)
 
 
 def _sweep_once(root: Path, mine: Path | None) -> None:
@@ -263,9 +295,10 @@ def sweep_namespaces(root: Path, mine: Path | None = None) -> int:
 
 @contextlib.contextmanager
 def _unleased(folder: Path) -> Iterator[bool]:
-    """True for a ``with`` block if no process holds ``folder``'s lease, which is then held
-    here exclusively (nobody joins it meanwhile). A folder with no lease is left alone: one
-    being made this instant, or a former version's, whose processes may still run."""
+    """True for a ``with`` block if no process holds ``folder``'s lease and none has stamped it
+    for :data:`GRACE_S` (the lease is then held here exclusively: nobody joins meanwhile). A
+    folder with no lease is left alone: one being made this instant, or a former version's,
+    whose processes may still run."""
     try:
         fd = open_file(folder / LEASE, os.O_RDWR)
     except OSError:
@@ -277,7 +310,7 @@ def _unleased(folder: Path) -> Iterator[bool]:
         except OSError:
             yield False  # a process of that namespace runs
             return
-        yield True
+        yield time.time() - os.fstat(fd).st_mtime >= GRACE_S  # else one may be starting now
     finally:
         os.close(fd)
 
