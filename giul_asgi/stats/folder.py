@@ -183,6 +183,12 @@ class ServerFolder:
             others = [o for o in others if o.name not in folded]
         return Found(others, dead)
 
+    def mine(self) -> Other | None:
+        """This worker's row and tail as the others read them (its row on disk, the tail
+        after it)."""
+        with self._lock:
+            return self._other(Row(self.rows.name, self.rows.path, os.getpid(), None))
+
     def _other(self, row: Row) -> Other | None:
         for _ in range(3):
             try:
