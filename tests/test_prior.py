@@ -171,7 +171,13 @@ def test_a_kept_state_that_makes_no_sense_is_not_restored() -> None:
                          {**good, "rates": {"run": [1.0, 1.0]}},
                          {**good, "line": [3.0, 1.0, 1.0, math.inf, 1.0, 1.0]},
                          {**good, "line": [3.0, 1.0]}, {**good, "residuals": [0.1] * 257},
-                         {**good, "growth": ["0.1"]}, {**good, "residuals": [True]}]
+                         {**good, "growth": ["0.1"]}, {**good, "residuals": [True]},
+                         # a hostile trial's: each was restored before
+                         {**good, "residuals": ""}, {**good, "growth": [-1.0]}, {**good, "settled": 10**30},
+                         {**good, "rates": {**good["rates"], "run": [1e308, 1e-300]}},
+                         {**good, "rates": {**good["rates"], "run": [1e15, 1e-15]}},
+                         {**good, "rates": {**good["rates"], "run": [-1e6, 0.0]}},
+                         {**good, "residuals": [1e308]}, {**good, "line": [3.0, 1.0, -1.0, 1.0, 1.0, 1.0]}]
     for state in bad:
         fresh = Prior(0.1, lambda: 0.1)
         assert not fresh.restore(state), state

@@ -354,24 +354,41 @@ class Prior:
         return ranks
 
 
+#: The largest magnitude a kept state's sums may hold (joules, seconds and their products),
+#: and a residual's (in units of its guess): past these a state is nobody's learning.
+MOST_SUM = 1e15
+MOST_RESIDUAL = 1e3
+
+
 def _sane(state: Any) -> bool:
-    """Whether a kept state is one :meth:`Prior.state` could have made: finite numbers, none
-    negative where a sum of time or weight is, at most :data:`RESIDUALS` residuals."""
-    def finite(x: Any) -> bool:
-        return type(x) in (int, float) and math.isfinite(x)
+    """Whether a kept state is one :meth:`Prior.state` could have made: finite numbers within
+    bounds, time and weight never negative, at most :data:`RESIDUALS` residuals in a list,
+    growth never negative (a hostile trial's 1e308 J over 1e-300 s made an infinite rate)."""
+    def number(x: Any, lo: float, hi: float) -> bool:
+        return type(x) in (int, float) and lo <= x <= hi
+
+    def values(xs: Any, lo: float) -> bool:
+        return type(xs) is list and len(xs) <= RESIDUALS and all(number(x, lo, MOST_RESIDUAL) for x in xs)
 
     try:
         rates, line = state["rates"], state["line"]
-        ok = (state["schema"] == STATE_SCHEMA and type(state["settled"]) is int and state["settled"] >= 0
-              and (state["card_w"] is None or (finite(state["card_w"]) and state["card_w"] >= 0))
-              and set(rates) == {"settled", "span", "run", "host"}
-              and all(len(r) == 2 and finite(r[0]) and finite(r[1]) and r[1] >= 0 for r in rates.values())
-              and len(line) == 6 and all(finite(x) for x in line) and line[0] >= 0 and line[1] >= 0
-              and all(len(state[k]) <= RESIDUALS and all(finite(x) for x in state[k])
-                      for k in ("residuals", "growth")))
+        ok = (state["schema"] == STATE_SCHEMA and type(state["settled"]) is int
+              and 0 <= state["settled"] <= 2**53
+              and (state["card_w"] is None or number(state["card_w"], 0.0, MOST_SUM))
+              and type(rates) is dict and set(rates) == {"settled", "span", "run", "host"}
+              and all(type(r) is list and len(r) == 2 and number(r[0], -MOST_SUM, MOST_SUM)
+                      and number(r[1], 0.0, MOST_SUM) and (r[1] > 0 or r[0] == 0) for r in rates.values())
+              and type(line) is list and len(line) == 6 and number(line[0], 0, 2**53)
+              and all(number(x, 0.0 if i in (1, 2, 4) else -MOST_SUM, MOST_SUM)  # sw, sx, sxx >= 0
+                      for i, x in enumerate(line) if i)
+              and values(state["residuals"], -MOST_RESIDUAL) and values(state["growth"], 0.0))
     except (KeyError, TypeError, AttributeError):
         return False
-    return bool(ok)
+    if not ok:
+        return False
+    # what the sums make must be finite too (1e15 J over 1e-15 s is a rate of 1e30 W)
+    ratios = [r[0] / r[1] for r in rates.values() if r[1] > 0]
+    return all(abs(x) <= MOST_SUM for x in ratios) and (line[1] == 0 or line[2] / line[1] <= MOST_SUM)
 
 
 def _rank(values: deque[float]) -> float:
