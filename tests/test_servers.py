@@ -338,3 +338,36 @@ def test_two_orphaned_single_process_servers_count_their_own(tmp_path: Path) -> 
                 os.kill(pid, signal.SIGKILL)
     assert keys[0] != keys[1]
     assert counted == [5, 1], counted
+
+
+def test_the_simulated_card_is_one_card_for_every_worker_and_its_books_never_fall(tmp_path: Path) -> None:
+    """``reader="simulated"``, the README's way to try it without a GPU, made one card per
+    worker: /energy's ledger said each answering worker's own books (``workers: 1``), and
+    ``measured_j`` went 487.7 -> 1107.3 -> 487.7 between polls (a stranger's trial). The
+    simulated card is now one per node, run by whichever worker holds it and loaded by every
+    worker's windows, as a GPU is."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    with server(command("uvicorn", port, 3), environment(tmp_path / "place"), log) as proc:
+        wait_up(base, proc, log, workers=3)
+        stop, lock = threading.Event(), threading.Lock()
+        counts = {"answered": 0, "failed": 0}
+        threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        books: list[tuple[float, int]] = []
+        try:
+            deadline = time.monotonic() + 30
+            while len(books) < 20 and time.monotonic() < deadline:
+                ledger = get(base, "/energy", window="all")["nodes"]["gpu"]["ledger"]
+                books.append((ledger["measured_j"], ledger["workers"]))
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+    measured = [m for m, _ in books]
+    assert len(books) == 20 and counts["answered"] > 20, (books, counts)
+    assert all(w == 3 for _, w in books[5:]), books  # every worker at the card's table
+    assert measured == sorted(measured), books

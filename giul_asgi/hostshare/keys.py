@@ -4,8 +4,9 @@ Two processes share a table only if they meter the same card. A reader that know
 UUIDs (NVML's probes, dcgm's ``uuids``) names them, and a reader made in code may name its card
 (``card_id``): two nodes on the same GPUs share whatever they are called. Otherwise a reader
 built from the node's configuration is named by the node's name and what it reads (kind, URL,
-GPU indices), which every worker started from one configuration shares. A card simulated
-inside the process, or read by code that does not say which card, is nobody else's.
+GPU indices), which every worker started from one configuration shares, the simulated card
+that lives in the holder's process included. A card read by code that does not say which
+card is nobody else's.
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ def reader_uuids(reader: Any) -> tuple[str, ...] | None:
 
 def card_key(node: Any, reader: Any = None, *, custom: bool = False) -> str | None:
     """The key of the card ``node`` meters through ``reader``; None for a card nobody else
-    meters: one that lives in this process (``reader="simulated"`` with no URL), or a
-    ``custom`` reader (a node's ``reader_factory``, or a reader handed to the ledger) that
-    does not say which card it reads (its ``card_id``, or its GPUs' UUIDs): a reader made in
-    code may read anything, and two such readers sharing a node's name are not one card."""
-    if getattr(node, "reader", None) == "simulated" and not getattr(node, "url", None) \
-            and getattr(node, "reader_factory", None) is None:
-        return None
+    meters: a ``custom`` reader (a node's ``reader_factory``, or a reader handed to the ledger)
+    that does not say which card it reads (its ``card_id``, or its GPUs' UUIDs): a reader made
+    in code may read anything, and two such readers sharing a node's name are not one card.
+    A simulated card that lives in the process (``reader="simulated"`` with no URL) is one
+    card per node name, as a GPU is: whichever process holds it runs it, loaded by every
+    process's windows."""
     named = getattr(reader, "card_id", None)
     if isinstance(named, str) and named:
         return "card:" + named

@@ -187,6 +187,8 @@ class Ledger:
         self.table: CardTable | None = None
         self._joined = False
         self._kept: KeptPrior | None = None  # the node's prior, kept for the server's next worker
+        self._others_s = 0.0  # other processes' window-seconds on a card that lives here
+        self._others_t: float | None = None
         self._kept_learnt = 0
         #: The reader thread has had its first turn at the table (joined it, and taken what
         #: the card's holder published): a follower's first figures can use the host's rate.
@@ -608,7 +610,7 @@ class Ledger:
             self._recall(place.path, reader)
         key = card_key(self.node, reader, custom=self._custom) if reader is not None else None
         if key is None:
-            return  # a card that lives in this process
+            return  # a card read by code that does not say which card: nobody else's
         if place.path is None:
             if not place.off:
                 self.unshared = f"per process: {place.reason}; other processes on this card are not seen"
@@ -781,6 +783,27 @@ class Ledger:
         _fire(settled)
         return load
 
+    def card_load(self) -> tuple[float, int]:
+        """What loads a card that lives in the holder's process (the simulated one): every
+        process's windows at the card's table where this one holds it (the others' time
+        taken from their seats since the last call), else this process's own. So the
+        workers of ``uvicorn --workers 4`` load one simulated card, as they would a GPU, and
+        every worker's books are that card's (four cards before: each worker's books its
+        own, jumping between answers)."""
+        window_s, open_now = self.own_load()
+        table = self.table
+        if table is None or not table.holding:
+            self._others_t = None
+            return window_s + self._others_s, open_now
+        now = self.clock()
+        if self._others_t is not None and now > self._others_t:
+            table.look()
+            coverages = table.coverages(self._others_t, now).values()
+            self._others_s += sum(c.open_s for c in coverages)
+            open_now += sum(c.open_now for c in coverages)
+        self._others_t = now
+        return window_s + self._others_s, open_now
+
     def note_upstream(self, t: float, running: float) -> None:
         """The upstream (the inference server) ran ``running`` requests at ``t``."""
         table = self.table
@@ -829,7 +852,7 @@ class Ledger:
                 self, read_timeout=self.read_timeout, clock=self.clock, chores=self._chores(),
                 busy=self._windows_open, idle_s=None if _watches_idle(node) else IDLE_S,
                 reader_name=_reader_name(node, self.reader),
-                target=_target(node), load=self.own_load, shared=self._shared_pace,
+                target=_target(node), load=self.card_load, shared=self._shared_pace,
             )
             self._poller.start()
 

@@ -8,7 +8,9 @@ A100/H100 register does. Every figure it gives is labelled ``simulated`` (method
 it never reads as measured.
 
 The card does not know the ledger. What loads it is a *load source*: a callable giving the
-node's cumulative window-seconds and the windows open now (the ledger's ``own_load``), handed
+node's cumulative window-seconds and the windows open now (the ledger's ``card_load``: every
+process's windows at the card's table where this process holds it, so that the workers of
+one server load one simulated card, as they would a GPU), handed
 to :meth:`LocalSimulatedReader.drive` by the reader thread once the reader is built. Between
 two reads the card is loaded by the mean number of windows over that interval (the change
 of window-seconds over the time), so its energy follows the windows' own time exactly
