@@ -542,8 +542,11 @@ class Ledger:
             self._follow(table)
             if table.try_hold():
                 self._resume(table)
-                log.info("node %r: this process (pid %d) now reads the card for the %d others at its "
-                         "table", self.node.name, os.getpid(), table.others)
+                if table.others:
+                    log.info("node %r: this process (pid %d) now reads the card for the %d others at "
+                             "its table", self.node.name, os.getpid(), table.others)
+                else:  # the first at the table: the others, if any, join later
+                    log.info("node %r: this process (pid %d) reads the card", self.node.name, os.getpid())
         if table.holding:
             table.beat()
             self._decide(table)
