@@ -364,7 +364,8 @@ def test_a_card_is_keyed_by_its_uuids_or_its_name_where_the_reader_says_it() -> 
     half = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-a"), SimpleNamespace(uuid=None)])
     assert card_key(Node("x"), half) == card_key(Node("x"), None) == "node:x|auto|gpus=0"
     assert card_key(Node("y", reader="agent", url="http://h:1")) == "node:y|agent|http://h:1"
-    assert card_key(Node("z", reader="simulated")) is None  # a card inside this process
+    # the in-process simulated card: one per node name, run by whichever process holds it
+    assert card_key(Node("z", reader="simulated")) == "node:z|simulated|gpus=0"
     # A reader made in code is shared only where it says which card it reads.
     assert card_key(Node("c"), SimpleNamespace(), custom=True) is None
     assert card_key(Node("c"), SimpleNamespace(card_id="bay-3"), custom=True) == "card:bay-3"
