@@ -159,6 +159,9 @@ def test_a_new_worker_starts_from_the_state_another_kept_and_guesses_as_it_did()
     a, b = old.first_guess(w, True, 0.2), new.first_guess(w, True, 0.2)
     assert a is not None and a == b
     assert old.bias_spread() == new.bias_spread() and old.growth_at() == new.growth_at()
+    for reported in (0.0, 5.0):
+        first = First(reported=reported, guess=10.0, scale=10.0)
+        assert old.learnt_for(first) == new.learnt_for(first)
     assert new.learnt == old.learnt
     assert not new.restore(old.state())  # a prior that learnt keeps its own
 
@@ -182,3 +185,26 @@ def test_a_kept_state_that_makes_no_sense_is_not_restored() -> None:
         fresh = Prior(0.1, lambda: 0.1)
         assert not fresh.restore(state), state
         assert fresh.learnt == 0 and fresh.first_guess(window(0.0, 0.05), True, 0.0) is None
+
+
+def test_windows_with_nothing_reported_at_close_and_with_some_learn_their_spreads_apart() -> None:
+    """Short windows (all guess at close) amid long ones (mostly reported) got the pooled
+    spread: in a mix of 50 ms and 0.4 s windows, 16 at a time, the short ones' first figures
+    were uncertain by 122% of themselves, where their own class needed 77% (both covering
+    every settled figure). Each class has its own once it has enough; before, the pooled."""
+    prior = Prior(0.1, lambda: 0.1)
+    short, long_ = First(reported=0.0, guess=10.0, scale=10.0), First(reported=50.0, guess=10.0, scale=10.0)
+    for i in range(11):  # too few of either class alone: both take the pooled
+        for first, off in ((short, 0.1), (long_, 0.8)):
+            w = window(0.0, 1.0, share=first.reported + 10.0 * (1 + off * (-1) ** i), measured_s=1.0)
+            w.first = first
+            prior.learn_settled(w, 0.0)
+    assert prior.learnt_for(short) == prior.learnt_for(long_) == (*prior.bias_spread(), prior.growth_at())
+    for i in range(30):
+        for first, off in ((short, 0.1), (long_, 0.8)):
+            w = window(0.0, 1.0, share=first.reported + 10.0 * (1 + off * (-1) ** i), measured_s=1.0)
+            w.first = first
+            prior.learn_settled(w, 0.0)
+    # residuals of +-0.1 and +-0.8 about an upper median of +0.1 and +0.8
+    assert math.isclose(prior.learnt_for(short)[1], 0.2) and math.isclose(prior.learnt_for(long_)[1], 1.6)
+    assert prior.bias_spread()[1] >= 0.9  # pooled: the short ones took most of the long ones' width

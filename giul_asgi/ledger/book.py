@@ -569,10 +569,10 @@ class Book:
     def _first(self, window: Window, first: First) -> tuple[float, float, float, float]:
         """A first figure's (joules, uncertainty, interpolated, idle joules): the reported
         share, the filled part, and what of the guess neither has taken yet."""
-        bias, spread_ = self.prior.bias_spread()
+        bias, spread_, growth = self.prior.learnt_for(first)
         # The spans still to come will add their own doubt to the settled figure (a shared
         # last span, an edge): as much as it grew for COVER of the windows settled before.
-        measured_unc = max(_measured_unc(window), first.unc + self.prior.growth_at() * first.scale)
+        measured_unc = max(_measured_unc(window), first.unc + growth * first.scale)
         guess = max(0.0, first.guess + bias * first.scale)
         # What has been reported (or found unreportable) since close belongs to the same
         # part: the figure is the reported share, the filled part, and what of the guess
