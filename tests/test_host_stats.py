@@ -254,7 +254,8 @@ OTHER_WORKER = textwrap.dedent('''
         stats.record(Energy(2.0, "measured", route="/a", node="gpu", id=f"b{i}"), outcome="ok", status=200)
     stats.flush()
     for line in sys.stdin:  # what the test asks: this worker's answer for the server
-        print(stats.snapshot("all")["totals"]["requests"], flush=True)
+        snap = stats.snapshot("all")
+        print(snap["totals"]["requests"], "|", snap["shared_reason"], flush=True)
 ''')
 
 
@@ -275,11 +276,15 @@ def test_a_place_that_fills_later_loses_no_count_and_writes_again_once_it_has_ro
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert b.stdin is not None and b.stdout is not None
 
+    reasons: list[str] = []
+
     def b_says() -> int:
         assert b.stdin is not None and b.stdout is not None
         b.stdin.write("?\n")
         b.stdin.flush()
-        return int(b.stdout.readline())
+        count, _, reason = b.stdout.readline().strip().partition(" | ")
+        reasons.append(reason)
+        return int(count)
 
     def count(n: int, tag: str) -> None:
         for i in range(n):
@@ -311,9 +316,12 @@ def test_a_place_that_fills_later_loses_no_count_and_writes_again_once_it_has_ro
             room["full"] = False
             a.flush()
         assert seen[:2] == [(22, 22), (25, 25)]
+        # the other worker's answers say why too (a's tail says it): none said anything before
+        assert all("No space left" in r and r.startswith("worker ") for r in reasons[1:4]), reasons
         # both workers answer alike, whatever the tail held: no answer lower than another's
         assert seen[2][0] == seen[2][1] and 25 < seen[2][0] < 85, seen
         assert (requests(a), b_says()) == (85, 85) and a.snapshot("all")["shared_reason"] is None
+        assert reasons[-1] == "None", reasons
         said = [r.getMessage() for r in caplog.records if r.name == "giul_asgi.stats"]
         assert len([m for m in said if "cannot be written" in m]) == 1, said
         assert len([m for m in said if "written in" in m and "again" in m]) == 1, said

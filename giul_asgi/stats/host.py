@@ -122,6 +122,7 @@ class HostStats:
         self._overflow_said = False
         self.write_errors = 0
         self._unwritten: bytes | None = None  # a row cut but not written (a full place)
+        self._stuck: list[str] = []  # why other workers' rows wait, as their tails say
         self._directory, self._area, self._given = directory, area, server
         self._forked = False
         self._fork_lock = threading.Lock()
@@ -396,6 +397,9 @@ class HostStats:
                                       f"({exc.strerror or exc}): the other workers count its "
                                       "requests up to its last row, and its tail until that fills")
                 log.warning("%s -> %s", self.shared_reason, remedy(exc))
+            if self._unwritten is None:  # said in place too: the others' answers say it
+                with self._tail_lock:
+                    folder.tail.append_json(json.dumps(["w", self.shared_reason]).encode())
             self._unwritten = data
             return False
         if self._unwritten is not None:
@@ -462,6 +466,8 @@ class HostStats:
             mine = folder.mine()
             if mine is not None:
                 others, own = [*others, mine], None
+        self._stuck = [f"worker {o.name.split('-')[0]}: {g.stuck}" for o in found.others if o.alive
+                       for g in o.gens[-1:] if g.stuck]
         merged, samples, self._live = merge_server(self.stats, folder, found.dead, others, own)
         if own is None:
             self._live = max(0, self._live - 1)  # this worker was counted among the others
@@ -476,7 +482,8 @@ class HostStats:
         out = self.view().snapshot(window, **kwargs)
         out["workers"] = 1 + self._live if self.folder is not None else 1
         out["shared"] = self.folder is not None
-        out["shared_reason"] = self.shared_reason
+        out["shared_reason"] = "; ".join([self.shared_reason, *self._stuck] if self.shared_reason
+                                         else self._stuck) or None
         out["server"] = self.server.key if self.server is not None else None
         return out
 

@@ -148,11 +148,13 @@ class Generation:
     answered: dict[str, list[Any]] = field(default_factory=dict)
     #: entries that made no sense (skipped)
     bad: int = 0
+    #: why the worker's row cannot be written (a ``w`` entry: the place is full), if it said
+    stuck: str | None = None
 
     def snapshot(self) -> Generation:
         """A copy that later reads leave as it is (another thread may merge it)."""
         return Generation(self.offset, {k: c.copy() for k, c in self.cells.items()},
-                          set(self.settled), dict(self.answered), self.bad)
+                          set(self.settled), dict(self.answered), self.bad, self.stuck)
 
 
 class TailReader:
@@ -229,6 +231,8 @@ class TailReader:
                         or not math.isfinite(t):
                     raise ValueError("an answer without an id or time")
                 gen.answered[entry[1]] = entry[2:]
+            elif kind == "w" and len(entry) == 2 and isinstance(entry[1], str):
+                gen.stuck = entry[1][:300]
             else:
                 raise ValueError("an entry of another kind")
         except (ValueError, TypeError, IndexError, KeyError, OverflowError):
