@@ -364,8 +364,13 @@ def test_a_card_is_keyed_by_its_uuids_or_its_name_where_the_reader_says_it() -> 
     half = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-a"), SimpleNamespace(uuid=None)])
     assert card_key(Node("x"), half) == card_key(Node("x"), None) == "node:x|auto|gpus=0"
     assert card_key(Node("y", reader="agent", url="http://h:1")) == "node:y|agent|http://h:1"
-    # the in-process simulated card: one per node name, run by whichever process holds it
-    assert card_key(Node("z", reader="simulated")) == "node:z|simulated|gpus=0"
+    # the in-process simulated card: one per node name and settings, run by whichever
+    # process holds it
+    sim = card_key(Node("z", reader="simulated"))
+    assert sim is not None and sim.startswith("node:z|simulated|")
+    assert sim == card_key(Node("z", reader="simulated"))
+    assert card_key(Node("z", reader="simulated", idle_w=90.0)) != sim
+    assert card_key(Node("z", reader="simulated", options={"window_w": 100.0})) != sim
     # A reader made in code is shared only where it says which card it reads.
     assert card_key(Node("c"), SimpleNamespace(), custom=True) is None
     assert card_key(Node("c"), SimpleNamespace(card_id="bay-3"), custom=True) == "card:bay-3"

@@ -81,9 +81,14 @@ def test_an_app_with_only_a_simulated_node_gets_simulated_plausible_figures() ->
         await asyncio.sleep(0.25)
         return JSONResponse({"id": "x", "usage": {"completion_tokens": 10, "prompt_tokens": 5}})
 
+    import uuid
+
     ledgers = Ledgers()
     app = Starlette(routes=[Route("/v1/chat", chat, methods=["POST"])])
-    app.add_middleware(EnergyMiddleware, nodes=[Node("sim", reader="simulated")], ledgers=ledgers)
+    # A name of its own: the simulated card is one per node name on the host, as a GPU is, and
+    # its books (asserted below) are the card's since its first ledger (another test's "sim").
+    node = Node(f"sim-{uuid.uuid4().hex[:8]}", reader="simulated")
+    app.add_middleware(EnergyMiddleware, nodes=[node], ledgers=ledgers)
 
     async def run() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app)

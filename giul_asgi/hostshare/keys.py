@@ -42,6 +42,13 @@ def card_key(node: Any, reader: Any = None, *, custom: bool = False) -> str | No
     A simulated card that lives in the process (``reader="simulated"`` with no URL) is one
     card per node name, as a GPU is: whichever process holds it runs it, loaded by every
     process's windows."""
+    if getattr(node, "reader", None) == "simulated" and not getattr(node, "url", None) \
+            and getattr(node, "reader_factory", None) is None:
+        # its physics is its settings: two nodes of one name that simulate differently are
+        # two cards (one's figures from the other's card would answer for neither)
+        options = sorted((str(k), repr(v)) for k, v in dict(getattr(node, "options", {}) or {}).items())
+        digest = hashlib.sha256(repr((options, getattr(node, "idle_w", None))).encode()).hexdigest()[:12]
+        return f"node:{node.name}|simulated|{digest}"
     named = getattr(reader, "card_id", None)
     if isinstance(named, str) and named:
         return "card:" + named
