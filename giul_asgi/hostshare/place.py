@@ -299,20 +299,13 @@ def _unleased(folder: Path) -> Iterator[bool]:
     for :data:`GRACE_S` (the lease is then held here exclusively: nobody joins meanwhile). A
     folder with no lease is left alone: one being made this instant, or a former version's,
     whose processes may still run."""
-    try:
-        fd = open_file(folder / LEASE, os.O_RDWR)
-    except OSError:
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            yield False  # a process of that namespace runs
-            return
-        yield time.time() - os.fstat(fd).st_mtime >= GRACE_S  # else one may be starting now
-    finally:
-        os.close(fd)
+    with held_if_free(folder / LEASE, create=False) as free:
+        if free:
+            try:  # else one may be starting now (its master never holds it)
+                free = time.time() - os.stat(folder / LEASE, follow_symlinks=False).st_mtime >= GRACE_S
+            except OSError:
+                free = False
+        yield free
 
 
 def _remove_tree(folder: Path) -> int:
@@ -636,12 +629,12 @@ def held(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def held_if_free(path: Path) -> Iterator[bool]:
+def held_if_free(path: Path, *, create: bool = True) -> Iterator[bool]:
     """Hold the lock file ``path`` for a ``with`` block if nobody does: True once held; False,
     at once, where another process holds it or it cannot be opened (the chore is left to
-    whoever holds it, or to the next look)."""
+    whoever holds it, or to the next look). ``create=False``: a missing file is not held."""
     try:
-        fd = open_file(path, os.O_RDWR | os.O_CREAT)
+        fd = open_file(path, os.O_RDWR | (os.O_CREAT if create else 0))
     except OSError:
         yield False
         return
