@@ -40,7 +40,7 @@ from ..energy import Carbon, Provenance, Share
 from ..errors import GiulError, ReaderUnavailable
 from ..hostshare import CardTable, SeatBooks, Unusable, card_key, log_unshared, resolve, server_identity
 from ..hostshare.priors import KeptPrior, prior_name
-from ..readers.base import Process, Reader, Reading
+from ..readers.base import Continuing, Process, Reader, Reading
 from ..readers.mig import Mig, mig_of
 from ..spans import NOBODY, CardSpan, Gap, Span
 from .book import Book, Split, TimeSplit, TokenSplit, Window
@@ -563,6 +563,8 @@ class Ledger:
             tape = self.tape
             if baseline is not None and tape is not None and tape.reads == 0:
                 tape.resume(*baseline)
+                if isinstance(self.reader, Continuing):  # a card this process runs a copy of
+                    self.reader.resume(baseline[1], baseline[0])
 
     def card_state(self) -> tuple[str, str | None]:
         """How the card is read where another process reads it for this one: ``ok`` while

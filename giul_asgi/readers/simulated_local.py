@@ -92,6 +92,7 @@ class LocalSimulatedReader:
             start_j=self._rng.uniform(1e5, 1e6), seed=self._rng.randrange(2**32),
         )
         self._job = self.card.start_job(0.0)
+        self._offset = 0.0  # what the counter reads beyond this copy's own (a last holder's)
         self._load: LoadSource | None = None
         self._seen: tuple[float, float] | None = None  # (t, window-seconds) at the last read
         own = "the node's" if spec.idle_w is not None else "the simulation's own: set idle_w to use yours"
@@ -106,6 +107,13 @@ class LocalSimulatedReader:
         self._load = load
         self._seen = None
 
+    def resume(self, t: float, joules: float) -> None:
+        """Go on from the counter the card's last holder read (``joules`` at ``t``): this copy
+        reads that from ``t`` on, at its idle floor until its own load is known again."""
+        self._card_clock.now = max(self._card_clock.now, t)
+        self._offset = joules - self.card.energy_j()
+        self._seen = None
+
     def read(self) -> Reading:
         t = self.clock()
         if self._load is not None:
@@ -118,7 +126,7 @@ class LocalSimulatedReader:
                 self.card.set_load(self._job, above)  # over the interval that ends now
             self._seen = (t, window_s)
         self._card_clock.now = max(self._card_clock.now, t)
-        return Reading(t=t, joules=self.card.energy_j())
+        return Reading(t=t, joules=self.card.energy_j() + self._offset)
 
     def close(self) -> None:
         return None
