@@ -197,6 +197,7 @@ def _in_namespace(path: Path) -> Place:
 
 
 _leases: dict[Path, int] = {}  # a namespace folder -> the descriptor holding its lease
+_lease_files: dict[int, tuple[int, int]] = {}  # that descriptor -> its file (device, inode)
 _swept: set[tuple[int, Path]] = set()  # (pid, place): swept once a process
 _lease_lock = threading.Lock()
 
@@ -221,6 +222,7 @@ def _lease(folder: Path, root: Path) -> None:
             if ours:
                 os.utime(fd)
                 _leases[folder] = fd
+                _lease_files[fd] = _identity(os.fstat(fd))
                 _stamping()
                 return
             os.close(fd)  # the folder was swept under us: made anew
@@ -242,10 +244,16 @@ def _stamp() -> None:
     while True:
         time.sleep(STAMP_EVERY_S)
         with _lease_lock:
-            fds = list(_leases.values())
-        for fd in fds:
+            fds = [(fd, _lease_files.get(fd)) for fd in _leases.values()]
+        for fd, lease in fds:
             with contextlib.suppress(OSError):
-                os.utime(fd)
+                # only the lease: a descriptor the app closed and reused is another file
+                if _identity(os.fstat(fd)) == lease:
+                    os.utime(fd)
+
+
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
 
 
 def _sweep_once(root: Path, mine: Path | None) -> None:
