@@ -73,15 +73,16 @@ def test_gunicorn_s_recycled_worker_answers_its_first_short_request_from_the_kep
     tmp_path: Path,
 ) -> None:
     """One worker, recycled every 8 requests: a new worker's first 50 ms request was unknown
-    (nothing learnt, no host rate for an in-process card); now it is a figure."""
+    (nothing learnt, no host rate for an in-process card); now it is a figure, and each new
+    worker says it started from the prior the last one kept."""
     from server import free_port
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"
     firsts: dict[str, str] = {}
-    with server(command("gunicorn", port, 1, "--max-requests", "8"), environment(tmp_path / "place"), log) \
-            as proc:
+    line = command("gunicorn", port, 1, "--max-requests", "8", "--log-level", "info")
+    with server(line, environment(tmp_path / "place"), log) as proc:
         wait_up(base, proc, log)
         for _ in range(24):
             for _ in range(50):
@@ -98,3 +99,7 @@ def test_gunicorn_s_recycled_worker_answers_its_first_short_request_from_the_kep
     assert len(firsts) >= 3, (firsts, log.read_text()[-2000:])
     later = list(firsts.values())[1:]
     assert all(joules != "unknown" for joules in later), firsts
+    # each later worker started from what the one before it kept (the one simulated card's
+    # spans teach a new worker the host's rate too: the figure alone does not show the prior)
+    restored = log.read_text().count("starts from what this server's earlier workers learnt")
+    assert restored >= len(firsts) - 1, (restored, firsts, log.read_text()[-2000:])
