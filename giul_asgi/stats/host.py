@@ -384,21 +384,20 @@ class HostStats:
 
     def _write(self, folder: ServerFolder, data: bytes) -> bool:
         """Write a row just cut; where the place is full (something else filled /dev/shm) keep
-        it, to be written first at the next flush. Meanwhile the tail is not cut again, so the
-        other workers count this one's requests from its last row on disk and the tail after
-        it (until the tail is full), and this worker's own answers count everything: no
-        counter goes down, and /energy says why in ``shared_reason``."""
+        it, to be written first at the next flush. Meanwhile the tail is not cut again, so
+        every worker, this one too (:meth:`view`), counts this one's requests from its last
+        row on disk and the tail after it (until the tail is full): counts stall, never fall,
+        and every worker's /energy says why in ``shared_reason`` (the tail carries it)."""
         try:
             folder.rows.write(data)
         except OSError as exc:
             self.write_errors += 1
             if self._unwritten is None:
                 self.shared_reason = (f"this worker's row cannot be written in {folder.folder} "
-                                      f"({exc.strerror or exc}): the other workers count its "
-                                      "requests up to its last row, and its tail until that fills")
+                                      f"({exc.strerror or exc}): its requests are counted up to its "
+                                      "last row, and its tail until that fills")
                 log.warning("%s -> %s", self.shared_reason, remedy(exc))
-            if self._unwritten is None:  # said in place too: the others' answers say it
-                with self._tail_lock:
+                with self._tail_lock:  # said in place too: the others' answers say it
                     folder.tail.append_json(json.dumps(["w", self.shared_reason]).encode())
             self._unwritten = data
             return False
