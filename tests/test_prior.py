@@ -208,3 +208,20 @@ def test_windows_with_nothing_reported_at_close_and_with_some_learn_their_spread
     # residuals of +-0.1 and +-0.8 about an upper median of +0.1 and +0.8
     assert math.isclose(prior.learnt_for(short)[1], 0.2) and math.isclose(prior.learnt_for(long_)[1], 1.6)
     assert prior.bias_spread()[1] >= 0.9  # pooled: the short ones took most of the long ones' width
+
+
+def test_requests_that_close_as_a_burst_drains_learn_their_own_bias() -> None:
+    """A burst's last requests run as it drains: the card draws more for each, and their
+    guesses (at the busier share) fell short, 12 of 76 outside their uncertainty in a hostile
+    trial. Their own class learns that they fall short (its bias), once a dozen settled."""
+    prior = Prior(0.1, lambda: 0.1)
+    busy = First(reported=5.0, guess=10.0, scale=10.0)
+    draining = First(reported=5.0, guess=10.0, scale=10.0, draining=True)
+    for i in range(30):
+        for first, actual in ((busy, 10.0 + (i % 3 - 1)), (draining, 15.0 + (i % 3 - 1))):
+            w = window(0.0, 1.0, share=first.reported + actual, measured_s=1.0)
+            w.first = first
+            prior.learn_settled(w, 0.0)
+    assert math.isclose(prior.learnt_for(busy)[0], 0.0, abs_tol=0.11)
+    assert math.isclose(prior.learnt_for(draining)[0], 0.5, abs_tol=0.11)  # guessed 50% short
+    assert prior.learnt_for(draining)[1] <= 0.2 < prior.bias_spread()[1]  # apart: no wider than its own

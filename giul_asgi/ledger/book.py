@@ -36,14 +36,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
 from .decider import Decider
 from .members import Members, Windows
 from .phases import SpanSplit, Weighed
-from .prior import FLOOR, Prior
+from .prior import DRAINING, FLOOR, Prior
 from .window import First, Split, TimeSplit, TokenSplit, Waiting, Window, spread
 
 #: Intervals waiting for an open window's weight: at most this many, for at most this long.
@@ -194,6 +194,8 @@ class Book:
             # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
             # others' tails fall in its time as much, on average (until settled windows tell).
             window.first = self.prior.first_guess(window, True, _measured_unc(window))
+            if window.first is not None and (self.windows.n + 1) < DRAINING * (window.concurrency or 1.0):
+                window.first = replace(window.first, draining=True)
             if window.first is not None and isinstance(self.split, SpanSplit):
                 window.first = self.split.first(window, window.first)
         if self.stopped:

@@ -313,7 +313,7 @@ class PhaseSplit:
         rate = (rates[0] * prefill + rates[1] * (unshared - prefill)) / unshared
         factor = rate / self.rates.mean(rates)
         return First(first.reported, first.guess * factor, first.scale * factor, first.unc,
-                     first.filled, f"{first.basis}, at its phases' rates")
+                     first.filled, f"{first.basis}, at its phases' rates", first.draining)
 
     # -- a span's weights -------------------------------------------------------------------
     def weigh(self, span: CardSpan, members: Members, above: float) -> Weighed:

@@ -65,6 +65,9 @@ class First:
     unc: float = 0.0  # the measured part's uncertainty at close
     filled: float = 0.0  # the window's time no reading would cover, known at close
     basis: str | None = None  # what the guess was taken from, in words
+    #: Fewer windows open at close than the window mostly ran beside (a burst draining): the
+    #: card's draw per window rises as they go, so its guess misses otherwise (its class).
+    draining: bool = False
 
 
 class Window:
