@@ -17,6 +17,11 @@ cards:
 - ``simulated``: ``Node(reader="simulated")``, the in-process card a user without a GPU gets,
   on the real clock with its reader thread.
 
+Three more shapes, each on a virtual clock: bursts of 8 from idle on the counter card; steady
+load on it (16 in flight, 50 ms and 0.4 s: the widths by length, after 50 requests of warm-up);
+and bursts on the simulated card (8 clients for 1.5 s, 20 ms and 200 ms back to back), with
+the requests that end as a burst drains apart (begun in its last 0.3 s).
+
 Per card: windows with a first figure, the first figure's uncertainty covering the settled
 figure and the truth (where the card knows it), the median uncertainty over the figure, the
 share wider than the figure after the first counter step, and near-zeros (a first figure
