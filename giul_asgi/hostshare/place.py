@@ -196,8 +196,8 @@ def _in_namespace(path: Path) -> Place:
     return Place(folder)
 
 
-_leases: dict[Path, int] = {}  # a namespace folder -> the descriptor holding its lease
-_lease_files: dict[int, tuple[int, int]] = {}  # that descriptor -> its file (device, inode)
+#: A namespace folder -> the descriptor holding its lease, and that file's (device, inode).
+_leases: dict[Path, tuple[int, tuple[int, int]]] = {}
 _swept: set[tuple[int, Path]] = set()  # (pid, place): swept once a process
 _lease_lock = threading.Lock()
 
@@ -221,8 +221,7 @@ def _lease(folder: Path, root: Path) -> None:
                 ours = False
             if ours:
                 os.utime(fd)
-                _leases[folder] = fd
-                _lease_files[fd] = _identity(os.fstat(fd))
+                _leases[folder] = (fd, _identity(os.fstat(fd)))
                 _stamping()
                 return
             os.close(fd)  # the folder was swept under us: made anew
@@ -244,8 +243,8 @@ def _stamp() -> None:
     while True:
         time.sleep(STAMP_EVERY_S)
         with _lease_lock:
-            fds = [(fd, _lease_files.get(fd)) for fd in _leases.values()]
-        for fd, lease in fds:
+            leases = list(_leases.values())
+        for fd, lease in leases:
             with contextlib.suppress(OSError):
                 # only the lease: a descriptor the app closed and reused is another file
                 if _identity(os.fstat(fd)) == lease:
