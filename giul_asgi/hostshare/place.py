@@ -269,18 +269,9 @@ def sweep_namespaces(root: Path, mine: Path | None = None) -> int:
     (a container restarted: its processes all ended), and halves of such removals that a
     killed sweeper left; returns how many folders went. Never raises."""
     removed = 0
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return 0
-    uid = os.getuid()
-    for entry in entries:
+    for entry, info in own_entries(root):
         folder = Path(entry.path)
-        try:
-            info = entry.stat(follow_symlinks=False)
-            if info.st_uid != uid or not entry.is_dir(follow_symlinks=False) or folder == mine:
-                continue
-        except OSError:
+        if not stat.S_ISDIR(info.st_mode) or folder == mine:
             continue
         if entry.name.startswith(".gone-"):
             if time.time() - info.st_mtime >= YOUNG_S:  # a sweeper killed while removing it
@@ -298,6 +289,26 @@ def sweep_namespaces(root: Path, mine: Path | None = None) -> int:
                 continue
         removed += _remove_tree(gone)
     return removed
+
+
+def own_entries(folder: Path) -> list[tuple[os.DirEntry[str], os.stat_result]]:
+    """The entries of ``folder`` this user owns, each with its own status (a link's, never its
+    target's); none where ``folder`` cannot be read. What every sweep of the place starts
+    from: nothing of another user's is ever ours to remove."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    uid = os.getuid()
+    found = []
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # removed since it was listed
+        if info.st_uid == uid:
+            found.append((entry, info))
+    return found
 
 
 @contextlib.contextmanager
@@ -658,4 +669,4 @@ def held_if_free(path: Path, *, create: bool = True) -> Iterator[bool]:
 
 __all__ = ["ENV", "LEASE", "OFF", "OFF_WORDS", "PRIVATE", "Place", "Setting", "check_environment",
            "check_setting", "default_candidates", "held", "held_if_free", "log_unshared", "make_dir",
-           "open_file", "remedy", "resolve", "sweep_namespaces"]
+           "open_file", "own_entries", "remedy", "resolve", "sweep_namespaces"]

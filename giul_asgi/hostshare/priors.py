@@ -27,10 +27,11 @@ import logging
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
-from .place import make_dir, open_file
+from .place import make_dir, open_file, own_entries
 from .rows import alive, me, replace
 from .server import ServerId, keeper_in
 
@@ -95,12 +96,8 @@ def _no_constant(name: str) -> Any:
 
 def _sweep(root: Path, ours: str) -> None:
     """Remove the folders of servers whose keeper is gone."""
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.name == ours or not entry.is_dir(follow_symlinks=False):
+    for entry, info in own_entries(root):
+        if entry.name == ours or not stat.S_ISDIR(info.st_mode):
             continue
         keeper = keeper_in(entry.name)
         if keeper is not None and not alive(*keeper):

@@ -36,6 +36,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..hostshare.place import held_if_free, make_dir, open_file
+from ..hostshare.place import held_if_free, make_dir, open_file, own_entries
 from ..hostshare.rows import Row, Rows, alive, parse, replace
 from ..hostshare.server import ServerId, keeper_in
 from .labels import NONE, OTHER
@@ -343,26 +344,15 @@ def remove_dead_servers(root: Path, ours: str) -> int:
     """Remove the folders of servers that no longer run (every worker dead, and the keeper),
     and dead writers' rows of the former flat layout; returns how many folders and rows."""
     removed = 0
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return 0
-    uid = os.getuid()
-    for entry in entries:
-        try:
-            info = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if info.st_uid != uid:
-            continue
-        if entry.is_file(follow_symlinks=False):
+    for entry, info in own_entries(root):
+        if stat.S_ISREG(info.st_mode):
             who = parse(entry.name, ".json")
             if who is not None and not alive(*who):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                     removed += 1
             continue
-        if entry.name == ours or not entry.is_dir(follow_symlinks=False):
+        if entry.name == ours or not stat.S_ISDIR(info.st_mode):
             continue
         keeper = keeper_in(entry.name)
         if keeper is not None and alive(*keeper):

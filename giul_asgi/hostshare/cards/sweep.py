@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from ..keys import folder_name
-from ..place import held_if_free
+from ..place import held_if_free, own_entries
 from ..rows import alive
 
 #: A card's folder untouched this long, with nobody holding or sitting at it, is removed.
@@ -36,18 +37,11 @@ def sweep_cards(directory: Path, keep: Path | None = None) -> int:
     for its port, a fake GPU's: each 1.5 MB that a hostile tester saw pile up to 650 MB).
     Runs when a ledger joins a table, on its reader thread; returns how many went."""
     removed = 0
-    try:
-        entries = list(os.scandir(directory / "cards"))
-    except OSError:
-        return 0
-    uid = os.getuid()
-    for entry in entries:
+    for entry, info in own_entries(directory / "cards"):
         folder = Path(entry.path)
+        if folder == keep or not stat.S_ISDIR(info.st_mode) or time.time() - info.st_mtime < FORGET_CARD_S:
+            continue
         try:
-            info = entry.stat(follow_symlinks=False)
-            if (folder == keep or info.st_uid != uid or not entry.is_dir(follow_symlinks=False)
-                    or time.time() - info.st_mtime < FORGET_CARD_S):
-                continue
             names = os.listdir(folder)
             if any(n.startswith("p-") and _seat_alive(n) for n in names):
                 continue
