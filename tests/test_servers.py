@@ -184,6 +184,22 @@ def test_two_single_process_servers_from_one_parent_and_a_restart_are_three_serv
     assert all(len(names) == 1 for names in left.values()), left
 
 
+@contextmanager
+def under_load(base: str, clients: int) -> Iterator[dict[str, int]]:
+    """``clients`` threads of :func:`load` for a ``with`` block; the counts, as they go."""
+    stop, lock = threading.Event(), threading.Lock()
+    counts = {"answered": 0, "failed": 0}
+    threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield counts
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+
+
 def load(base: str, stop: threading.Event, counts: dict[str, int], lock: threading.Lock) -> None:
     """Requests on new connections until ``stop``: answered (200) and failed ones counted."""
     while not stop.is_set():
@@ -219,21 +235,12 @@ def test_a_worker_killed_under_load_loses_no_answered_request(tmp_path: Path) ->
     log = tmp_path / "server.log"
     with server(command("uvicorn", port, 4), environment(tmp_path / "place"), log) as proc:
         pids = list(wait_up(base, proc, log, workers=4))
-        stop, lock = threading.Event(), threading.Lock()
-        counts = {"answered": 0, "failed": 0}
-        threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(6)]
-        for t in threads:
-            t.start()
-        try:
+        with under_load(base, 6) as counts:
             deadline = time.monotonic() + 20
             while counts["answered"] < 300 and time.monotonic() < deadline:
                 time.sleep(0.1)
             os.kill(pids[0], signal.SIGKILL)  # while its requests are answered and settling
             time.sleep(1.5)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=60)
         answered, failed = counts["answered"], counts["failed"]
         seen = totals_once_still(base, answered)
     assert answered > 100
@@ -263,15 +270,10 @@ def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(t
     cmd = command("gunicorn", port, 2, "--max-requests", "30")
     with server(cmd, environment(place), log) as proc:
         wait_up(base, proc, log, workers=2)
-        stop, lock = threading.Event(), threading.Lock()
-        counts = {"answered": 0, "failed": 0}
-        threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(3)]
-        for t in threads:
-            t.start()
         polls: list[int] = []
         scrapes: list[float] = []
         most_files = 0
-        try:
+        with under_load(base, 3) as counts:
             deadline = time.monotonic() + 25
             while counts["answered"] < 300 and time.monotonic() < deadline:
                 with contextlib.suppress(httpx.HTTPError):  # a worker recycled under it
@@ -279,10 +281,6 @@ def test_gunicorn_churn_keeps_the_files_bounded_and_the_counters_never_go_down(t
                     scrapes.append(scraped_requests(base))
                 most_files = max(most_files, len(stats_files(place)))
                 time.sleep(0.05)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=60)
         answered = counts["answered"]
         final = totals_once_still(base, answered)
         time.sleep(2.5)  # the last recycled workers are folded
@@ -351,22 +349,13 @@ def test_the_simulated_card_is_one_card_for_every_worker_and_its_books_never_fal
     log = tmp_path / "server.log"
     with server(command("uvicorn", port, 3), environment(tmp_path / "place"), log) as proc:
         wait_up(base, proc, log, workers=3)
-        stop, lock = threading.Event(), threading.Lock()
-        counts = {"answered": 0, "failed": 0}
-        threads = [threading.Thread(target=load, args=(base, stop, counts, lock)) for _ in range(3)]
-        for t in threads:
-            t.start()
         books: list[tuple[float, int]] = []
-        try:
+        with under_load(base, 3) as counts:
             deadline = time.monotonic() + 30
             while len(books) < 20 and time.monotonic() < deadline:
                 ledger = get(base, "/energy", window="all")["nodes"]["gpu"]["ledger"]
                 books.append((ledger["measured_j"], ledger["workers"]))
                 time.sleep(0.1)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=60)
     measured = [m for m, _ in books]
     assert len(books) == 20 and counts["answered"] > 20, (books, counts)
     assert all(w == 3 for _, w in books[5:]), books  # every worker at the card's table
