@@ -129,6 +129,9 @@ UPSTREAM_EVERY_S = 0.25
 PROXY_S = 0.003
 #: A saturated loop's slice of Python work between two ``await asyncio.sleep(0)``.
 SLICE_S = 0.002
+#: A fresh process's windows before this many have settled get the cold spread (the split
+#: conformal rank at 92% needs a dozen residuals): the warm width is the median after them.
+WARM = 12
 #: The reading paths: production's (NVML over fake_pynvml) and the truth card read directly.
 READ_PATHS = ("nvml", "truecard")
 
@@ -173,10 +176,10 @@ class Row:
         ]
         return sum(hits) / len(hits) if hits else None
 
-    def _width(self, which: str) -> float | None:
+    def _width(self, which: str, skip: int = 0) -> float | None:
         widths = [
             (e.uncertainty_joules or 0.0) / e.joules
-            for o in self.outcomes
+            for o in self.outcomes[skip:]
             if (e := getattr(o, which)).joules
         ]
         return statistics.median(widths) if widths else None
@@ -195,6 +198,7 @@ class Row:
             "settled med": _q(settled, 0.5), "settled p90": _q(settled, 0.9),
             "in +-unc first": self._covered("first"), "in +-unc settled": self._covered("settled"),
             "unc/J first": self._width("first"), "unc/J settled": self._width("settled"),
+            "unc/J first, warm": self._width("first", skip=WARM),
             "charged/caused": charged / caused if caused else None,
             "conservation": self.conservation, "contended": contended,
             "reads/period": self.reads / (self.wall_s / 0.1) if self.wall_s else None,
@@ -530,16 +534,18 @@ def runs_table(results: list[dict[str, Any]]) -> str:
     the reader keep up (readings a period, time between driver reads, GIL back after each)."""
     lines = [
         "| run | path | with figure, first / settled | charged/caused | first p90 | first unc/J "
+        f"| first unc/J after {WARM} "
         "| reads/period | ms between driver reads p50 / p90 / max "
         "| us until the GIL was back p50 / p90 / max | reader blocks a read | reader CPU % |",
-        "|---:|---|---|---:|---:|---:|---:|---|---|---:|---:|",
+        "|---:|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for r in results:
         c = r["cells"]
         lines.append(
             f"| {r['run']} | {r['path']} | {fmt(c['with figure'])} / {fmt(c['settled with figure'])} "
             f"| {fmt(c['charged/caused'], pct=False)} | {fmt(c['first p90'])} | {fmt(c['unc/J first'])} "
-            f"| {fmt(c['reads/period'], pct=False)} | {_three(r['read_gaps_ms'], 'ms')} "
+            f"| {fmt(c['unc/J first, warm'])} | {fmt(c['reads/period'], pct=False)} "
+            f"| {_three(r['read_gaps_ms'], 'ms')} "
             f"| {_three(r['gil_lags_us'], 'us')} | {r['reader_blocks'] / max(r['reads'], 1):.1f} "
             f"| {100 * r['reader_cpu_s'] / r['wall_s']:.1f} |")
     return "\n".join(lines)

@@ -300,6 +300,8 @@ def summarise(name: str, figures: list[Figure]) -> list[str]:
     def pct(part: list[Figure], whole: list[Figure]) -> str:
         return f"{100 * len(part) / len(whole):.0f}% ({len(part)}/{len(whole)})" if whole else "-"
 
+    if not figures:
+        return [f"| {name} | 0 | not run | | | | | | | |"]
     return [
         f"| {name} | {len(figures)} | {pct(made, figures)} | {pct(covered, both)} | "
         f"{pct(covered_truth, truths)} | {statistics.median(widths):.0%} | {pct(wide, stepped)} | "

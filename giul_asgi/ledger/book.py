@@ -592,8 +592,11 @@ class Book:
         booked = self._t_end if self._t_end is not None else window.t_open
         assert window.t_close is not None
         unreported = max(0.0, window.t_close - max(window.t_open, booked))
-        return (window.share + fill_j + left,
-                measured_unc + spread_ * first.scale + FLOOR * guess + fill_unc, fill_j + left,
+        # The measured part's doubt (the card's edges) and the guess's (how far the prior's
+        # guesses fell) are independent: in quadrature, not added (added, first figures
+        # covered the truth 100% of the time at twice the width they needed).
+        interpolated_unc = spread_ * first.scale + FLOOR * guess + fill_unc
+        return (window.share + fill_j + left, math.hypot(measured_unc, interpolated_unc), fill_j + left,
                 window.idle_share + self._idle_guess(window, window.filled_s + unreported))
 
     def _idle_guess(self, window: Window, seconds: float) -> float:
