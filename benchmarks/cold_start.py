@@ -208,11 +208,12 @@ def mixed_trial(seed: int, n: int = 300, in_flight: int = 16) -> list[Figure]:
     return [f for _, f in out]
 
 
-def draining_trial(seed: int, bursts: int = 12) -> list[Figure]:
+def draining_trial(seed: int, bursts: int = 12, skip: int = 30) -> list[Figure]:
     """Bursts on the simulated card (its draw per request falls as the batch grows), on a
     virtual clock: 8 clients for 1.5 s sending 20 ms or 200 ms requests back to back, then 3 s
     idle. ``index`` 1 marks a request begun in a burst's last 0.3 s (it ends as the burst
-    drains: a hostile trial saw 12 of 76 such first figures outside their uncertainty)."""
+    drains: a hostile trial saw 12 of 76 such first figures outside their uncertainty); the
+    first ``skip`` figures are left out (a fresh process's first bursts: ``skip=0``)."""
     import heapq
 
     from giul_asgi.readers.base import ReaderSpec
@@ -257,7 +258,7 @@ def draining_trial(seed: int, bursts: int = 12) -> list[Figure]:
     advance(clock.now + 2.0)
     for meter, figure in out:
         figure.settled = meter.figure().joules
-    return [f for _, f in out[30:]]
+    return [f for _, f in out[skip:]]
 
 
 async def simulated_trial(seed: int) -> list[Figure]:
@@ -351,6 +352,7 @@ def main() -> None:
     mixed = [f for seed in range(runs) for f in mixed_trial(seed) if f.index >= 50]
     draining = [f for seed in range(runs) for f in draining_trial(seed)]
     long_ = [f for f in draining if f.seconds == 0.2]
+    fresh = [f for seed in range(2 * runs) for f in draining_trial(seed, bursts=2, skip=0)]
     simulated = [f for seed in range(args.simulated_trials) for f in asyncio.run(simulated_trial(seed))]
     load = os.getloadavg()
     lines = [
@@ -398,6 +400,9 @@ def main() -> None:
         coverage_row("200 ms begun in the last 0.3 s", [f for f in long_ if f.index == 1]),
         coverage_row("200 ms begun before", [f for f in long_ if f.index == 0]),
         coverage_row("20 ms", [f for f in draining if f.seconds == 0.02]),
+        coverage_row(f"a fresh process's first two bursts ({2 * runs} processes), begun in the last 0.3 s",
+                     [f for f in fresh if f.index == 1]),
+        coverage_row("the same, begun before", [f for f in fresh if f.index == 0]),
         "",
         "By length, the simulated card:",
         "",

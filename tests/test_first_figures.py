@@ -60,3 +60,15 @@ def test_first_figures_under_steady_load_are_as_narrow_as_their_calibration_allo
         assert statistics.median(f.first_unc / f.first for f in mine) <= most_wide
         wider = [f for f in mine if f.first_unc > f.first]
         assert len(wider) <= most_wider * len(mine), wider[:3]
+
+
+def test_a_fresh_process_covers_the_requests_that_end_as_a_burst_drains() -> None:
+    # A stranger's trial: the last completions of each burst were covered 24 of 36 times,
+    # every miss low (the card draws more for each request as its batch empties), the rest
+    # 368 of 369. Their class has too few settled in a fresh process to rank its own spread.
+    figures = [f for seed in range(20) for f in cold_start.draining_trial(seed, bursts=4, skip=0)]
+    for draining, least in ((1, 0.95), (0, 0.99)):
+        mine = [f for f in figures if f.index == draining and f.first and f.settled is not None
+                and f.first_unc is not None]
+        covered = [f for f in mine if abs(f.first - f.settled) <= f.first_unc]
+        assert len(covered) >= least * len(mine), (len(covered), len(mine))
