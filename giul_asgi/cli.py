@@ -177,8 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--serve", action="store_true", help="keep serving after --load")
     d.add_argument("--target", type=url, default=None, metavar="URL",
                    help="with --load: send it to this running gateway (http://host:port, a demo "
-                        "or your own OpenAI-compatible one: /v1/models, /v1/chat/completions) "
-                        "instead of starting one")
+                        "or your own OpenAI-compatible one: /v1/models, /v1/chat/completions, the only "
+                        "routes it sends) instead of starting one")
     d.add_argument("--seed", type=int, default=0, help="seed of the load's mix and the cards")
     d.add_argument("--upstream", type=url, default=None, metavar="URL",
                    help="meter this OpenAI-compatible upstream (http://host:port/v1) instead of "

@@ -280,6 +280,9 @@ def test_load_can_target_a_gateway_already_running(api: str) -> None:
     assert rows and any("simulated" in row for row in rows), done.stdout
     assert not any("measured" in row for row in rows), done.stdout
     assert "the gateway is up" not in done.stdout  # nothing of its own started
+    # A gateway not ours promises chat completions alone (a stranger's own answered 15 of
+    # 40 requests 404: the load sent text completions too).
+    assert {row.split()[0] for row in rows} == {"/v1/chat/completions"}, done.stdout
 
 
 @pytest.mark.parametrize(("args", "words"), [

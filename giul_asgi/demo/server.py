@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import signal
@@ -236,8 +237,8 @@ async def load_target(options: DemoOptions, *, say: Callable[[str], None] = prin
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        say(f"giul-asgi demo: loading the gateway at {api}")
-        return await _load(api, options, stop, say)
+        say(f"giul-asgi demo: loading the gateway at {api} (chat completions, streamed and not)")
+        return await _load(api, options, stop, say, chat_only=True)
     except (httpx.HTTPError, RuntimeError) as exc:
         raise GiulError(f"cannot load the gateway at {api}: {type(exc).__name__}: {exc}",
                         remedy="start one (giul-asgi demo --serve) or check --target; it must "
@@ -249,7 +250,10 @@ async def load_target(options: DemoOptions, *, say: Callable[[str], None] = prin
                 loop.remove_signal_handler(sig)
 
 
-async def _load(api: str, options: DemoOptions, stop: asyncio.Event, say: Callable[[str], None]) -> int:
+async def _load(api: str, options: DemoOptions, stop: asyncio.Event, say: Callable[[str], None],
+                chat_only: bool = False) -> int:
+    """The load and its table. ``chat_only``: a gateway not ours promises /v1/chat/completions
+    alone (a stranger's gateway answered the text completions and embeddings 404)."""
     from .load import Plan, format_table, run_load, summarise
 
     try:
@@ -259,6 +263,8 @@ async def _load(api: str, options: DemoOptions, stop: asyncio.Event, say: Callab
 
     bar = tqdm(total=options.load, unit="req", desc="load", file=sys.stderr) if tqdm else None
     plan = Plan(requests=options.load, concurrency=options.concurrency, seed=options.seed)
+    if chat_only:
+        plan = dataclasses.replace(plan, embed_share=0.0, completion_share=0.0)
     started = time.perf_counter()
     work = asyncio.ensure_future(run_load(api, plan, progress=bar.update if bar else None))
     stopper = asyncio.ensure_future(stop.wait())
