@@ -460,7 +460,13 @@ def render(result: Replayed) -> str:
     books, live = result.books, loaded.live_books
     out.append(f"books: measured {books['measured_j']:.6g} J above idle, charged {books['charged_j']:.6g} J, "
                f"unattributed {books['unattributed_j']:.6g} J, in flight {books['in_flight_j']:.6g} J")
-    if live:
+    if live and live.get("received_j", 0) > 0 and not live.get("measured_j"):
+        # A seat at the card's table: its holder read the card and shared each span; this
+        # process's books say what it received of them (a stranger read "measured 0 J").
+        out.append(f"live books: received {live['received_j']:.6g} J above idle from the card's "
+                   f"holder, charged {live.get('charged_j', 0):.6g} J, unattributed "
+                   f"{live.get('unattributed_j', 0):.6g} J")
+    elif live:
         out.append(f"live books: measured {live.get('measured_j', 0):.6g} J, charged "
                    f"{live.get('charged_j', 0):.6g} J, unattributed {live.get('unattributed_j', 0):.6g} J")
     agreement = result.agreement

@@ -726,3 +726,33 @@ def test_forty_worker_lifetimes_never_leave_more_than_the_bound(tmp_path: Path) 
         most = max(most, len(list(tmp_path.glob("giul-trace-*"))))
     assert most <= (KEEP_DEAD + 1) * FILES, most
     assert len(list(tmp_path.glob("giul-trace-sim-*.jsonl"))) == KEEP_DEAD + 1
+
+
+@pytest.mark.anyio
+async def test_replay_says_what_a_seat_at_the_cards_table_received_not_a_measured_zero(
+    tmp_path: Path,
+) -> None:
+    # The in-process simulated card sits at a card table (its holder reads it and shares each
+    # span): a stranger's replay printed "live books: measured 0 J, charged 1023.05 J".
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.15)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    node = Node(f"seat-{os.getpid()}-{time.monotonic_ns()}", idle_w=70.0, reader="simulated")
+    stats = RecordingStats()
+    middleware = EnergyMiddleware(app, nodes=[node], ledgers=Ledgers(), stats=stats,
+                                  trace=str(tmp_path))
+    await middleware.start()
+    for _ in range(6):
+        await drive(middleware, path="/v1/chat/completions")
+    assert len(await settled_records(stats, 6, timeout=20.0)) == 6
+    await middleware.aclose()
+    loaded = load(tmp_path)
+    live = loaded.live_books
+    assert live is not None and live["charged_j"] > 0
+    line = next(x for x in render(replay(loaded)).splitlines() if x.startswith("live books"))
+    if live["measured_j"] == 0:
+        assert live["received_j"] >= live["charged_j"] and "received" in line, line
+    assert "measured 0 J" not in line, line

@@ -935,7 +935,9 @@ class Ledger:
             totals = self._own_totals()  # what replay books again from this process's trace
             self._trace.close({"measured_j": totals.measured_j, "charged_j": totals.charged_j,
                                "unattributed_j": totals.unattributed_j,
-                               "in_flight_j": totals.in_flight_j})
+                               "in_flight_j": totals.in_flight_j,
+                               # at a card's table the holder measures; a seat receives
+                               "received_j": self.book.totals().received_j})
         if table is not None:  # the holder folds this process's books into the card's
             table.publish_books(self._seat_books())
             with self._lock:
