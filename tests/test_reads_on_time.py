@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,7 @@ def test_the_switch_interval_is_lowered_while_readers_run_and_said(caplog: pytes
         switch.join("b")
     assert interval.puts == [INTERVAL_S] and switch.lowered == INTERVAL_S  # once, by the first
     assert caplog.text.count(ENV) == 1 and "GIL switch interval is 0.001 s (CPython's 0.005)" in caplog.text
+    assert f"(pid {os.getpid()})" in caplog.text  # under uvicorn --workers, which worker says so
     switch.leave()
     assert interval.value == INTERVAL_S  # another reader still runs
     switch.leave()

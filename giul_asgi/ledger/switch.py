@@ -123,9 +123,9 @@ class Switch:
             self._put(wanted)
             said, self._said = self._said, True
         if not said:
-            log.info("node %r: the process's GIL switch interval is %g s (CPython's %g) while readers run, "
-                     "so a busy event loop cannot keep the reader from its reads for long; %s=off leaves "
-                     "it alone", node, wanted, now, ENV)
+            log.info("node %r: the process's (pid %d) GIL switch interval is %g s (CPython's %g) while "
+                     "readers run, so a busy event loop cannot keep the reader from its reads for long; "
+                     "%s=off leaves it alone", node, os.getpid(), wanted, now, ENV)
 
     def leave(self) -> None:
         """A reader thread stops: the last puts the interval back (if still the one set)."""
