@@ -191,7 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import agent, probe
 
-    p = sub.add_parser("probe", help="what this host's GPUs (and remote readers) answer, measured")
+    p = sub.add_parser("probe", help="what this host's GPUs (and remote readers) answer, measured",
+                       description="what this host's GPUs (and remote readers) answer, measured; "
+                                   "exit 1 where nothing answered (the report still printed)")
     probe.add_arguments(p)
     p.set_defaults(run=probe.run)
 

@@ -351,8 +351,9 @@ def probe_report(
     for reader, url in (("nvml", None), ("agent", agent_url), ("dcgm", dcgm_url), ("dcgmi", None)):
         idle = (report.get(reader) or {}).get("idle") or {}
         if idle.get("idle_w") is not None:
+            indices = [g.get("index") for g in (report.get(reader) or {}).get("gpus") or []]
             report["suggested_config"] = {"reader": reader, "idle_w": round(idle["idle_w"], 1),
-                                          **({"url": url} if url else {})}
+                                          "gpus": indices, **({"url": url} if url else {})}
             break
     return report
 
@@ -467,9 +468,21 @@ def format_probe(report: dict[str, Any]) -> str:
     _format_idle(report.get("idle"), lines, indent="")
     if report.get("suggested_config"):
         cfg = report["suggested_config"]
+        gpus = cfg.get("gpus") or []
+        # Several GPUs measured together make one node's floor (a stranger pasted two cards'
+        # sum into a node of one): say which.
+        which = (f", GPUs {', '.join(map(str, gpus))} together: the floor of a node of these GPUs "
+                 "(--gpus measures others)") if len(gpus) > 1 else (f", GPU {gpus[0]}" if gpus else "")
         lines.append(f"paste into the node's config: idle_w = {cfg['idle_w']} "
-                     f"(measured through {cfg['reader']})")
+                     f"(measured through {cfg['reader']}{which})")
     return "\n".join(lines)
+
+
+def answered(report: dict[str, Any]) -> bool:
+    """Whether anything the probe asked answered: local NVML, or a reader it was pointed at."""
+    if (report.get("nvml") or {}).get("available"):
+        return True
+    return any((report.get(key) or {}).get("reachable") for key in ("agent", "dcgm", "dcgmi", "upstream"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -505,6 +518,10 @@ def run(args: argparse.Namespace) -> int:
                           idle_seconds=args.idle,
                           sample_seconds=args.sample)
     print(json.dumps(report, indent=2) if args.json else format_probe(report))
+    if not answered(report):  # a one-shot check that found nothing to read failed
+        print("giul-asgi probe: nothing answered (no local NVML, and no reader it was pointed at "
+              "was reachable)", file=sys.stderr)
+        return 1
     return 0
 
 

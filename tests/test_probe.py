@@ -54,7 +54,8 @@ def test_fake_card_update_period_counter_against_power_and_idle_floor() -> None:
     assert s["counter_steps"] >= 15 and s["counter_resolution_j"] == pytest.approx(20.0, rel=0.05)
     assert s["counter_over_power"] == pytest.approx(1.0, rel=0.02)
     assert section["idle"]["idle_w"] == pytest.approx(200.0, rel=0.02)
-    assert report["suggested_config"] == {"reader": "nvml", "idle_w": pytest.approx(200.0, rel=0.02)}
+    assert report["suggested_config"] == {"reader": "nvml", "idle_w": pytest.approx(200.0, rel=0.02),
+                                          "gpus": [0]}
     assert section["processes"] == [{"pid": 1, "name": section["processes"][0]["name"]}]
     text = format_probe(report)
     assert "counter update period: median 100.0 ms" in text and "idle_w = " in text
@@ -122,6 +123,8 @@ def test_an_agents_cards_are_timed_one_by_one_and_its_idle_floor_measured() -> N
     assert report["suggested_config"]["reader"] == "agent" and report["suggested_config"]["url"] == url
     text = format_probe(report)
     assert "  gpu 1:" in text and "idle floor over 1.5 s: " in text and "measured through agent" in text
+    # Two cards' floor is one node's of both (a stranger pasted it into a node of one card).
+    assert "GPUs 0, 1 together: the floor of a node of these GPUs" in text
 
 
 def test_idle_says_why_where_it_cannot_be_measured() -> None:
@@ -148,8 +151,9 @@ def test_idle_says_why_where_it_cannot_be_measured() -> None:
 def test_cli_idle_without_a_reader_prints_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     from giul_asgi.cli import main as cli_main
 
-    assert cli_main(["probe", "--no-local", "--idle", "1"]) == 0
-    assert "idle floor: not measured: no reader to measure it through" in capsys.readouterr().out
+    assert cli_main(["probe", "--no-local", "--idle", "1"]) == 1  # a check that found nothing failed
+    out, err = capsys.readouterr()
+    assert "idle floor: not measured: no reader to measure it through" in out and "nothing answered" in err
 
 
 def _fake_dcgmi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:

@@ -303,7 +303,8 @@ class NvmlReader:
         self._open = False
         self.gpus, self._handles, self.probes = open_gpus(
             nvml, self.gpus,
-            start_remedy="check the NVIDIA driver is loaded (nvidia-smi), or use reader='none'",
+            start_remedy="check the NVIDIA driver is loaded (nvidia-smi); without a GPU, reader='simulated' "
+                         "to try the middleware, or reader='none' (estimates only)",
             index_remedy="fix the node's gpus list (CUDA_VISIBLE_DEVICES does not renumber NVML)",
         )
         self._open = True
