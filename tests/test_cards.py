@@ -7,6 +7,7 @@ death, files left behind.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
@@ -206,6 +207,50 @@ def test_a_holder_killed_with_minus_9_frees_the_card_and_leaves_its_books(tmp_pa
     finally:
         stop.touch()
         proc.join(10)
+        me.close()
+
+
+def _hold_fork_and_wait(directory: str, ready: Any, stop: str, child_pid: str) -> None:
+    table = CardTable(Path(directory), KEY, "n")
+    assert table.try_hold()
+    pid = os.fork()  # an app's helper process (multiprocessing's fork, a daemon it starts)
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    Path(child_pid).write_text(str(pid))
+    ready.set()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_forked_helper_of_a_killed_holder_does_not_keep_the_card(tmp_path: Path) -> None:
+    # A hostile trial: the holder's forked helper kept the lock's descriptor, and after a
+    # kill -9 of the holder nobody read the card again (113 of 1,182 requests counted).
+    ctx = mp.get_context("spawn")
+    ready, stop, child = ctx.Event(), tmp_path / "stop", tmp_path / "child"
+    proc = ctx.Process(target=_hold_fork_and_wait, args=(str(tmp_path), ready, str(stop), str(child)),
+                       daemon=True)
+    proc.start()
+    me = CardTable(tmp_path, KEY, "n")
+    helper = None
+    try:
+        assert ready.wait(60)
+        helper = int(child.read_text())
+        assert not me.try_hold()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        deadline = time.monotonic() + 10
+        while not me.try_hold():  # the helper lives on, and holds nothing
+            assert time.monotonic() < deadline, "the forked helper still holds the card"
+            time.sleep(0.01)
+        assert os.path.exists(f"/proc/{helper}")
+    finally:
+        stop.touch()
+        proc.join(10)
+        if helper is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(helper, signal.SIGKILL)
         me.close()
 
 

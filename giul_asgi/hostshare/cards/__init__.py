@@ -51,7 +51,7 @@ from .layout import TAPE_BYTES as TAPE_BYTES
 from .others import CENSUS_S as CENSUS_S
 from .others import LIVENESS_S as LIVENESS_S
 from .sweep import FORGET_CARD_S, ledgers_on, sweep_cards
-from .table import HOLDER_STALE_S, CardTable
+from .table import CardTable
 
-__all__ = ["FORGET_CARD_S", "HOLDER_STALE_S", "CardTable", "HostBooks", "SeatBooks", "Unusable",
+__all__ = ["FORGET_CARD_S", "CardTable", "HostBooks", "SeatBooks", "Unusable",
            "ledgers_on", "sweep_cards"]
