@@ -23,7 +23,6 @@ full one) records are this process's alone, a warning says why once, and :attr:`
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
@@ -42,6 +41,7 @@ from .errors import ConfigError
 from .hostshare import ENV, OFF, Setting, log_unshared, resolve
 from .hostshare.journal import CENSUS_S, UNKNOWN, Journal, ring_bytes, say_unshared, sweep
 from .hostshare.place import remedy, room
+from .hostshare.rows import load_json
 from .hostshare.server import ServerId, server_identity
 from .listeners import Settled
 from .meter import id_prefix, split_id
@@ -373,16 +373,13 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _FIELDS = frozenset(f.name for f in fields(Energy))
 
 
-def _reject(name: str) -> Any:
-    raise ValueError(f"{name} is not a number")
-
 
 def parse_record(data: bytes) -> tuple[Energy | None, str | None]:
     """An :class:`Energy` from a ring's JSON, or why it makes no sense (not JSON, NaN or
     Infinity, a string where a number goes, a field of the wrong kind)."""
     try:
-        raw = json.loads(data, parse_constant=_reject)
-    except (ValueError, RecursionError) as exc:
+        raw = load_json(data)
+    except ValueError as exc:
         return None, f"not JSON: {exc}"
     if not isinstance(raw, dict):
         return None, "not an object"

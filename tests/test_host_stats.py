@@ -200,6 +200,9 @@ def test_rows_that_make_no_sense_are_skipped_and_said_once(tmp_path: Path, caplo
         row[7] = [row[7][0], row[7][1], 10**30, *row[7][3:]]
         plant(11, {**good, "keys": [row]})
         plant(12, {**good, "dropped": 10**30})
+        # Nested past the parser's depth (a hostile trial: the RecursionError went past every
+        # reader of the place, /energy answered 500 while it stayed and a thread died).
+        (folder / f"{other}-13-z.json").write_text("[" * 100_000)
         with caplog.at_level(logging.WARNING, logger="giul_asgi.stats"):
             for _ in range(3):
                 snap = me.snapshot("all")
@@ -207,7 +210,7 @@ def test_rows_that_make_no_sense_are_skipped_and_said_once(tmp_path: Path, caplo
                 me.view().counters()
                 json.dumps(snap, allow_nan=False)
         said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
-        for n in range(1, 13):
+        for n in range(1, 14):
             assert sum(f"{other}-{n}-z.json" in m for m in said) == 1, (n, said)
         assert snap["dropped"] == 0 and all(math.isfinite(c[3]) for c in me.view().counters())
     finally:
@@ -450,3 +453,19 @@ def test_statistics_made_before_a_fork_join_the_child_s_own_server(tmp_path: Pat
         assert stats.snapshot("all")["totals"]["requests"] == 0  # another server's, not ours
     finally:
         stats.close()
+
+
+def test_a_dead_servers_odd_server_json_never_unshares_the_next_one(tmp_path: Path) -> None:
+    # A hostile trial: a dead server's server.json nested past the parser's depth killed the
+    # next server's joining thread before it shared: every later server unshared, reason null.
+    root = tmp_path / "stats"
+    root.mkdir(mode=0o700)
+    dead = root / "l999.4000000-1"
+    dead.mkdir(mode=0o700)
+    (dead / "server.json").write_text("[" * 100_000)
+    me = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("next"))
+    try:
+        assert me.wait_ready(10) and me.shared, me.shared_reason
+        assert not dead.exists()  # a dead server's folder, odd or not, goes at the next start
+    finally:
+        me.close()

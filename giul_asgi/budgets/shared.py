@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hostshare.place import held, held_if_free, make_dir, open_file
-from ..hostshare.rows import Rows, alive, parse, replace
+from ..hostshare.rows import Rows, alive, load_json, parse, replace
 from ..hostshare.server import ServerId
 from ..stats.folder import remove_dead_servers
 
@@ -110,9 +110,6 @@ class _Other:
 def dump(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number here")
 
 
 def entries(raw: Any) -> Iterator[tuple[tuple[str, str, int], float]]:
@@ -326,7 +323,7 @@ class ServerSpending:
             data = unframed(raw)
             if data is None:
                 return False  # a write half done: what was read before stands, until the next
-            parsed = _row(json.loads(data, parse_constant=_no_constant), ROW_SCHEMA)
+            parsed = _row(load_json(data), ROW_SCHEMA)
         except (ValueError, TypeError) as exc:
             self._odd(name, str(exc))
             parsed = None
@@ -365,7 +362,7 @@ class ServerSpending:
         finally:
             os.close(fd)
         try:
-            raw = json.loads(b"".join(chunks), parse_constant=_no_constant)
+            raw = load_json(b"".join(chunks))
             if name == DEAD:
                 return _row(raw, DEAD_SCHEMA)
             if not isinstance(raw, dict) or raw.get("schema") != CROSSED_SCHEMA:
@@ -447,7 +444,7 @@ class ServerSpending:
             if data is None:
                 kept = self._others.get(path.name)
                 return kept.data if kept is not None else None  # what was read before it died
-            return _row(json.loads(data, parse_constant=_no_constant), ROW_SCHEMA)
+            return _row(load_json(data), ROW_SCHEMA)
         except (ValueError, TypeError) as exc:
             self._odd(path.name, str(exc))
             return None

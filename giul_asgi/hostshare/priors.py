@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .place import make_dir, open_file, own_entries
-from .rows import alive, me, replace
+from .rows import alive, load_json, me, replace
 from .server import ServerId, keeper_in
 
 log = logging.getLogger("giul_asgi.hostshare")
@@ -73,7 +73,7 @@ class KeptPrior:
         if len(raw) > MOST_BYTES:
             return None
         try:
-            kept = json.loads(raw, parse_constant=_no_constant)
+            kept = load_json(raw)
         except ValueError:
             return None
         if not isinstance(kept, dict) or kept.get("by") == me() or "prior" not in kept:
@@ -89,9 +89,6 @@ class KeptPrior:
         except (OSError, ValueError) as exc:
             log.debug("the node's prior could not be kept in %s: %s", self.path, exc)
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number a prior holds")
 
 
 def _sweep(root: Path, ours: str) -> None:

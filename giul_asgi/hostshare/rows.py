@@ -17,6 +17,7 @@ older than :data:`STALE_TMP_S` (the old unnamed ones included).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -24,6 +25,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .place import make_dir, open_file
 
@@ -220,4 +222,32 @@ class Rows:
             self.path.unlink()
 
 
-__all__ = ["STALE_TMP_S", "TMP", "Row", "Rows", "alive", "me", "parse", "process_start", "replace"]
+#: The most digits an integer another process wrote may have: past 64 bits it is nobody's
+#: count, and a float of it overflows (10**400 made math.isfinite raise, a hostile trial).
+MOST_DIGITS = 20
+
+
+def load_json(raw: bytes | str) -> Any:
+    """JSON another process wrote to the place, taken as nothing more than plain values: NaN
+    and Infinity, an integer past 64 bits and nesting past the parser's depth are each a
+    ValueError, what every reader of the place already treats as an odd file (a hostile
+    trial planted ``[`` x 100,000: the RecursionError went past them, /energy answered 500
+    while the file stayed and a statistics thread died)."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant, parse_int=_int)
+    except RecursionError:
+        raise ValueError("nested deeper than a row is") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number here")
+
+
+def _int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MOST_DIGITS:
+        raise ValueError("an integer past 64 bits")
+    return int(digits)
+
+
+__all__ = ["MOST_DIGITS", "STALE_TMP_S", "TMP", "Row", "Rows", "alive", "load_json", "me", "parse",
+           "process_start", "replace"]

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hostshare.place import held_if_free, make_dir, open_file, own_entries
-from ..hostshare.rows import Row, Rows, alive, parse, replace
+from ..hostshare.rows import Row, Rows, alive, load_json, parse, replace
 from ..hostshare.server import ServerId, keeper_in
 from .labels import NONE, OTHER
 from .tail import AREA, SUFFIX, Changed, Generation, Tail, TailReader
@@ -88,11 +88,8 @@ class Found:
 
 def load(raw: bytes) -> Any:
     """JSON as rows are written: no NaN, no Infinity (raises ValueError)."""
-    return json.loads(raw, parse_constant=_no_constant)
+    return load_json(raw)
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number here")
 
 
 def dump(data: Any) -> bytes:

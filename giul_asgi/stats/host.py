@@ -181,6 +181,9 @@ class HostStats:
         except OSError as exc:
             self._unshare(f"cannot write the statistics in {place.path}: {exc.strerror or exc}", exc)
             return
+        except ValueError as exc:  # a file in the place that is not one of ours to read
+            self._unshare(f"cannot read the statistics in {place.path}: {exc}", exc)
+            return
         with self._tail_lock:  # answers made while joining go in place now, in order
             self.folder, early, self._early = folder, self._early, []
         for id, t, six in early:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hostshare.place import open_file
+from ..hostshare.rows import load_json
 from .cell import Cell
 from .labels import Key, is_key
 
@@ -205,7 +206,7 @@ class TailReader:
 
     def _take(self, gen: Generation, raw: bytes) -> None:
         try:
-            entry = json.loads(raw, parse_constant=_no_constant)
+            entry = load_json(raw)
             if not isinstance(entry, list):
                 raise ValueError("not a list")
             kind = entry[0]
@@ -238,9 +239,6 @@ class TailReader:
         except (ValueError, TypeError, IndexError, KeyError, OverflowError):
             gen.bad += 1
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number here")
 
 
 __all__ = ["AREA", "MAGIC", "ROOM_SHARE", "SUFFIX", "Changed", "Generation", "Tail", "TailReader",
