@@ -500,3 +500,32 @@ def test_a_ledger_is_ready_once_it_has_had_its_first_turn_at_the_table(
         assert ledger.table is not None and ledger.looked
     finally:
         ledger.stop(1.0)
+
+
+def test_a_cards_folder_that_is_a_link_is_said_per_process_with_its_remedy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A hostile trial: a link (or another user's folder) at cards/ escaped as a traceback;
+    # the figures were this process's alone (1.69x) while /energy said shared, reason null.
+    from truecard import TrueCard, TrueReader
+
+    from giul_asgi.ledger import Ledger
+
+    place = tmp_path / "place"
+    place.mkdir(mode=0o700)
+    (tmp_path / "elsewhere").mkdir()
+    (place / "cards").symlink_to(tmp_path / "elsewhere")
+    reader = TrueReader(TrueCard())
+    reader.card_id = "linked"  # type: ignore[attr-defined]
+    ledger = Ledger(Node("linked", idle_w=70.0, workers_dir=str(place)), reader)
+    with caplog.at_level(logging.WARNING, logger="giul_asgi"):
+        ledger.ensure_started()
+        _until(lambda: ledger._joined)
+    try:
+        assert ledger.unshared is not None and "per process" in ledger.unshared
+        said = [r.getMessage() for r in caplog.records if "cannot be shared" in r.getMessage()]
+        assert len(said) == 1 and "remove" in said[0], said
+        assert not any(r.exc_info for r in caplog.records)  # one line, no traceback
+        assert not list((tmp_path / "elsewhere").iterdir())  # nothing written through the link
+    finally:
+        ledger.stop(1.0)

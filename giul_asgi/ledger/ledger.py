@@ -39,6 +39,7 @@ from ..deferred import raise_kept
 from ..energy import Carbon, Provenance, Share
 from ..errors import GiulError, ReaderUnavailable
 from ..hostshare import CardTable, SeatBooks, Unusable, card_key, log_unshared, resolve, server_identity
+from ..hostshare.place import remedy
 from ..hostshare.priors import KeptPrior, prior_name
 from ..readers.base import Continuing, Process, Reader, Reading
 from ..readers.mig import Mig, mig_of
@@ -624,9 +625,9 @@ class Ledger:
             table = CardTable(place.path, key, self.node.name, ramp_s=self.node.ramp_s, clock=self.clock)
         except Unusable as exc:
             self.unshared = f"per process: {exc}; other processes on this card are not seen"
+            cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
             log.warning("node %r: the card cannot be shared with the host's other processes: %s. "
-                        "Figures are this process's alone; give %s a private directory with room",
-                        self.node.name, exc, "GIUL_ASGI_LOAD_DIR")
+                        "Figures are this process's alone: %s", self.node.name, exc, remedy(cause))
             return
         with self._lock:
             # The seat first: a window the request path opens from now writes its own open;

@@ -106,8 +106,11 @@ class CardTable:
         self.node = node
         self.ramp_s = ramp_s
         self.clock = clock
-        cards = make_dir(directory / "cards", root=directory)
-        self.folder = make_dir(cards / folder_name(key), root=directory)
+        try:  # a link or another user's folder here is refused as a full place is: said
+            cards = make_dir(directory / "cards", root=directory)
+            self.folder = make_dir(cards / folder_name(key), root=directory)
+        except OSError as exc:
+            raise Unusable(f"cannot use the cards' folder in {directory}: {exc.strerror or exc}") from exc
         if directory not in _swept:  # once a process: the cards nobody reads any more go
             _swept.add(directory)
             sweep_cards(directory, keep=self.folder)
