@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -467,5 +468,21 @@ def test_a_dead_servers_odd_server_json_never_unshares_the_next_one(tmp_path: Pa
     try:
         assert me.wait_ready(10) and me.shared, me.shared_reason
         assert not dead.exists()  # a dead server's folder, odd or not, goes at the next start
+    finally:
+        me.close()
+
+
+def test_a_place_deleted_under_a_server_never_makes_energy_answer_500(tmp_path: Path) -> None:
+    # A hostile trial: rm -rf of the place while serving made /energy and /metrics answer 500
+    # (the rows' folder listed without a guard); the figures stay this worker's own.
+    me = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("deleted"))
+    try:
+        assert me.wait_ready(10) and me.folder is not None
+        me.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
+        shutil.rmtree(tmp_path / "stats")
+        for _ in range(2):
+            snap = me.snapshot("all")
+            me.view().counters()
+            assert snap["totals"]["requests"] >= 1
     finally:
         me.close()
