@@ -456,3 +456,21 @@ def test_energy_says_whether_records_are_shared_and_why_not(tmp_path: Path) -> N
 
     data = asyncio.run(main())
     assert data["records_shared"] is False and data["records_reason"], data
+
+
+def test_a_record_its_ring_overwrote_says_the_rings_bound_and_how_to_keep_more(place: Path) -> None:
+    # A hostile trial: on Docker's 64 MB /dev/shm a worker's ring holds ~700 records, seconds of
+    # a busy server's, and the 404 blamed max_records (10,000), which no store was near.
+    journal = Journal(place, one_server(), max_age_s=600.0, capacity=64 * 1024, tag="t")
+    for i in range(1, 2000):
+        journal.append(f"{id_prefix()}{i:x}", b"y" * 500, id_prefix(), i)
+    from giul_asgi.meter import split_id
+
+    other = Journal(place, one_server(), max_age_s=600.0, capacity=64 * 1024, tag="u")  # a worker
+    assert other.find(f"{id_prefix()}1") is None  # overwritten long ago
+    parts = split_id(f"{id_prefix()}1")
+    assert parts is not None
+    why = other.why(*parts)
+    other.close()
+    journal.close()
+    assert why.startswith("evicted: its process's journal (0.062 MiB") and "--shm-size" in why, why
