@@ -233,3 +233,27 @@ def test_an_idle_card_read_once_a_period_is_stamped_within_its_doubt() -> None:
                         checked += 1
                         outside += abs(span.t1 - step) > span.stamp_s + 0.003
             assert checked > 60 and outside <= 0.03 * checked, (seed, checked, outside)
+
+
+def test_a_tape_resumed_from_a_holder_stopped_for_seconds_books_the_silence_once() -> None:
+    # A hostile trial: the card's holder stopped for 8 s, then killed; the next holder resumed
+    # from its last step. Its first read stamped the step at the silence's middle (no line
+    # learnt yet), the second read then saw "a counter that did not move for 4.4 s", and the
+    # windows of that half were charged again from the prior: 1.5-1.8x caused.
+    readings = counter_readings(300.0, period=0.1, seconds=12.0)
+    before = [r for r in readings if r.t < 7.0]
+    after = [r for r in readings if r.t >= 15.0]  # nobody read the card for 8 s
+    first = Tape("counter", IDLE, period_hint=0.1)
+    first.feed_all(before)
+    baseline = first.baseline()
+    assert baseline is not None
+    tape = Tape("counter", IDLE, period_hint=0.1)
+    tape.resume(*baseline)
+    pieces = tape.feed_all(after)
+    assert not [p for p in pieces if isinstance(p, Gap)], [p for p in pieces if isinstance(p, Gap)][:2]
+    silence = spans(pieces)[0]
+    assert silence.t0 == baseline[1] and after[0].t - 0.1 <= silence.t1 <= after[0].t
+    # The energy above idle over the whole run, booked once: 230 W x the time it covers.
+    booked = sum(p.above_j for p in spans(pieces))
+    covered = spans(pieces)[-1].t1 - baseline[1]
+    assert abs(booked - (300.0 - IDLE) * covered) <= 0.01 * (300.0 - IDLE) * covered

@@ -120,6 +120,14 @@ class StepClock:
                 return b - period / 2, period / 2
             at = anchor + period * math.floor((b + 3 * spread - anchor) / period)
             return min(max(at, b - period, a + 1e-6), b), min(period / 2, spread + period / 20)
+        each = period or self.hint
+        if b - a > 1.5 * each and not self.every_read:
+            # The same long silence before any line is learnt (a tape that just took the card
+            # over from a holder stopped for seconds, resumed from its last step): the last
+            # step is still within a period before the read. Its middle put the silence's
+            # energy in its first half and read the second as a counter that did not move,
+            # filled again from the prior (a hostile trial: 1.5-1.8x after a stop and a kill).
+            return b - each / 2, each / 2
         half = (b - a) / 2
         if b - a > NARROW * (period or self.hint) and not self.every_read:
             # A bracket a good part of a period wide says where its step fell to within its
