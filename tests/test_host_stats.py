@@ -486,3 +486,18 @@ def test_a_place_deleted_under_a_server_never_makes_energy_answer_500(tmp_path: 
             assert snap["totals"]["requests"] >= 1
     finally:
         me.close()
+
+
+def test_the_sharing_workers_say_whose_requests_they_miss(tmp_path: Path) -> None:
+    # A hostile trial: on a place full from the start one worker could not join; the others
+    # said shared, reason null, while its 76 requests were nowhere in their counts.
+    shared = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("full"))
+    alone = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("full"))
+    try:
+        assert shared.wait_ready(10) and alone.wait_ready(10)
+        alone._unshare("no room in the place")  # as a worker whose join found it full
+        reason = shared.snapshot("all")["shared_reason"] or ""
+        assert f"worker {os.getpid()}: its statistics are its own (no room in the place)" in reason
+    finally:
+        alone.close()
+        shared.close()

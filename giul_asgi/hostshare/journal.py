@@ -34,9 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .place import held, make_dir, open_file, remedy
+from . import rows
+from .place import held, make_dir, remedy
 from .ring import Prefix, Ring, RingError
-from .rows import TMP, Row, Rows, alive, me, parse
+from .rows import TMP, UNSHARED, Row, Rows, alive, me, parse, read_small
 from .server import ServerId, keeper_in
 
 log = logging.getLogger("giul_asgi.records")
@@ -45,7 +46,6 @@ SUFFIX = ".ring"
 FOLD = "fold.ring"
 LOCK = "fold.lock"
 #: A process that could not share its records says why in ``<its row>.unshared``.
-UNSHARED = ".unshared"
 #: The most a ring holds (4 MiB: about 3,000 requests, a first and a settled figure each).
 JOURNAL_BYTES = 4 << 20
 #: What one record of ``max_records`` is given in its ring (a record is about 600 bytes).
@@ -258,7 +258,7 @@ class Journal:
         for marker in self._markers():
             who = parse(marker.name, UNSHARED)
             if who is not None and who[0] == pid_n:
-                reason = _read_small(marker) or "it could not make its journal (see its log)"
+                reason = read_small(marker) or "it could not make its journal (see its log)"
                 return f"its process's journal was not shared: {reason}"
         return (f"{UNKNOWN}: no journal of this server holds records of process {pid_n} "
                 "(an id of another server, or of a process whose journal was lost)")
@@ -352,31 +352,12 @@ def _gone(known: list[Prefix], counter: int, max_age_s: float, capacity: int) ->
     return f"{UNKNOWN}: its process filed no record under it"
 
 
-def _read_small(path: Path) -> str | None:
-    try:
-        fd = open_file(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        text = os.read(fd, 400).decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return text or None
 
 
 def say_unshared(place: Path, server: ServerId, tag: str, reason: str) -> None:
-    """Leave ``<row>.unshared`` in the server's folder saying why this process's records are
-    its own (the other workers' 404 says so). Best effort: a full place may take the name and
-    not the words."""
-    with contextlib.suppress(OSError):
-        folder = make_dir(place / "records" / folder_name(server), root=place)
-        fd = open_file(folder / f"{me(tag)}{UNSHARED}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            os.write(fd, reason.encode()[:400])
-        finally:
-            os.close(fd)
+    """Leave ``<row>.unshared`` in the server's records folder saying why this process's
+    records are its own (the other workers' 404 says so)."""
+    rows.say_unshared(place / "records" / folder_name(server), place, tag, reason)
 
 
 def sweep(place: Path, *, mine: str | None = None) -> int:

@@ -226,6 +226,58 @@ class Rows:
             self.path.unlink()
 
 
+#: A process's word that its figures are its own (``<row>.unshared``: why, in a few words).
+UNSHARED = ".unshared"
+
+
+def say_unshared(folder: Path, root: Path, tag: str, reason: str) -> None:
+    """Leave ``<row>.unshared`` in ``folder`` saying why this process's figures are its own,
+    for the other processes of its server to say (:func:`unshared_in`). Best effort: a full
+    place may take the name and not the words."""
+    with contextlib.suppress(OSError):
+        make_dir(folder, root=root)
+        fd = open_file(folder / f"{me(tag)}{UNSHARED}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, reason.encode()[:400])
+        finally:
+            os.close(fd)
+
+
+def unshared_in(folder: Path) -> list[tuple[int, str | None]]:
+    """The live processes that said their figures are their own in ``folder``: (pid, why);
+    a dead one's word is removed."""
+    try:
+        markers = [e for e in os.scandir(folder) if e.name.endswith(UNSHARED)]
+    except OSError:
+        return []
+    out = []
+    for marker in markers:
+        who = parse(marker.name, UNSHARED)
+        if who is None:
+            continue
+        if not alive(*who):
+            with contextlib.suppress(OSError):
+                os.unlink(marker.path)
+            continue
+        out.append((who[0], read_small(Path(marker.path))))
+    return out
+
+
+def read_small(path: Path) -> str | None:
+    """A few hundred bytes of words another process left (None: none, or not readable)."""
+    try:
+        fd = open_file(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 400).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return text or None
+
+
 #: The most digits an integer another process wrote may have: past 64 bits it is nobody's
 #: count, and a float of it overflows (10**400 made math.isfinite raise, a hostile trial).
 MOST_DIGITS = 20
@@ -253,5 +305,5 @@ def _int(digits: str) -> int:
     return int(digits)
 
 
-__all__ = ["MOST_DIGITS", "STALE_TMP_S", "TMP", "Row", "Rows", "alive", "load_json", "me", "parse",
-           "process_start", "replace"]
+__all__ = ["MOST_DIGITS", "STALE_TMP_S", "TMP", "UNSHARED", "Row", "Rows", "alive", "load_json", "me",
+           "parse", "process_start", "read_small", "replace", "say_unshared", "unshared_in"]

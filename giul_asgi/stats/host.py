@@ -48,6 +48,7 @@ from ..energy import Energy
 from ..errors import ConfigError
 from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
 from ..hostshare.place import remedy, room
+from ..hostshare.rows import say_unshared, unshared_in
 from ..listeners import Settled
 from .folder import Other, ServerFolder, dump, remove_dead_servers
 from .labels import Key
@@ -124,6 +125,8 @@ class HostStats:
         self._unwritten: bytes | None = None  # a row cut but not written (a full place)
         self._stuck: list[str] = []  # why other workers' rows wait, as their tails say
         self._directory, self._area, self._given = directory, area, server
+        self._place: Path | None = None  # the place joined (or tried)
+        self._tag = str(next(_instances))
         self._forked = False
         self._fork_lock = threading.Lock()
         _hosts.add(self)
@@ -173,9 +176,10 @@ class HostStats:
         if place.path is None:
             self.shared_reason = place.reason
             return
+        self._place = place.path
         try:
             root = place.path / "stats"
-            folder = ServerFolder(root, self.server, tag=str(next(_instances)), place=place.path,
+            folder = ServerFolder(root, self.server, tag=self._tag, place=place.path,
                                   step_s=self.stats.step_s, area=tail_area(area, room(place.path)))
             remove_dead_servers(root, self.server.folder)
         except OSError as exc:
@@ -210,12 +214,17 @@ class HostStats:
         return self.folder.rows if self.folder is not None else None
 
     def _unshare(self, reason: str, exc: BaseException | None = None) -> None:
-        """From now on, this worker's figures are its own: said once, loudly."""
+        """From now on, this worker's figures are its own: said once, loudly, here and in the
+        server's folder, so that the workers that share say whose requests they miss (a
+        hostile trial: on a place full from the start they said shared, reason null, while
+        one worker's 76 requests were nowhere in their counts)."""
         self.shared_reason = reason
         folder, self.folder = self.folder, None
         self.stats.journal = None
         if folder is not None:
             folder.close()
+        if self._place is not None and self.server is not None:
+            say_unshared(self._place / "stats" / self.server.folder, self._place, self._tag, reason)
         log.warning("statistics are this worker's alone from now on: %s -> %s. Until then /energy "
                     "says shared: false and counts this worker's requests only", reason, remedy(exc))
 
@@ -470,6 +479,8 @@ class HostStats:
                 others, own = [*others, mine], None
         self._stuck = [f"worker {o.name.split('-')[0]}: {g.stuck}" for o in found.others if o.alive
                        for g in o.gens[-1:] if g.stuck]
+        self._stuck += [f"worker {pid}: its statistics are its own ({why or 'see its log'}); its requests "
+                        "are not counted here" for pid, why in unshared_in(folder.folder)]
         merged, samples, self._live = merge_server(self.stats, folder, found.dead, others, own)
         if own is None:
             self._live = max(0, self._live - 1)  # this worker was counted among the others
