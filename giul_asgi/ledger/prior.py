@@ -372,7 +372,7 @@ class Prior:
         ranks = self._granks[group]
         if ranks is None:
             res, gro = self._by[group]
-            if math.ceil((len(res) + 1) * COVER) > len(res):
+            if not _ranked(res):
                 # Too few of its own to rank: the pooled spread. A draining class (a burst's
                 # last requests, whose guesses fall low) is as wide as the farthest of its
                 # own fell from the pooled bias, and before any, as a cold start's: a fresh
@@ -390,6 +390,13 @@ class Prior:
                 ranks = (*_bias_spread(res), _rank(gro))
             self._granks[group] = ranks
         return ranks
+
+    def calibrated(self, first: First) -> bool:
+        """Whether the spread a first figure gets is a learnt rank (a dozen residuals of its
+        class, or of all where its class leans on the pooled), not a cold start's whole guess
+        nor a small draining class's farthest residual."""
+        group = _group(first)
+        return _ranked(self._by[group][0]) or (group < 2 and _ranked(self._residuals))
 
     def _learnt(self) -> tuple[float, float, float]:
         ranks = self._ranks
@@ -450,6 +457,11 @@ def _group(first: First) -> int:
     """A first figure's class: whether anything was reported at close, and whether its
     request closed draining (:data:`DRAINING`)."""
     return 2 * first.draining + (1 if first.reported > 0 else 0)
+
+
+def _ranked(values: deque[float]) -> bool:
+    """Enough values for the conformal rank at COVER (a dozen at 92%)."""
+    return math.ceil((len(values) + 1) * COVER) <= len(values)
 
 
 def _rank(values: deque[float]) -> float:
