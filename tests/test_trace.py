@@ -754,5 +754,6 @@ async def test_replay_says_what_a_seat_at_the_cards_table_received_not_a_measure
     assert live is not None and live["charged_j"] > 0
     line = next(x for x in render(replay(loaded)).splitlines() if x.startswith("live books"))
     if live["measured_j"] == 0:
-        assert live["received_j"] >= live["charged_j"] and "received" in line, line
+        # received = charged + forfeit, summed in another order: equal to rounding at least
+        assert live["received_j"] >= live["charged_j"] * (1 - 1e-9) and "received" in line, line
     assert "measured 0 J" not in line, line
