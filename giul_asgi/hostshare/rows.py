@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .place import make_dir, open_file
+from .place import make_dir, open_file, own_entries
 
 log = logging.getLogger("giul_asgi.hostshare")
 
@@ -246,12 +246,8 @@ def say_unshared(folder: Path, root: Path, tag: str, reason: str) -> None:
 def unshared_in(folder: Path) -> list[tuple[int, str | None]]:
     """The live processes that said their figures are their own in ``folder``: (pid, why);
     a dead one's word is removed."""
-    try:
-        markers = [e for e in os.scandir(folder) if e.name.endswith(UNSHARED)]
-    except OSError:
-        return []
     out = []
-    for marker in markers:
+    for marker, _ in own_entries(folder):  # another user's word is nobody's here
         who = parse(marker.name, UNSHARED)
         if who is None:
             continue

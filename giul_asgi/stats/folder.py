@@ -86,10 +86,6 @@ class Found:
     dead: dict[str, Any] | None
 
 
-def load(raw: bytes) -> Any:
-    """JSON as rows are written: no NaN, no Infinity (raises ValueError)."""
-    return load_json(raw)
-
 
 
 def dump(data: Any) -> bytes:
@@ -148,7 +144,7 @@ class ServerFolder:
                 chunks.append(chunk)
         finally:
             os.close(fd)
-        data = load(b"".join(chunks))
+        data = load_json(b"".join(chunks))
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         cache[path.name] = (stamp, data)
@@ -371,7 +367,7 @@ def _server_dead(folder: Path) -> bool:
         if who is not None and alive(*who):
             return False
     try:
-        keeper = load((folder / SERVER).read_bytes()).get("keeper")
+        keeper = load_json((folder / SERVER).read_bytes()).get("keeper")
         if alive(int(keeper[0]), None if keeper[1] is None else str(keeper[1])):
             return False
     except (OSError, ValueError, TypeError, IndexError, AttributeError):
@@ -395,4 +391,4 @@ def _remove_folder(folder: Path) -> int:
 
 
 __all__ = ["DEAD", "DEAD_SCHEMA", "FORGET_S", "LOCK", "SERVER", "TENANTS", "Found", "Other", "ServerFolder",
-           "dump", "load", "remove_dead_servers"]
+           "dump", "remove_dead_servers"]
