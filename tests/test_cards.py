@@ -180,8 +180,23 @@ def _hold_and_wait(directory: str, ready: Any, stop: str) -> None:
     table.opened(7, time.monotonic())
     table.publish_books(books(received=9.0, charged=4.0, in_flight=5.0, windows=1))
     ready.set()
+    _until_told(stop)
+
+
+def _until_told(stop: str) -> None:
+    """A holder in its own process keeps the card until the test says stop (a minute at most)."""
     deadline = time.monotonic() + 60
     while not os.path.exists(stop) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _kill_and_take_over(proc: Any, me: CardTable, why: str) -> None:
+    """Kill the holder with -9; ``me`` must hold the card within ten seconds."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    deadline = time.monotonic() + 10
+    while not me.try_hold():
+        assert time.monotonic() < deadline, why
         time.sleep(0.01)
 
 
@@ -194,12 +209,7 @@ def test_a_holder_killed_with_minus_9_frees_the_card_and_leaves_its_books(tmp_pa
     try:
         assert ready.wait(60)
         assert not me.try_hold()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(10)
-        deadline = time.monotonic() + 10
-        while not me.try_hold():  # the kernel frees the lock at once
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _kill_and_take_over(proc, me, "the kernel frees the lock at once")
         host = me.host(books())
         assert host.charged_j == pytest.approx(4.0)  # what it charged stays counted
         assert host.unattributed_j == pytest.approx(5.0)  # what it had in flight is lost with it
@@ -219,9 +229,7 @@ def _hold_fork_and_wait(directory: str, ready: Any, stop: str, child_pid: str) -
         os._exit(0)
     Path(child_pid).write_text(str(pid))
     ready.set()
-    deadline = time.monotonic() + 60
-    while not os.path.exists(stop) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until_told(stop)
 
 
 def test_a_forked_helper_of_a_killed_holder_does_not_keep_the_card(tmp_path: Path) -> None:
@@ -238,13 +246,8 @@ def test_a_forked_helper_of_a_killed_holder_does_not_keep_the_card(tmp_path: Pat
         assert ready.wait(60)
         helper = int(child.read_text())
         assert not me.try_hold()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(10)
-        deadline = time.monotonic() + 10
-        while not me.try_hold():  # the helper lives on, and holds nothing
-            assert time.monotonic() < deadline, "the forked helper still holds the card"
-            time.sleep(0.01)
-        assert os.path.exists(f"/proc/{helper}")
+        _kill_and_take_over(proc, me, "the forked helper still holds the card")
+        assert os.path.exists(f"/proc/{helper}")  # the helper lives on, and holds nothing
     finally:
         stop.touch()
         proc.join(10)
