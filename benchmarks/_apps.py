@@ -199,7 +199,7 @@ def sim_node(package: str = "giul_asgi") -> Node:
     return node
 
 
-def nvml_node(package: str = "giul_asgi") -> Node:
+def nvml_node(package: str = "giul_asgi", *, unshared: bool = False) -> Node:
     """The production path: ``Node(reader="nvml")``, whose reader imports ``pynvml`` on its
     own thread and finds benchmarks/fake_pynvml there (every call a ctypes call into C with
     the GIL released, over a truth card drawing 150 W above its 70 W idle). One fake card a
@@ -209,8 +209,10 @@ def nvml_node(package: str = "giul_asgi") -> Node:
     pkg = importlib.import_module(package)
     if fake_pynvml.driver() is None:
         fake_pynvml.install([fake_pynvml.Gpu(fake_pynvml.busy_card())])
-    if package == "giul_asgi":
-        node: Node = pkg.Node("gpu", gpus=(0,), idle_w=70.0, reader="nvml")
+    if unshared:  # the same card, nothing shared with other processes: what sharing costs
+        node: Node = pkg.Node("gpu-unshared", gpus=(0,), idle_w=70.0, reader="nvml", workers_dir=False)
+    elif package == "giul_asgi":
+        node = pkg.Node("gpu", gpus=(0,), idle_w=70.0, reader="nvml")
     else:
         node = pkg.Node("gpu-before", gpus=(0,), idle_w=70.0, reader="nvml",
                         workers_dir=tempfile.mkdtemp(prefix="giul-bench-"))
@@ -236,11 +238,16 @@ def before_on_path() -> None:
         sys.path.insert(0, folder)
 
 
-def our_middleware(package: str = "giul_asgi", *, nvml: bool = False, **options: Any) -> Middleware:
+def our_middleware(package: str = "giul_asgi", *, nvml: bool = False, unshared: bool = False,
+                   **options: Any) -> Middleware:
     """Our middleware as every benchmark runs it: its ledger live on the busy card, the
-    simulated one or (``nvml``) the NVML reader over fake_pynvml."""
+    simulated one or (``nvml``) the NVML reader over fake_pynvml. ``unshared``: the NVML
+    node, its statistics and records kept in this process alone (``workers_dir=False``)."""
     pkg = importlib.import_module(package)
-    node = nvml_node(package) if nvml else sim_node(package)
+    if unshared:
+        records = importlib.import_module(f"{package}.records").RecordStore(share=False)
+        options = {"stats": pkg.EnergyStats(), "records": records, **options}
+    node = nvml_node(package, unshared=unshared) if nvml or unshared else sim_node(package)
     return Middleware(pkg.EnergyMiddleware, nodes=[node],
                       tiers=[pkg.Tier("8b", 300.0)], ledgers=pkg.Ledgers(), **options)
 
@@ -292,6 +299,8 @@ def build(variant: str) -> Starlette:
         middleware = [our_middleware()]
     elif variant == "giul-asgi-nvml":  # the production path: the NVML reader over fake_pynvml
         middleware = [our_middleware(nvml=True)]
+    elif variant == "giul-asgi-nvml-unshared":  # the same, sharing nothing between processes
+        middleware = [our_middleware(unshared=True)]
     elif variant in ("giul-asgi-before", "giul-asgi-nvml-before"):  # an earlier copy of ours
         before_on_path()
         middleware = [our_middleware(BEFORE, nvml=variant == "giul-asgi-nvml-before")]
@@ -305,7 +314,7 @@ def build(variant: str) -> Starlette:
 VARIANTS: tuple[str, ...] = (
     "bare", "passthrough", "static-headers", "floor", "starlette-exporter",
     "prometheus-fastapi-instrumentator", "opentelemetry", "giul-asgi", "giul-asgi-nvml",
-    "giul-asgi-headers",
+    "giul-asgi-nvml-unshared", "giul-asgi-headers",
 )
 #: An earlier commit's copy of ours (``prepare_before`` first).
 BEFORE_VARIANTS: tuple[str, ...] = ("giul-asgi-before", "giul-asgi-nvml-before")

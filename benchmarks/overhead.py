@@ -103,15 +103,15 @@ async def run_requests(app: Any, path: str, n: int) -> float:
 #: Variants timed; the reference rows first, then the peers, then ours.
 TIMED: tuple[str, ...] = (
     "bare", "passthrough", "floor", "starlette-exporter", "prometheus-fastapi-instrumentator",
-    "giul-asgi", "giul-asgi-nvml",
+    "giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-unshared",
 )
 PEERS: tuple[str, ...] = ("starlette-exporter", "prometheus-fastapi-instrumentator")
-OURS: tuple[str, ...] = ("giul-asgi", "giul-asgi-nvml")
+OURS: tuple[str, ...] = ("giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-unshared")
 BEFORE = "giul-asgi-nvml-before"
 #: Our variants' reader threads (the node each reads: Thread name giul-reader-NODE).
 READERS: dict[str, str] = {
     "giul-asgi": "giul-reader-sim", "giul-asgi-nvml": "giul-reader-gpu",
-    BEFORE: "giul-reader-gpu-before",
+    BEFORE: "giul-reader-gpu-before", "giul-asgi-nvml-unshared": "giul-reader-gpu-unshared",
 }
 #: Seconds the loop idles after our variants' requests (uncounted): longer than the reader's
 #: busy linger (0.5 s), so it never runs into the next variant's measurement.

@@ -352,8 +352,17 @@ def _parts(key: str) -> tuple[str, int]:
 
 
 def _counter(key: str) -> int:
-    parts = split_id(key)
-    return parts[1] if parts is not None and parts[0] == id_prefix() else 0
+    """The counter of one of this process's ids (0 for any other): ``split_id``'s answer for
+    our own prefix without its general parse (an evicted record's, on the request path)."""
+    prefix = id_prefix()
+    if key.startswith(prefix):
+        tail = key[len(prefix):]
+        if tail and len(tail) <= 16 and "-" not in tail:
+            try:
+                return int(tail, 16)
+            except ValueError:
+                return 0
+    return 0
 
 
 def _after_fork_in_child() -> None:

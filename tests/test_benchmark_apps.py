@@ -65,9 +65,10 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
     assert int(answer.headers["content-length"]) == len(answer.content)
     assert stream.text.count("data: ") >= 9 and "data: [DONE]" in stream.text
 
-    writes_energy = variant in ("floor", "giul-asgi", "giul-asgi-nvml", "giul-asgi-headers")
+    blocks = ("floor", "giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-unshared")
+    writes_energy = variant in (*blocks, "giul-asgi-headers")
     assert (set(answer.headers) >= ENERGY_HEADERS) is writes_energy
-    assert (energy is not None) is (variant in ("floor", "giul-asgi", "giul-asgi-nvml"))
+    assert (energy is not None) is (variant in blocks)
     if energy is not None:
         assert energy["tokens"] == PAYLOAD["usage"]["completion_tokens"]  # type: ignore[index]
         assert answer.headers["x-energy-tokens"] == "48"

@@ -474,3 +474,17 @@ def test_a_record_its_ring_overwrote_says_the_rings_bound_and_how_to_keep_more(p
     other.close()
     journal.close()
     assert why.startswith("evicted: its process's journal (0.062 MiB") and "--shm-size" in why, why
+
+
+@pytest.mark.parametrize("tail", ["0", "1f", "ffffffffffffffff", "10000000000000000", "", "x1", "1-2",
+                                  "+1", "1_0", " 1", "0x1f", "g"])
+def test_an_evicted_ids_counter_is_what_the_general_parse_says(tail: str) -> None:
+    """The request path's quick counter of an evicted id agrees with ``split_id`` on ours,
+    odd tails included, and is 0 for another process's id."""
+    from giul_asgi.meter import split_id
+    from giul_asgi.records import _counter
+
+    key = id_prefix() + tail
+    parts = split_id(key)
+    assert _counter(key) == (parts[1] if parts is not None and parts[0] == id_prefix() else 0)
+    assert _counter("1a2b-3c4d-" + (tail or "0")) == 0

@@ -301,7 +301,8 @@ class JSONResponder(Responder):
         energy = await exchange.finish()
         headers = head.headers
         if obj is not None:
-            spliced = splice_object(body, obj, options.energy_key, self.format.block(energy))
+            spliced = splice_object(body, obj, options.energy_key,
+                                   self.format.block(energy, exchange.block()))
             if spliced is not None and options.energy_in_usage and usage_open(obj):
                 spliced = splice_usage(spliced, self.format.usage(energy)) or spliced
             if spliced is not None:
@@ -403,7 +404,8 @@ class SSEResponder(Responder):
     async def _block(self) -> bytes:
         exchange = self.exchange
         exchange.tokens(self.splicer.tokens, self.splicer.usage)
-        return self.format.block(await exchange.finish())
+        energy = await exchange.finish()
+        return self.format.block(energy, exchange.block())
 
     async def flush(self) -> None:
         held = self.splicer.flush()

@@ -32,8 +32,9 @@ class EnergyFormat(Protocol):
     #: The name ``energy_format=`` and ``Prefer: energy=`` know it by.
     name: str
 
-    def block(self, energy: Energy) -> bytes:
-        """The figure as a JSON object (what goes under ``energy_key``)."""
+    def block(self, energy: Energy, ours: bytes | None = None) -> bytes:
+        """The figure as a JSON object (what goes under ``energy_key``). ``ours`` is the same
+        figure as our own block (``energy_json``), where the caller made it already."""
         ...
 
     def stream(self, block: bytes) -> tuple[bytes | None, bytes]:
@@ -53,8 +54,10 @@ class GiulFormat:
 
     name = "giul"
 
-    def block(self, energy: Energy) -> bytes:
-        return energy_json(energy)
+    def block(self, energy: Energy, ours: bytes | None = None) -> bytes:
+        # The record by id was kept with this block already: written once a request (one
+        # energy_json fewer, 2.2 us by timeit; see the commit for the A/B).
+        return ours if ours is not None else energy_json(energy)
 
     def stream(self, block: bytes) -> tuple[bytes | None, bytes]:
         return block, b""
@@ -87,7 +90,7 @@ class NeuralwattFormat:
         return b'"energy_joules":%s,"energy_kwh":%s' % (
             json_number(joules), json_number(None if joules is None else joules / 3.6e6))
 
-    def block(self, energy: Energy) -> bytes:
+    def block(self, energy: Energy, ours: bytes | None = None) -> bytes:
         joules = energy.allocated_joules
         watts, seconds = energy.mean_watts, energy.seconds
         if watts is not None and energy.pue is not None:
