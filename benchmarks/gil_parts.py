@@ -15,7 +15,7 @@ A sample goes to the first part whose function is on its stack, in the order of
 (and Starlette) inside it; what is outside the middleware is the loop and the server's
 side, as in the bare app.
 
-    python benchmarks/gil_parts.py                                 # ours, NVML path, shared
+    python benchmarks/gil_parts.py            # ours on the NVML path, shared and unshared
     python benchmarks/gil_parts.py --variant giul-asgi-nvml-unshared
     python benchmarks/gil_parts.py --variant bare --variant prometheus-fastapi-instrumentator
 
@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -142,16 +143,24 @@ def main() -> None:
     parser.add_argument("--kind", default="json", choices=("json", "stream", "usage"))
     parser.add_argument("-n", type=int, default=60000, help="requests a run")
     parser.add_argument("--rate", type=int, default=400, help="py-spy's samples a second")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="unprofiled runs of each variant, interleaved (their median is the wall)")
     args = parser.parse_args()
     variants = args.variant or ["giul-asgi-nvml", "giul-asgi-nvml-unshared"]
     print(f"# gil_parts: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}\n")
     print(f"    python benchmarks/gil_parts.py {' '.join(sys.argv[1:])}".rstrip() + "\n")
     print(f"Load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+    walls: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(args.repeats):  # interleaved: a load that comes and goes falls on every variant
+        for variant in variants:
+            walls[variant].append(wall_us(variant, args.kind, args.n))
     for variant in variants:
-        wall = wall_us(variant, args.kind, args.n)
+        wall = statistics.median(walls[variant])
         parts, total = attribute(samples(variant, args.kind, args.n, args.rate))
-        print(f"## {variant}, {args.kind}: {wall:.1f} us a request without the profiler, {total} samples\n")
+        runs = ", ".join(f"{w:.1f}" for w in walls[variant])
+        print(f"## {variant}, {args.kind}: {wall:.1f} us a request without the profiler (median of "
+              f"{runs}), {total} samples\n")
         print("| part | share of the GIL's busy time | us a request |")
         print("|---|---:|---:|")
         for part, count in sorted(parts.items(), key=lambda kv: -kv[1]):
