@@ -60,7 +60,7 @@ class Node(metaclass=KeepsItsError):
     (flagged ``contended``) or ``subtract`` the witnessed level. ``serving`` names the
     node's own inference server (a process name or PID): any other compute process on the
     card marks figures ``contended``.
-    ``upstream`` is the inference server's Prometheus URL (vLLM, TGI, SGLang): its running
+    ``upstream`` is the inference server's Prometheus URL (vLLM, TGI, SGLang, TensorRT-LLM): its running
     requests are the card's whole load, so each span is shared by this gateway's part of
     it and the rest is foreign (several replicas stay right with no shared state).
     ``workers_dir`` (or ``$GIUL_ASGI_LOAD_DIR``) moves where the host's worker processes
@@ -113,7 +113,8 @@ class Node(metaclass=KeepsItsError):
     ramp_s: float = 0.1
     #: The node's inference server (a process name or PID): another process on the card is foreign.
     serving: str | int | None = None
-    #: The inference server's Prometheus URL (vLLM, TGI, SGLang): its load beyond ours is foreign.
+    #: The inference server's Prometheus URL (vLLM, TGI, SGLang, TensorRT-LLM): its load beyond
+    #: ours is foreign.
     upstream: str | None = None
     #: Where the host's processes share the card (an absolute path; default: a private place on
     #: /dev/shm); ``"off"`` (or false, no, 0) or False: share nothing (also ``$GIUL_ASGI_LOAD_DIR``).

@@ -1,4 +1,5 @@
-"""The upstream's whole load, scraped from a fake vLLM / TGI / SGLang /metrics whose numbers we script."""
+"""The upstream's whole load, scraped from a fake vLLM / TGI / SGLang / TensorRT-LLM /metrics
+whose numbers we script."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def test_failures_are_readings_never_exceptions() -> None:
     served = Served("# TYPE other gauge\nother 1\n")
     with serving(served):
         load = UpstreamLoad(served.url, backoff_s=0.01, backoff_max_s=0.01)
-        assert "no vLLM, TGI or SGLang" in (load.read().error or "")
+        assert "no vLLM, TGI, SGLang or TensorRT-LLM" in (load.read().error or "")
         served.text = "{{{ not metrics"
         assert "not Prometheus text" in (load.read().error or "")
         served.status = 500
@@ -140,3 +141,48 @@ def test_failures_are_readings_never_exceptions() -> None:
 def test_bad_configuration(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         UpstreamLoad(**kwargs)
+
+
+def _trtllm_metrics(*, current: bool) -> str:
+    """What TensorRT-LLM's OpenAI server publishes, through prometheus_client itself: its
+    MetricsCollector's names, types and labels as tensorrt_llm/metrics/collector.py makes
+    them (``current``), or its 1.1 releases' latencies alone."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    labels = {"model_name": "Qwen/Qwen3-0.6B", "engine_type": "trtllm"}
+
+    def histogram(name: str, values: list[float]) -> None:
+        h = Histogram(name, name, labelnames=list(labels), registry=registry)
+        for v in values:
+            h.labels(**labels).observe(v)
+
+    histogram("trtllm_e2e_request_latency_seconds", [1.2, 0.8])
+    histogram("trtllm_time_to_first_token_seconds", [0.05, 0.04])
+    if current:
+        Gauge("trtllm_num_requests_running", "Number of active requests", labelnames=list(labels),
+              registry=registry).labels(**labels).set(5)
+        Counter("trtllm_prompt_tokens_total", "prompt tokens", labelnames=list(labels),
+                registry=registry).labels(**labels).inc(4096)
+        Counter("trtllm_generation_tokens_total", "generation tokens", labelnames=list(labels),
+                registry=registry).labels(**labels).inc(512)
+        histogram("trtllm_request_prefill_time_seconds", [0.03, 0.02])
+        histogram("trtllm_request_decode_time_seconds", [1.1, 0.7])
+    return generate_latest(registry).decode()
+
+
+def test_tensorrt_llm_load_and_phase_times() -> None:
+    """trtllm-serve's running count, token counters and prefill/decode seconds are read, found
+    without being named; its 1.1 releases (latencies only) say they show no load."""
+    with serving(Served(_trtllm_metrics(current=True))) as served:
+        reading = UpstreamLoad(served.url).read()
+    assert reading.ok and reading.server == "trtllm"
+    assert (reading.running, reading.prompt_tokens_total, reading.generation_tokens_total) == (5, 4096, 512)
+    assert reading.prefill_seconds_total == pytest.approx(0.05)
+    assert reading.decode_seconds_total == pytest.approx(1.8)
+    with serving(Served(_trtllm_metrics(current=True))) as served:
+        named = UpstreamLoad(served.url, server="trtllm", model="other").read()
+    assert named.error is not None and "model 'other'" in named.error
+    with serving(Served(_trtllm_metrics(current=False))) as served:
+        old = UpstreamLoad(served.url).read()
+    assert old.error is not None and "TensorRT-LLM" in old.error

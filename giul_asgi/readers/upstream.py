@@ -15,10 +15,15 @@ Metric names (read in the servers' sources and docs):
   ``tgi_request_generated_tokens`` and ``tgi_request_input_length``, whose ``_sum`` grows
   when a request *ends* (so TGI's token counters lag; running counts do not);
 - SGLang: ``sglang:num_running_reqs`` (gauge), ``sglang:generation_tokens_total`` and
-  ``sglang:prompt_tokens_total`` (counters).
+  ``sglang:prompt_tokens_total`` (counters);
+- TensorRT-LLM's OpenAI server (``trtllm-serve``, tensorrt_llm/metrics/collector.py):
+  ``trtllm_num_requests_running`` (gauge), ``trtllm_generation_tokens_total`` and
+  ``trtllm_prompt_tokens_total`` (counters). Its 1.1 releases published the latencies only
+  (no running count, no tokens): there it is not found, and says so.
 
 Where the server says how long its requests spent in each phase (vLLM's
-``vllm:request_prefill_time_seconds`` and ``vllm:request_decode_time_seconds`` histograms),
+``vllm:request_prefill_time_seconds`` and ``vllm:request_decode_time_seconds`` histograms,
+TensorRT-LLM's ``trtllm_request_prefill_time_seconds`` and ``_decode_time_seconds``),
 their ``_sum`` s are read too: over the token counters they give the engine's seconds per
 prompt token and per generated token, which the ``phases`` split uses to cut a window
 without a first-token mark (:mod:`giul_asgi.ledger.phases`).
@@ -91,6 +96,10 @@ SERVERS: dict[str, ServerMetrics] = {
                             ("sglang:prompt_tokens_total",), ("model_name",)),
     "tgi": ServerMetrics("tgi", ("tgi_batch_current_size",), ("tgi_request_generated_tokens_sum",),
                          ("tgi_request_input_length_sum",), ("model_id", "model_name")),
+    "trtllm": ServerMetrics("trtllm", ("trtllm_num_requests_running",), ("trtllm_generation_tokens_total",),
+                            ("trtllm_prompt_tokens_total",), ("model_name",),
+                            ("trtllm_request_prefill_time_seconds_sum",),
+                            ("trtllm_request_decode_time_seconds_sum",)),
 }
 
 
@@ -158,7 +167,8 @@ class UpstreamLoad:
         t = (sent + received) / 2
         metrics = self._which(samples)
         if metrics is None:
-            return LoadReading(t=t, error=f"{self.url} shows no vLLM, TGI or SGLang load metrics")
+            return LoadReading(
+                t=t, error=f"{self.url} shows no vLLM, TGI, SGLang or TensorRT-LLM load metrics")
         reading = LoadReading(
             t=t,
             running=_sum(samples, metrics.running, self.model, metrics.model_labels),
