@@ -212,7 +212,7 @@ class RecordStore:
                 self._expire(now)
                 while len(items) > self.max_records:
                     gone = order.popleft()[1]
-                    del items[gone]
+                    items.pop(gone, None)
                     self._evicted = max(self._evicted, _counter(gone))
             return True
         except Exception:
@@ -328,7 +328,7 @@ class RecordStore:
         items, order, limit = self._items, self._order, now - self.max_age_s
         while order and order[0][0] < limit:
             key = order.popleft()[1]
-            del items[key]
+            items.pop(key, None)
             self._expired = max(self._expired, _counter(key))
 
 
