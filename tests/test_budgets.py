@@ -355,6 +355,24 @@ def test_a_hard_budget_counts_a_reservation_until_a_low_or_unknown_first_figure_
     assert budgets._usual[0] == pytest.approx(20.0 + 0.2 * (25.0 - 20.0) + 0.2 * (22.0 - 21.0))
 
 
+def test_a_request_refused_by_one_hard_budget_keeps_nothing_reserved_in_another() -> None:
+    """A request refused by a later budget never runs: what the earlier budgets reserved for
+    it at admission is given back, or every refusal of a key over its own tight budget would
+    spend a request's usual cost of the broader budget."""
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=1000.0, hard=True, period=3600),
+                       Budget(joules=100.0, hard=True, key="t", period=3600, name="t-only")],
+                      directory="off", clock=clock)
+    budgets.setup()
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(120.0, "measured", id="r0", settled=True))  # usual: 120 J in both
+    for _ in range(5):
+        with pytest.raises(OverBudget) as caught:
+            budgets.admit("t", "/", None)
+        assert caught.value.budget.name == "t-only"
+    assert budgets.spent == {(0, "t"): 120.0, (1, "t"): 120.0}
+
+
 def test_near_a_hard_limit_the_budgets_thread_shares_at_a_faster_pace() -> None:
     """What other workers admit before they see this one's spending is what a hard budget
     goes over (benchmarks/results/budgets-2026-12-03-hold.md: the sharing's lag): from half

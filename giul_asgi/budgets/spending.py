@@ -216,26 +216,40 @@ class Budgets:
         spent = self.spent
         slots: list[tuple[int, str, int, float]] = []
         tightest, left_at, share = -1, 0.0, 2.0
-        for i, field, only, limit, hard in self._plan:
-            key = values[field]
-            if only is not None and key != only:
-                continue
-            used = spent.get((i, key), 0.0)
-            if used >= limit and hard:
-                used = self._refuse(i, key, used)
-            reserve = self._usual[i] if hard else 0.0
-            period = self._current[i]
-            if reserve > 0:  # counted as spent until the request's own figure replaces it
-                with self._lock:
-                    self._add(i, key, period, reserve)
-                    self._dirty = True
-            slots.append((i, key, period, reserve))
-            left = limit - used
-            if left / limit < share or (left / limit == share and left < left_at):
-                tightest, left_at, share = i, left, left / limit
+        try:
+            for i, field, only, limit, hard in self._plan:
+                key = values[field]
+                if only is not None and key != only:
+                    continue
+                used = spent.get((i, key), 0.0)
+                if used >= limit and hard:
+                    used = self._refuse(i, key, used)
+                reserve = self._usual[i] if hard else 0.0
+                period = self._current[i]
+                if reserve > 0:  # counted as spent until the request's own figure replaces it
+                    with self._lock:
+                        self._add(i, key, period, reserve)
+                        self._dirty = True
+                slots.append((i, key, period, reserve))
+                left = limit - used
+                if left / limit < share or (left / limit == share and left < left_at):
+                    tightest, left_at, share = i, left, left / limit
+        except OverBudget:
+            # A later budget refused it: the request never runs and no figure will ever
+            # replace what the earlier ones reserved, which would stay spent for the period.
+            self._give_back(slots)
+            raise
         if tightest < 0:
             return _NOTHING
         return tuple(slots), ((REMAINING, _left(left_at)), (NAME, self._names[tightest]))
+
+    def _give_back(self, slots: list[tuple[int, str, int, float]]) -> None:
+        """Undo what a refused request's admission took."""
+        with self._lock:
+            for i, key, period, reserved in slots:
+                if reserved:
+                    self._add(i, key, period, -reserved)
+            self._dirty = True
 
     def _refuse(self, i: int, key: str, used: float) -> float:
         """Raise OverBudget, unless the period the dictionary counts has just ended (the
