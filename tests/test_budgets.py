@@ -9,6 +9,7 @@ live and a dead worker write them, and with real workers in test_budgets_server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server import serve
 
 from giul_asgi import Budget, ConfigError, EnergyMiddleware, Ledgers, Node, Route, Tier
-from giul_asgi.budgets import Budgets, OverBudget
+from giul_asgi.budgets import Budgets, Measuring, OverBudget, spending
 from giul_asgi.budgets.shared import DEAD, ROW_SCHEMA, framed, unframed
 from giul_asgi.energy import Energy
 from giul_asgi.hostshare.rows import process_start
@@ -353,6 +354,149 @@ def test_a_hard_budget_counts_a_reservation_until_a_low_or_unknown_first_figure_
     assert budgets.spent == {(0, "t"): pytest.approx(87.0)}
     # The usual cost moved with the settled figures (25, 22), not the first (5).
     assert budgets._usual[0] == pytest.approx(20.0 + 0.2 * (25.0 - 20.0) + 0.2 * (22.0 - 21.0))
+
+
+def test_a_cold_hard_budget_admits_one_request_of_a_key_at_a_time_until_a_figure_is_counted() -> None:
+    """Before any worker has counted a figure a hard budget has no usual cost to reserve: a
+    cold server's first wave of one key (40 clients on 4 workers) was all admitted and passed
+    the limit by the requests in it. Now, while the cost is unknown, a key has one request in
+    flight in a worker; another is refused for a second (the budget is not spent, and says
+    so); once the first's figure is counted, its cost is reserved as before."""
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=clock)
+    budgets.setup()
+    first, _ = budgets.admit("t", "/", None)
+    for _ in range(5):  # in flight with the first: refused, nothing reserved, nothing spent
+        with pytest.raises(Measuring) as caught:
+            budgets.admit("t", "/", None)
+    refusal = caught.value
+    assert isinstance(refusal, OverBudget) and refusal.retry_after == 1
+    assert "'t' is not spent (0 of 100 joules used), but this tenant's first request is still being " \
+           "measured" in refusal.message and "Retry after 1 s." in refusal.message
+    body = refusal.body()
+    error = json.loads(body)["error"]
+    assert (error["type"], error["code"]) == ("energy_budget_exceeded", "energy_budget_measuring")
+    headers = dict(refusal.headers(body))
+    assert headers[b"retry-after"] == b"1" and headers[b"x-energy-budget-remaining"] == b"100"
+    assert b"x-should-retry" not in headers  # OpenAI's clients retry it after a second
+    other, _ = budgets.admit("u", "/", None)  # each key on its own
+    with pytest.raises(Measuring):
+        budgets.admit("u", "/", None)
+    assert budgets.spent == {} and budgets._measuring == {(0, "t"), (0, "u")}
+    assert budgets.snapshot()["items"][0]["keys"] == {}  # nothing spent yet, so no key shown
+    budgets.spend(first, Energy(20.0, "measured", id="r0", settled=True))  # usual: 20 J
+    admitted = []
+    with pytest.raises(OverBudget) as over:
+        for _ in range(40):  # as today: each reserves 20 J
+            admitted.append(budgets.admit("t", "/", None)[0])
+    assert not isinstance(over.value, Measuring) and len(admitted) == 4  # 20 + 4 x 20 reaches 100
+    budgets.admit("u", "/", None)  # its first still runs, but the cost is known: reserved
+    assert budgets.spent == {(0, "t"): pytest.approx(100.0), (0, "u"): pytest.approx(20.0)}
+    budgets.spend(other, Energy(30.0, "measured", id="r1", settled=True))
+    assert budgets._measuring == set()
+    assert budgets.snapshot()["items"][0]["keys"]["t"]["refused"] == 6  # 5 measuring, 1 over
+
+
+def test_a_cold_key_s_first_figure_still_awaited_lets_the_next_request_in_alone() -> None:
+    """A first figure whose card has not reported yet is unknown at close: the key's next
+    request is admitted, alone again, and the settled figure is the usual cost."""
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=clock)
+    budgets.setup()
+    first, _ = budgets.admit("t", "/", None)
+    budgets.spend(first, Energy(None, "unknown", id="a", settled=False))
+    second, _ = budgets.admit("t", "/", None)
+    with pytest.raises(Measuring):
+        budgets.admit("t", "/", None)
+    budgets.settled([Settled(Energy(25.0, "measured", id="a"))])
+    assert budgets._usual[0] == 25.0
+    budgets.admit("t", "/", None)  # known: reserved, not held
+    assert budgets.spent == {(0, "t"): pytest.approx(50.0)}
+    budgets.spend(second, Energy(25.0, "measured", id="b", settled=True))
+    assert budgets._measuring == set()
+
+
+@pytest.mark.parametrize("settles", [False, True], ids=["unknown-at-close", "unknown-when-settled"])
+def test_a_cold_hard_budget_whose_figures_are_unknown_stops_holding_keys(
+    settles: bool, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reader that fails never refuses anyone: a figure unknown for good while nothing is
+    known ends the one-at-a-time hold (no figure is coming to end it), said once."""
+    caplog.set_level(logging.WARNING, logger="giul_asgi.budgets")
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=Clock(6e4))
+    budgets.setup()
+    first, _ = budgets.admit("t", "/", None)
+    budgets.spend(first, Energy(None, "unknown", id="a", settled=not settles))
+    if settles:
+        budgets.settled([Settled(Energy(None, "unknown", id="a"))])
+    for _ in range(5):
+        budgets.admit("t", "/", None)
+    assert budgets.spent == {} and budgets._measuring == set()
+    said = [r.getMessage() for r in caplog.records if "no longer admitted one at a time" in r.getMessage()]
+    assert len(said) == 1 and "'tenant/hour/J'" in said[0]
+
+
+def test_the_keys_held_while_a_cold_budget_is_measured_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys come from clients: past MAX_MEASURING first requests in flight, a new key's is
+    refused for a second too (counted under <other>), and the set never grows past it."""
+    monkeypatch.setattr(spending, "MAX_MEASURING", 3)
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=Clock(6e4))
+    budgets.setup()
+    held = [budgets.admit(f"k{n}", "/", None)[0] for n in range(3)]
+    for n in range(3, 50):
+        with pytest.raises(Measuring) as caught:
+            budgets.admit(f"k{n}", "/", None)
+    assert caught.value.crowded and "the first requests of 3 tenants are still being measured" \
+        in caught.value.message
+    assert len(budgets._measuring) == 3
+    assert budgets._refused == {(0, "<other>", 16): 47.0}
+    budgets.spend(held[0], Energy(None, "unknown", id="x", settled=False))  # awaited: still cold
+    budgets.admit("k3", "/", None)
+    assert budgets._measuring == {(0, "k1"), (0, "k2"), (0, "k3")}
+
+
+def test_a_request_refused_by_a_later_budget_gives_back_the_cold_key_it_held() -> None:
+    """Refused by a later budget, it never runs and never closes: the key's place taken by
+    an earlier cold budget is given back, or that key would be refused until a figure came."""
+    budgets = Budgets([Budget(joules=1000.0, hard=True, period=3600),
+                       Budget(joules=100.0, hard=True, key="t", period=3600, name="t-only")],
+                      directory="off", clock=Clock(6e4))
+    budgets.setup()
+    budgets.spent[(1, "t")] = 150.0  # as another worker's row says it (the first budget is cold)
+    for _ in range(3):
+        with pytest.raises(OverBudget) as caught:
+            budgets.admit("t", "/", None)
+        assert not isinstance(caught.value, Measuring) and caught.value.budget.name == "t-only"
+    assert budgets._measuring == set()
+
+
+@pytest.mark.anyio
+async def test_a_cold_hard_budget_s_second_concurrent_request_gets_an_openai_shaped_429() -> None:
+    release = asyncio.Event()
+
+    async def slow(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await release.wait()
+        await app(scope, receive, send)
+
+    metered = EnergyMiddleware(slow, nodes=[Node("dark", reader="none", workers_dir="off")],
+                               tiers=[Tier("8b", 1000.0)], ledgers=Ledgers(), tenant=team,
+                               budgets=[Budget(joules=250.0, hard=True)])
+    async with client(metered) as c:
+        first = asyncio.ensure_future(c.post("/v1/chat/completions", headers={"x-team": "team-a"}))
+        other = asyncio.ensure_future(c.post("/v1/chat/completions", headers={"x-team": "team-b"}))
+        await asyncio.sleep(0.05)  # both admitted, both in the app: each key has its own first
+        try:  # admitted, it would wait for the release too: say so rather than hang
+            second = await asyncio.wait_for(c.post("/v1/chat/completions", headers={"x-team": "team-a"}), 5)
+        finally:
+            release.set()
+        assert (await first).status_code == 200 and (await other).status_code == 200
+        after = [await c.post("/v1/chat/completions", headers={"x-team": "team-a"}) for _ in range(2)]
+    assert second.status_code == 429 and second.headers["retry-after"] == "1"
+    assert second.headers["x-energy-budget-remaining"] == "250"
+    error = second.json()["error"]
+    assert error["code"] == "energy_budget_measuring" and "first request is still being measured" \
+        in error["message"]
+    assert [r.status_code for r in after] == [200, 200]  # one at a time, and the cost is known now
 
 
 def test_a_request_refused_by_one_hard_budget_keeps_nothing_reserved_in_another() -> None:

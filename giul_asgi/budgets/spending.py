@@ -6,7 +6,10 @@ happens elsewhere:
 
 - **at admission**, a hard budget adds its usual cost of a request (a reservation: learnt
   from the figures this worker counted; until it has one, the other workers' mean, which
-  their rows carry);
+  their rows carry). While neither is known (a cold server: no worker has counted a
+  figure), there is nothing to reserve, so each key has at most one request of the budget
+  in flight in this worker; another meanwhile is refused for a second (:class:`Measuring`),
+  and the first's figure, once counted, is the usual cost;
 - **at the request's close**, on the event loop, its first figure (the one its headers
   said; for a hard budget, at least its reservation until it settles) replaces the
   reservation in this worker's count for (budget, key, period) and in the dictionary, so
@@ -91,10 +94,18 @@ _instances = itertools.count()
 
 #: How much each new figure moves a hard budget's usual cost of a request.
 USUAL_WEIGHT = 0.2
+#: Keys whose first request of a cold hard budget may be measured at once in this worker
+#: (keys come from clients); past it, a new key's first request is refused for a second too.
+MAX_MEASURING = MAX_KEYS
+#: What a request refused while its key's first is measured is told to wait (seconds).
+MEASURING_RETRY_S = 1
 
 
 class OverBudget(Exception):
     """A request of a key over a hard budget, refused before the app runs: the 429."""
+
+    #: The error body's ``code``.
+    code = "energy_budget_exceeded"
 
     def __init__(self, budget: Budget, key: str, spent: float, period_end: float, now: float) -> None:
         self.budget = budget
@@ -104,6 +115,11 @@ class OverBudget(Exception):
         #: Whole seconds until the period ends (at least 1).
         self.retry_after = max(1, math.ceil(period_end - now))
         super().__init__(self.message)
+
+    @property
+    def left(self) -> float:
+        """What is left of the budget, as ``X-Energy-Budget-Remaining`` says it."""
+        return 0.0
 
     @property
     def message(self) -> str:
@@ -120,12 +136,12 @@ class OverBudget(Exception):
 
         return json.dumps({"error": {
             "type": "energy_budget_exceeded", "message": self.message,
-            "code": "energy_budget_exceeded", "param": None,
+            "code": self.code, "param": None,
         }}).encode()
 
     def headers(self, body: bytes) -> list[tuple[bytes, bytes]]:
         out = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-               (b"retry-after", b"%d" % self.retry_after), (REMAINING, b"0"),
+               (b"retry-after", b"%d" % self.retry_after), (REMAINING, _left(self.left)),
                (NAME, header_value(self.budget.name))]
         if self.retry_after > 60:
             # OpenAI's clients retry a 429 after a short backoff unless told not to (older
@@ -133,6 +149,42 @@ class OverBudget(Exception):
             # retrying before the period ends is refused again.
             out.append((b"x-should-retry", b"false"))
         return out
+
+
+class Measuring(OverBudget):
+    """A request refused while its key's first request of a cold hard budget is measured.
+
+    Refused rather than held until that figure comes: admission stays a synchronous lookup
+    on the loop (no waiters to bound and wake, the same under asyncio and trio), a first
+    request may run for minutes (a long stream) while a wait must be short, and OpenAI's
+    clients retry a 429 after its ``Retry-After`` by themselves. The budget is not spent:
+    the body says so, with ``code`` ``energy_budget_measuring`` (``type`` stays
+    ``energy_budget_exceeded``: whatever matches a hard budget's refusals still does).
+    """
+
+    code = "energy_budget_measuring"
+
+    def __init__(self, budget: Budget, key: str, spent: float, period_end: float, now: float, *,
+                 crowded: bool = False) -> None:
+        #: Whether it was refused because :data:`MAX_MEASURING` other keys' first requests are.
+        self.crowded = crowded
+        super().__init__(budget, key, spent, period_end, now)  # its message is this class's
+        self.retry_after = MEASURING_RETRY_S
+
+    @property
+    def left(self) -> float:
+        return max(0.0, self.budget.limit - self.spent)
+
+    @property
+    def message(self) -> str:
+        b = self.budget
+        what = "joules" if b.unit == "J" else "grams of CO2e"
+        whose = (f"the first requests of {MAX_MEASURING} {b.per}s are" if self.crowded
+                 else f"this {b.per}'s first request is")
+        return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is not spent "
+                f"({number(self.spent)} of {number(b.limit)} {what} used), but {whose} still being "
+                f"measured: until a request's cost is known, one runs at a time. "
+                f"Retry after {MEASURING_RETRY_S} s.")
 
 
 def _left(value: float) -> bytes:
@@ -207,6 +259,14 @@ class Budgets:
         self._usual_learnt = [False] * len(self.budgets)
         #: A key of a hard budget between NEAR of its limit and the limit: the fast pace.
         self._near = False
+        #: (budget, key) of the requests admitted while the budget's usual cost was unknown
+        #: (nothing to reserve), one a key: until one's figure is counted, no other of that
+        #: key is admitted here, or a cold server's first wave all passes the limit.
+        self._measuring: set[tuple[int, str]] = set()
+        #: A hard budget whose first figure here was unknown for good (a reader that fails,
+        #: a node that cannot measure): its keys are no longer held one at a time, since no
+        #: figure is coming to end it (a reader that fails never refuses anyone).
+        self._blind = [False] * len(self.budgets)
 
     # -- the request's path ---------------------------------------------------------------------
     def admit(self, tenant: str | None, route: str, tier: str | None) -> Admitted:
@@ -230,6 +290,8 @@ class Budgets:
                     with self._lock:
                         self._add(i, key, period, reserve)
                         self._dirty = True
+                elif hard and not self._blind[i]:  # its cost unknown: one of the key at a time
+                    self._measure(i, key, used)
                 slots.append((i, key, period, reserve))
                 left = limit - used
                 if left / limit < share or (left / limit == share and left < left_at):
@@ -249,7 +311,27 @@ class Budgets:
             for i, key, period, reserved in slots:
                 if reserved:
                     self._add(i, key, period, -reserved)
+                elif self._hard[i]:
+                    self._measuring.discard((i, key))
             self._dirty = True
+
+    def _measure(self, i: int, key: str, used: float) -> None:
+        """Take the key's one place in flight while budget ``i``'s usual cost is unknown,
+        or raise :class:`Measuring` (a set lookup under the lock: no I/O)."""
+        gate = (i, key)
+        measuring = self._measuring
+        with self._lock:
+            crowded = len(measuring) >= MAX_MEASURING and gate not in measuring
+            if not crowded and gate not in measuring:
+                measuring.add(gate)
+                return
+            period = self._current[i]
+            slot = (i, OTHER if crowded else key, period)  # a crowded key may be anyone's: bounded
+            self._refused[slot] = self._refused.get(slot, 0.0) + 1
+            self._dirty = True
+        now = self._clock()
+        raise Measuring(self.budgets[i], key, used, (period + 1) * self._period_s[i], now,
+                        crowded=crowded)
 
     def _refuse(self, i: int, key: str, used: float) -> float:
         """Raise OverBudget, unless the period the dictionary counts has just ended (the
@@ -276,6 +358,7 @@ class Budgets:
         now = self._clock()
         waits = energy.id is not None and not energy.settled
         counts: list[tuple[float, float]] = []
+        blind: list[int] = []
         with self._lock:
             for i, key, period, reserved in slots:
                 value = j if self._joules[i] else g
@@ -283,6 +366,11 @@ class Budgets:
                 counted = max(first, reserved) if waits else first
                 if reserved:  # the reservation gives way to the figure
                     self._add(i, key, period, -reserved)
+                elif self._hard[i]:  # admitted cold: the key's next request may run
+                    self._measuring.discard((i, key))
+                    if not first and not waits and self._usual[i] == 0.0 and not self._blind[i]:
+                        self._blind[i] = True
+                        blind.append(i)
                 if counted > 0:
                     self._add(i, key, int(now // self._period_s[i]), counted)
                 if first > 0 and (energy.settled or not self._usual_settled[i]):
@@ -298,6 +386,14 @@ class Budgets:
             self._dirty = True
         if not self._wake.is_set():  # once a round, not once a request
             self._wake.set()
+        for i in blind:
+            self._said_blind(i)
+
+    def _said_blind(self, i: int) -> None:
+        log.warning("hard energy budget %r: a request's figure is unknown for good and no usual cost "
+                    "of a request is known yet, so its keys' requests are no longer admitted one at a "
+                    "time while one is measured (said once); until a figure is known, this worker "
+                    "reserves nothing for them", self.budgets[i].name)
 
     def _learn_usual(self, i: int, value: float) -> None:
         """Move a budget's usual cost of a request towards ``value`` (under the lock)."""
@@ -335,6 +431,7 @@ class Budgets:
         is learnt from settled figures once there are any (first figures run low or high)."""
         pending = self._pending
         changed = False
+        blind: list[int] = []
         with self._lock:
             if not pending:
                 return
@@ -353,6 +450,10 @@ class Budgets:
                             self._learn_usual(i, last)
                     else:
                         final = first  # unknown at the end: the first figure stands
+                        if not first and self._hard[i] and self._usual[i] == 0.0 \
+                                and not self._blind[i]:
+                            self._blind[i] = True  # unknown at both ends, and nothing known
+                            blind.append(i)
                     if final != counted:
                         self._add(i, key, int(t // self._period_s[i]), final - counted)
                         changed = True
@@ -360,6 +461,8 @@ class Budgets:
                 self._dirty = True
         if changed and not self._wake.is_set():
             self._wake.set()
+        for i in blind:
+            self._said_blind(i)
 
     # -- the budgets' thread ----------------------------------------------------------------
     def start(self) -> None:
@@ -599,4 +702,5 @@ class Budgets:
                 "workers": self.workers, "items": items}
 
 
-__all__ = ["EVERY_S", "MAX_KEYS", "NAME", "REMAINING", "Admitted", "Budgets", "OverBudget", "Slots"]
+__all__ = ["EVERY_S", "MAX_KEYS", "MAX_MEASURING", "NAME", "REMAINING", "Admitted", "Budgets", "Measuring",
+           "OverBudget", "Slots"]
