@@ -9,7 +9,8 @@ happens elsewhere:
   their rows carry). While neither is known (a cold server: no worker has counted a
   figure), there is nothing to reserve, so each key has at most one request of the budget
   in flight in this worker; another meanwhile is refused for a second (:class:`Measuring`),
-  and the first's figure, once counted, is the usual cost;
+  and the first's figure, once counted, is the usual cost (a first figure the card has not
+  reported yet holds the key until it settles, :data:`HOLD_S` at most);
 - **at the request's close**, on the event loop, its first figure (the one its headers
   said; for a hard budget, at least its reservation until it settles) replaces the
   reservation in this worker's count for (budget, key, period) and in the dictionary, so
@@ -99,6 +100,10 @@ USUAL_WEIGHT = 0.2
 MAX_MEASURING = MAX_KEYS
 #: What a request refused while its key's first is measured is told to wait (seconds).
 MEASURING_RETRY_S = 1
+#: How long a key stays held after its first request closed with a figure still awaited (the
+#: card had not reported; a cold card's first window often has not): until it settles, or
+#: this many seconds, so a settled figure that never comes cannot hold the key for good.
+HOLD_S = 2.0
 
 
 class OverBudget(Exception):
@@ -261,8 +266,11 @@ class Budgets:
         self._near = False
         #: (budget, key) of the requests admitted while the budget's usual cost was unknown
         #: (nothing to reserve), one a key: until one's figure is counted, no other of that
-        #: key is admitted here, or a cold server's first wave all passes the limit.
-        self._measuring: set[tuple[int, str]] = set()
+        #: key is admitted here, or a cold server's first wave all passes the limit. The
+        #: value: until when (``time.monotonic()``): infinite while the request runs, then
+        #: HOLD_S at most while its figure is awaited.
+        self._measuring: dict[tuple[int, str], float] = {}
+        self._purged = -math.inf
         #: A hard budget whose first figure here was unknown for good (a reader that fails,
         #: a node that cannot measure): its keys are no longer held one at a time, since no
         #: figure is coming to end it (a reader that fails never refuses anyone).
@@ -312,7 +320,7 @@ class Budgets:
                 if reserved:
                     self._add(i, key, period, -reserved)
                 elif self._hard[i]:
-                    self._measuring.discard((i, key))
+                    self._measuring.pop((i, key), None)
             self._dirty = True
 
     def _measure(self, i: int, key: str, used: float) -> None:
@@ -321,9 +329,12 @@ class Budgets:
         gate = (i, key)
         measuring = self._measuring
         with self._lock:
-            crowded = len(measuring) >= MAX_MEASURING and gate not in measuring
-            if not crowded and gate not in measuring:
-                measuring.add(gate)
+            until = measuring.get(gate)
+            if until is not None and until != math.inf and until <= time.monotonic():
+                until = None  # its figure was awaited for HOLD_S: the key is free
+            crowded = until is None and len(measuring) >= MAX_MEASURING and not self._purge()
+            if until is None and not crowded:
+                measuring[gate] = math.inf
                 return
             period = self._current[i]
             slot = (i, OTHER if crowded else key, period)  # a crowded key may be anyone's: bounded
@@ -332,6 +343,17 @@ class Budgets:
         now = self._clock()
         raise Measuring(self.budgets[i], key, used, (period + 1) * self._period_s[i], now,
                         crowded=crowded)
+
+    def _purge(self) -> bool:
+        """Forget the keys held past HOLD_S (figures that never settled), at most once a
+        second (a scan of up to MAX_MEASURING keys); whether there is room now (under the lock)."""
+        mono = time.monotonic()
+        if mono - self._purged >= 1.0:
+            self._purged = mono
+            measuring = self._measuring
+            for gate in [g for g, until in measuring.items() if until <= mono]:
+                del measuring[gate]
+        return len(self._measuring) < MAX_MEASURING
 
     def _refuse(self, i: int, key: str, used: float) -> float:
         """Raise OverBudget, unless the period the dictionary counts has just ended (the
@@ -366,8 +388,12 @@ class Budgets:
                 counted = max(first, reserved) if waits else first
                 if reserved:  # the reservation gives way to the figure
                     self._add(i, key, period, -reserved)
-                elif self._hard[i]:  # admitted cold: the key's next request may run
-                    self._measuring.discard((i, key))
+                elif self._hard[i]:  # admitted cold: the key's next request may run...
+                    if not first and waits and self._usual[i] == 0.0:
+                        # ...once its figure, awaited from the card, settles (HOLD_S at most)
+                        self._measuring[(i, key)] = time.monotonic() + HOLD_S
+                    else:
+                        self._measuring.pop((i, key), None)
                     if not first and not waits and self._usual[i] == 0.0 and not self._blind[i]:
                         self._blind[i] = True
                         blind.append(i)
@@ -441,7 +467,11 @@ class Budgets:
                 if entry is None:
                     continue
                 slots, t, counts = entry
-                for (i, key, _, _), (first, counted) in zip(slots, counts, strict=True):
+                for (i, key, _, reserved), (first, counted) in zip(slots, counts, strict=True):
+                    if not reserved and self._hard[i] and self._measuring.get((i, key)) != math.inf:
+                        # the key held after its first closed (not a request of it in flight):
+                        # learnt from this figure below, or blind, its cost no longer holds it
+                        self._measuring.pop((i, key), None)
                     last = energy.joules if self._joules[i] else energy.carbon_grams
                     if last is not None and last > 0:
                         final = last
@@ -702,5 +732,5 @@ class Budgets:
                 "workers": self.workers, "items": items}
 
 
-__all__ = ["EVERY_S", "MAX_KEYS", "MAX_MEASURING", "NAME", "REMAINING", "Admitted", "Budgets", "Measuring",
-           "OverBudget", "Slots"]
+__all__ = ["EVERY_S", "HOLD_S", "MAX_KEYS", "MAX_MEASURING", "NAME", "REMAINING", "Admitted", "Budgets",
+           "Measuring", "OverBudget", "Slots"]
