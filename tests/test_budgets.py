@@ -452,6 +452,9 @@ def test_a_cold_hard_budget_whose_figures_are_unknown_stops_holding_keys(
         budgets.settled([Settled(Energy(None, "unknown", id="a"))])
     for _ in range(5):
         budgets.admit("t", "/", None)
+    for n in range(5):  # nor are keys held for figures awaited, which no admission looks up
+        slots, _ = budgets.admit(f"k{n}", "/", None)
+        budgets.spend(slots, Energy(None, "unknown", id=f"w{n}", settled=False))
     assert budgets.spent == {} and budgets._measuring == {}
     said = [r.getMessage() for r in caplog.records if "no longer admitted one at a time" in r.getMessage()]
     assert len(said) == 1 and "'tenant/hour/J'" in said[0]

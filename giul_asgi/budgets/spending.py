@@ -389,8 +389,9 @@ class Budgets:
                 if reserved:  # the reservation gives way to the figure
                     self._add(i, key, period, -reserved)
                 elif self._hard[i]:  # admitted cold: the key's next request may run...
-                    if not first and waits and self._usual[i] == 0.0:
-                        # ...once its figure, awaited from the card, settles (HOLD_S at most)
+                    if not first and waits and self._usual[i] == 0.0 and (i, key) in self._measuring:
+                        # ...once its figure, awaited from the card, settles (HOLD_S at most;
+                        # only a key it holds: the table grows at admission alone, bounded)
                         self._measuring[(i, key)] = time.monotonic() + HOLD_S
                     else:
                         self._measuring.pop((i, key), None)
