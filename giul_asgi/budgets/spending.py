@@ -279,7 +279,8 @@ class Budgets:
     # -- the request's path ---------------------------------------------------------------------
     def admit(self, tenant: str | None, route: str, tier: str | None) -> Admitted:
         """The request's slots and headers, or :class:`OverBudget` for a key over a hard
-        budget. One dictionary lookup per budget that applies."""
+        budget (:class:`Measuring` for a second request of a key while the budget's usual
+        cost is unknown). One dictionary lookup per budget that applies (two while cold)."""
         values = (tenant or NONE, route, tier or NONE)
         spent = self.spent
         slots: list[tuple[int, str, int, float]] = []
@@ -325,14 +326,15 @@ class Budgets:
 
     def _measure(self, i: int, key: str, used: float) -> None:
         """Take the key's one place in flight while budget ``i``'s usual cost is unknown,
-        or raise :class:`Measuring` (a set lookup under the lock: no I/O)."""
+        or raise :class:`Measuring` (a dictionary lookup under the lock: no I/O)."""
         gate = (i, key)
         measuring = self._measuring
         with self._lock:
             until = measuring.get(gate)
             if until is not None and until != math.inf and until <= time.monotonic():
                 until = None  # its figure was awaited for HOLD_S: the key is free
-            crowded = until is None and len(measuring) >= MAX_MEASURING and not self._purge()
+            # a key held past HOLD_S takes its own place again: only a new key needs room
+            crowded = gate not in measuring and len(measuring) >= MAX_MEASURING and not self._purge()
             if until is None and not crowded:
                 measuring[gate] = math.inf
                 return
