@@ -73,8 +73,13 @@ def check_alone(repeats: int, n: int) -> list[tuple[str, float, float]]:
     energy = Energy(12.5, "measured", id="x", settled=True)
     for name, (budgets, keys) in cases.items():
         b = Budgets(budgets, directory="off")
-        for k in range(keys):
-            b.spend(((0, f"key:{k:016x}"),), energy)
+        for k in range(keys - 1):  # keys spent on already, each through its own admission
+            slots, _headers = b.admit(f"key:{k:016x}", "/v1/chat/completions", "8b")
+            b.spend(slots, energy)
+        # The key timed has a figure counted: its usual cost is known (a cold key is held to
+        # one request at a time, which a loop of admissions without their closes is not).
+        slots, _headers = b.admit("team-a", "/v1/chat/completions", "8b")
+        b.spend(slots, energy)
         admit_ns, spend_ns = [], []
         for _ in range(repeats):
             t0 = time.thread_time_ns()

@@ -697,3 +697,32 @@ def _wait(found: Any, timeout: float = 10.0) -> Any:
         if value or time.monotonic() > deadline:
             return value
         time.sleep(0.02)
+
+
+@pytest.mark.anyio
+async def test_a_request_that_fails_before_its_app_runs_gives_back_its_cold_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error of ours between admission and the app (the window's open) costs that request,
+    not the key: its hold on a cold hard budget is given back, so the next one is admitted
+    rather than told the key's first request is still being measured."""
+    from giul_asgi.meter import Meter
+
+    metered = EnergyMiddleware(app, nodes=[Node("dark", reader="none", workers_dir="off")],
+                               tiers=[Tier("8b", 1000.0)], ledgers=Ledgers(), tenant=team,
+                               budgets=[Budget(joules=250.0, hard=True)])
+    opened = Meter.open
+    broken = True
+
+    def open_once(self: Meter) -> None:
+        if broken:
+            raise RuntimeError("a bug of ours")
+        opened(self)
+
+    monkeypatch.setattr(Meter, "open", open_once)
+    async with client(metered) as c:
+        with pytest.raises(RuntimeError, match="a bug of ours"):
+            await c.post("/v1/chat/completions", headers={"x-team": "team-a"})
+        broken = False
+        after = await c.post("/v1/chat/completions", headers={"x-team": "team-a"})
+    assert after.status_code == 200, after.text

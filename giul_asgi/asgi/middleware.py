@@ -307,12 +307,17 @@ class EnergyMiddleware:
             except OverBudget as over:
                 await _refuse(over, send)
                 return
-        meter.open()
-        exchange = Exchange(
-            scope, receive, send, meter, choose=self._choose,
-            settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
-            keep=self.records.put,
-        )
+        try:
+            meter.open()
+            exchange = Exchange(
+                scope, receive, send, meter, choose=self._choose,
+                settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
+                keep=self.records.put,
+            )
+        except BaseException:
+            if budgets is not None:  # never to run: what its admission took is given back
+                budgets.give_back(slots)
+            raise
         if budgets is not None:
             exchange.also = budget_headers
         span = self.otel.current_span() if self.otel is not None else None

@@ -44,7 +44,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -308,14 +308,15 @@ class Budgets:
         except OverBudget:
             # A later budget refused it: the request never runs and no figure will ever
             # replace what the earlier ones reserved, which would stay spent for the period.
-            self._give_back(slots)
+            self.give_back(slots)
             raise
         if tightest < 0:
             return _NOTHING
         return tuple(slots), ((REMAINING, _left(left_at)), (NAME, self._names[tightest]))
 
-    def _give_back(self, slots: list[tuple[int, str, int, float]]) -> None:
-        """Undo what a refused request's admission took."""
+    def give_back(self, slots: Iterable[tuple[int, str, int, float]]) -> None:
+        """Undo what an admission took, for a request that will never run: refused by a
+        later budget, or failed (an error of ours) before its app started."""
         with self._lock:
             for i, key, period, reserved in slots:
                 if reserved:
