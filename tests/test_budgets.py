@@ -353,8 +353,10 @@ def test_a_hard_budget_counts_a_reservation_until_a_low_or_unknown_first_figure_
                      Settled(Energy(None, "unknown", id="c"))])
     # 20 + 25 + 22 + nothing for c + the fourth's reservation (20)
     assert budgets.spent == {(0, "t"): pytest.approx(87.0)}
-    # The usual cost moved with the settled figures (25, 22), not the first (5).
-    assert budgets._usual[0] == pytest.approx(20.0 + 0.2 * (25.0 - 20.0) + 0.2 * (22.0 - 21.0))
+    # The mean moved with the settled figures (25, 22), not the first (5); what is reserved
+    # is the upper decile of the recent ones (of three, the largest).
+    assert budgets._mean[0] == pytest.approx(20.0 + 0.2 * (25.0 - 20.0) + 0.2 * (22.0 - 21.0))
+    assert budgets._usual[0] == 25.0
 
 
 def test_a_cold_hard_budget_admits_one_request_of_a_key_at_a_time_until_a_figure_is_counted() -> None:
@@ -660,11 +662,12 @@ def test_a_fresh_worker_reserves_the_usual_cost_the_other_workers_learnt(tmp_pat
     assert len(admitted) == 5  # 5 x 20 J reaches 100
     budgets.spend(admitted[0], Energy(30.0, "measured", id="f0", settled=True))
     budgets.spend(admitted[1], Energy(30.0, "measured", id="f1", settled=True))
-    assert budgets._usual[0] == pytest.approx(20.0 + 0.2 * 10.0 + 0.2 * 8.0)  # its own, from the borrowed
+    assert budgets._mean[0] == pytest.approx(20.0 + 0.2 * 10.0 + 0.2 * 8.0)  # its own, from the borrowed
+    assert budgets._usual[0] == 30.0  # the upper decile of its own figures
     budgets.tick(read=True)
-    assert budgets._usual[0] == pytest.approx(23.6)  # learnt: the others' no longer replace it
+    assert budgets._usual[0] == 30.0  # learnt: the others' no longer replace it
     data = unframed(budgets.folder.rows.path.read_bytes())
-    assert data is not None and json.loads(data)["usual"] == [["tenant/day/J", pytest.approx(23.6)]]
+    assert data is not None and json.loads(data)["usual"] == [["tenant/day/J", 30.0]]
     budgets.close()
 
 
@@ -726,3 +729,27 @@ async def test_a_request_that_fails_before_its_app_runs_gives_back_its_cold_key(
         broken = False
         after = await c.post("/v1/chat/completions", headers={"x-team": "team-a"})
     assert after.status_code == 200, after.text
+
+
+def test_a_hard_budget_reserves_the_upper_decile_of_recent_figures_not_their_mean() -> None:
+    """A request's cost moves with how many share the card: a crowd of 40 settles at 5-10 J
+    each and teaches a low mean, then the last requests before the limit, nearly alone, cost
+    14-33 J (helper-10's warm runs, budgets-2026-12-06-cold.md: 300 J passed by 7.5-16
+    requests). What a request reserves is the upper decile of the recent figures, so the
+    dear ones the crowd hides are counted at admission."""
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=300.0, hard=True, period=3600)], directory="off", clock=clock)
+    budgets.setup()
+    figures = ([6.0] * 5 + [20.0]) * 5 + [6.0, 6.0]  # the last 32: one in six or so dear
+    for n, joules in enumerate(figures):
+        slots, _ = budgets.admit("crowd", "/", None)
+        budgets.spend(slots, Energy(joules, "measured", id=f"r{n}", settled=True))
+    assert budgets._mean[0] < 12.0  # what the moving mean alone would reserve
+    assert budgets._usual[0] == 20.0
+    spent = budgets.spent[(0, "crowd")]
+    admitted = 0
+    with pytest.raises(OverBudget):
+        for _ in range(100):
+            budgets.admit("crowd", "/", None)
+            admitted += 1
+    assert admitted == math.ceil((300.0 - spent) / 20.0)  # each in flight holds a dear one's cost

@@ -44,6 +44,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -93,8 +94,13 @@ _NOTHING: Admitted = ((), ())
 _instances = itertools.count()
 
 
-#: How much each new figure moves a hard budget's usual cost of a request.
+#: How much each new figure moves a hard budget's mean cost of a request.
 USUAL_WEIGHT = 0.2
+#: The recent figures a hard budget's reservation is the upper decile of (beside the mean):
+#: a request's cost moves with how many share the card, and the last requests before the
+#: limit, with fewer beside them, cost more than the mean the crowd before them taught.
+RECENT = 32
+USUAL_QUANTILE = 0.9
 #: Keys whose first request of a cold hard budget may be measured at once in this worker
 #: (keys come from clients); past it, a new key's first request is refused for a second too.
 MAX_MEASURING = MAX_KEYS
@@ -253,10 +259,13 @@ class Budgets:
         self._last_read = -math.inf
         self._last_change = 0.0
         self._failed_said = False
-        #: A hard budget's usual cost of one request (a moving mean of its settled figures,
-        #: of its first figures until one settles): reserved at admission, so requests
-        #: admitted together cannot all pass the limit, and counted until the figure settles.
+        #: A hard budget's usual cost of one request: the larger of a moving mean of its
+        #: settled figures (its first figures until one settles) and the upper decile of the
+        #: last RECENT of them. Reserved at admission, so requests admitted together cannot
+        #: all pass the limit, and counted until the figure settles.
         self._usual = [0.0] * len(self.budgets)
+        self._mean = [0.0] * len(self.budgets)
+        self._recent: list[deque[float]] = [deque(maxlen=RECENT) for _ in self.budgets]
         self._usual_settled = [False] * len(self.budgets)
         #: Whether this worker learnt its usual cost from its own figures (else it holds the
         #: other workers' mean, or nothing: a fresh worker beside warm ones, the hostile
@@ -426,9 +435,13 @@ class Budgets:
                     "reserves nothing for them", self.budgets[i].name)
 
     def _learn_usual(self, i: int, value: float) -> None:
-        """Move a budget's usual cost of a request towards ``value`` (under the lock)."""
-        usual = self._usual[i]
-        self._usual[i] = value if usual == 0.0 else usual + USUAL_WEIGHT * (value - usual)
+        """Learn a budget's usual cost of a request from ``value`` (under the lock)."""
+        mean = self._mean[i]
+        self._mean[i] = mean = value if mean == 0.0 else mean + USUAL_WEIGHT * (value - mean)
+        recent = self._recent[i]
+        recent.append(value)
+        ranked = sorted(recent)  # at most RECENT values: about a microsecond
+        self._usual[i] = max(mean, ranked[min(len(ranked) - 1, int(USUAL_QUANTILE * len(ranked)))])
         self._usual_learnt[i] = True
 
     def _borrow_usual(self, others: dict[str, float]) -> None:
@@ -436,7 +449,7 @@ class Budgets:
         with self._lock:
             for i, budget in enumerate(self.budgets):
                 if self._hard[i] and not self._usual_learnt[i] and budget.name in others:
-                    self._usual[i] = others[budget.name]
+                    self._usual[i] = self._mean[i] = others[budget.name]
 
     def _add(self, i: int, key: str, period: int, value: float) -> None:
         """Count ``value`` (under the lock)."""
