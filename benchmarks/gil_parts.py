@@ -4,11 +4,13 @@ A busy gateway worker's requests are bound by one thing, the GIL: whatever any t
 ours does while holding it (the loop's request path, the reader's settling, the writers of
 the shared statistics and records) is time the loop cannot serve. benchmarks/overhead.py
 times the whole; this attributes it. It runs benchmarks/path_profile.py (``n`` requests of
-one kind, back to back on one loop, as overhead.py times them) under
-``py-spy record --gil --nonblocking``: a sample is taken only of the thread that holds the
-GIL, so the samples split the process's busy time between the parts below, whichever
-thread did them. Each part's share times the wall time a request takes in a run of the
-same script without the profiler (``--wall``, measured first) is its microseconds.
+one kind, back to back on one loop, as overhead.py times them) under ``py-spy record --gil``:
+a sample is taken only of the thread that holds the GIL, so the samples split the process's
+busy time between the parts below, whichever thread did them. py-spy stops the process for
+each sample (with ``--nonblocking`` a stack read while it changes is dropped, and the loop's
+quick-changing stacks were dropped far more often than a writer thread's long C calls, which
+then read as half the time). Each part's share times the wall time a request takes in runs
+of the same script without the profiler (``--repeats``, interleaved) is its microseconds.
 
 A sample goes to the first part whose function is on its stack, in the order of
 :data:`PARTS`; on the loop, what is under our middleware and in no part of ours is the app
@@ -92,7 +94,7 @@ def samples(variant: str, kind: str, n: int, rate: int) -> Counter[tuple[str, ..
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "raw.txt"
         subprocess.run(
-            [spy, "record", "--gil", "--nonblocking", "--threads", "--rate", str(rate), "--format", "raw",
+            [spy, "record", "--gil", "--threads", "--rate", str(rate), "--format", "raw",
              "--output", str(raw), "--", sys.executable, str(HERE / "path_profile.py"), kind, str(n),
              "--variant", variant, "--no-gc"],
             capture_output=True, text=True, check=True,
