@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,19 +68,7 @@ def client_loop(client: httpx.Client, answers: list[dict[str, Any]], lock: threa
 
 
 def test_four_workers_admit_the_allowed_joules_within_one_request_per_worker(tmp_path: Path) -> None:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIUL_ASGI_")}
-    env.update(GIUL_ASGI_LOAD_DIR=str(tmp_path / "place"), BUDGETS_LIMIT=str(LIMIT),
-               PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]))
-    log = tmp_path / "server.log"
-    command = [sys.executable, "-m", "uvicorn", "budgets_app:app", "--host", "127.0.0.1",
-               "--port", str(port), "--workers", str(WORKERS), "--log-level", "warning"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, cwd=TESTS, stdout=out, stderr=out,
-                                start_new_session=True)  # a session of its own: killed whole
-    try:
-        _warm_up(base, proc, log)
+    with _server(tmp_path, LIMIT) as base:
         answers: list[dict[str, Any]] = []
         lock = threading.Lock()
         clients = _connections(base)
@@ -117,14 +106,6 @@ def test_four_workers_admit_the_allowed_joules_within_one_request_per_worker(tmp
         # ramp-down tails the card had not reported yet (0.79-0.84 of it at 0.15 s requests)
         assert 0.6 * total < first < 1.2 * total, (first, total)
         assert state["refused"] >= len(refused)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 #: A cold server's wave: this many clients of team-a at once, each asking for this much work
@@ -141,19 +122,7 @@ def test_a_cold_server_admits_one_request_a_worker_of_a_wave_until_its_cost_is_k
     flight together, was all admitted (about 40 requests past the limit). Now each worker
     admits one of the team's requests while it measures it and refuses the others for a
     second: the wave passes the limit by less than one request per worker."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIUL_ASGI_")}
-    env.update(GIUL_ASGI_LOAD_DIR=str(tmp_path / "place"), BUDGETS_LIMIT=str(COLD_LIMIT),
-               PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]))
-    log = tmp_path / "server.log"
-    command = [sys.executable, "-m", "uvicorn", "budgets_app:app", "--host", "127.0.0.1",
-               "--port", str(port), "--workers", str(WORKERS), "--log-level", "warning"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, cwd=TESTS, stdout=out, stderr=out,
-                                start_new_session=True)  # a session of its own: killed whole
-    try:
-        _warm_up(base, proc, log)
+    with _server(tmp_path, COLD_LIMIT) as base:
         start = threading.Barrier(WAVE)
 
         def one(_: int) -> dict[str, Any]:
@@ -186,6 +155,27 @@ def test_a_cold_server_admits_one_request_a_worker_of_a_wave_until_its_cost_is_k
         assert 1 <= len(admitted) <= WORKERS and max(served_by.values()) == 1, served_by
         assert measuring  # the mechanism, not the limit, held the wave
         assert total - COLD_LIMIT < WORKERS * largest, (total, COLD_LIMIT, largest)  # within one a worker
+
+
+@contextlib.contextmanager
+def _server(tmp_path: Path, limit: float) -> Iterator[str]:
+    """Four uvicorn workers of tests/budgets_app.py with a hard budget of ``limit`` joules for
+    team-a, in a place of the test's own, every worker warmed up (another team): its URL.
+    Stopped whole (its session) on the way out."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIUL_ASGI_")}
+    env.update(GIUL_ASGI_LOAD_DIR=str(tmp_path / "place"), BUDGETS_LIMIT=str(limit),
+               PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]))
+    log = tmp_path / "server.log"
+    command = [sys.executable, "-m", "uvicorn", "budgets_app:app", "--host", "127.0.0.1",
+               "--port", str(port), "--workers", str(WORKERS), "--log-level", "warning"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, cwd=TESTS, stdout=out, stderr=out,
+                                start_new_session=True)  # a session of its own: killed whole
+    try:
+        _warm_up(base, proc, log)
+        yield base
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
