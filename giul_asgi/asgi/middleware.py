@@ -15,6 +15,7 @@ Nothing here reads a card or blocks: the ledger does that, once per node.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -314,10 +315,16 @@ class EnergyMiddleware:
                 settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
                 keep=self.records.put,
             )
-        except BaseException:
-            if budgets is not None:  # never to run: what its admission took is given back
+        except Exception:  # a bug of ours costs the figure, never the answer: served unmetered
+            log.exception("giul-asgi could not open this request's window; it is served unmetered")
+            if budgets is not None:  # what its admission took is given back
                 budgets.give_back(slots)
-            raise
+            window = meter.window
+            if window is not None:  # opened, then failed: no figure will close it
+                with contextlib.suppress(Exception):
+                    meter.ledger.abandon(window)
+            await self.app(scope, receive, send)
+            return
         if budgets is not None:
             exchange.also = budget_headers
         span = self.otel.current_span() if self.otel is not None else None

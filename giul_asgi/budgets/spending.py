@@ -5,8 +5,8 @@ The request's path asks one question per budget: has this key spent its limit?
 happens elsewhere:
 
 - **at admission**, a hard budget adds its usual cost of a request (a reservation: learnt
-  from the figures this worker counted; until it has one, the other workers' mean, which
-  their rows carry). While neither is known (a cold server: no worker has counted a
+  from the figures this worker counted; until it has one, what the other workers learnt,
+  which their rows carry). While neither is known (a cold server: no worker has counted a
   figure), there is nothing to reserve, so each key has at most one request of the budget
   in flight in this worker; another meanwhile is refused for a second (:class:`Measuring`),
   and the first's figure, once counted, is the usual cost (a first figure the card has not
@@ -339,19 +339,36 @@ class Budgets:
         or raise :class:`Measuring` (a dictionary lookup under the lock: no I/O)."""
         gate = (i, key)
         measuring = self._measuring
+        went_blind = admitted = False
         with self._lock:
             until = measuring.get(gate)
             if until is not None and until != math.inf and until <= time.monotonic():
-                until = None  # its figure was awaited for HOLD_S: the key is free
+                until = None  # its figure was awaited for HOLD_S: the key is free...
+                if self._usual[i] == 0.0 and not self._blind[i]:
+                    # ...and none came, so none is coming soon (a reader stuck at its start
+                    # settles nothing): holding keys for it would refuse requests for as long
+                    # as the reader fails. Its keys are held no more, as for a figure unknown
+                    # for good (a reader slower than HOLD_S to settle lets a cold wave in).
+                    self._blind[i] = went_blind = True
             # a key held past HOLD_S takes its own place again: only a new key needs room
             crowded = gate not in measuring and len(measuring) >= MAX_MEASURING and not self._purge()
-            if until is None and not crowded:
+            if self._blind[i]:
+                measuring.pop(gate, None)
+                admitted = True
+            elif until is None and not crowded:
                 measuring[gate] = math.inf
-                return
-            period = self._current[i]
-            slot = (i, OTHER if crowded else key, period)  # a crowded key may be anyone's: bounded
-            self._refused[slot] = self._refused.get(slot, 0.0) + 1
-            self._dirty = True
+                admitted = True
+            else:
+                period = self._current[i]
+                # a crowded key may be anyone's, and so may a key past the table's bound
+                own = not crowded and ((i, key, period) in self._refused or len(self._refused) < MAX_KEYS)
+                slot = (i, key if own else OTHER, period)
+                self._refused[slot] = self._refused.get(slot, 0.0) + 1
+                self._dirty = True
+        if went_blind:
+            self._said_blind(i)  # a log line, once a budget: outside the lock
+        if admitted:
+            return
         now = self._clock()
         raise Measuring(self.budgets[i], key, used, (period + 1) * self._period_s[i], now,
                         crowded=crowded)
@@ -414,7 +431,7 @@ class Budgets:
                     self._add(i, key, int(now // self._period_s[i]), counted)
                 if first > 0 and (energy.settled or not self._usual_settled[i]):
                     if energy.settled and self._hard[i]:
-                        self._usual_settled[i] = True
+                        self._settle_learning(i)
                     self._learn_usual(i, first)
                 counts.append((first, counted))
             if waits and energy.id is not None:
@@ -429,10 +446,21 @@ class Budgets:
             self._said_blind(i)
 
     def _said_blind(self, i: int) -> None:
-        log.warning("hard energy budget %r: a request's figure is unknown for good and no usual cost "
-                    "of a request is known yet, so its keys' requests are no longer admitted one at a "
-                    "time while one is measured (said once); until a figure is known, this worker "
-                    "reserves nothing for them", self.budgets[i].name)
+        log.warning("hard energy budget %r: a request's figure did not come (unknown for good, or "
+                    "awaited longer than %g s) and no usual cost of a request is known yet, so its keys' "
+                    "requests are no longer admitted one at a time while one is measured (said once); "
+                    "until a figure is known, this worker reserves nothing for them",
+                    self.budgets[i].name, HOLD_S)
+
+    def _settle_learning(self, i: int) -> None:
+        """A budget's first settled figure: from now on it learns from settled figures only,
+        and what first figures taught is dropped, or the early ones (a cold card's, dear)
+        would stay among the recent for 32 more and be reserved (under the lock)."""
+        if not self._usual_settled[i]:
+            self._usual_settled[i] = True
+            if self._usual_learnt[i]:  # this worker's first figures taught it (not borrowed)
+                self._recent[i].clear()
+                self._mean[i] = 0.0
 
     def _learn_usual(self, i: int, value: float) -> None:
         """Learn a budget's usual cost of a request from ``value`` (under the lock)."""
@@ -493,7 +521,7 @@ class Budgets:
                     if last is not None and last > 0:
                         final = last
                         if self._hard[i]:
-                            self._usual_settled[i] = True
+                            self._settle_learning(i)
                             self._learn_usual(i, last)
                     else:
                         final = first  # unknown at the end: the first figure stands
