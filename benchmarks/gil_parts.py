@@ -12,10 +12,10 @@ quick-changing stacks were dropped far more often than a writer thread's long C 
 then read as half the time). Each part's share times the wall time a request takes in runs
 of the same script without the profiler (``--repeats``, interleaved) is its microseconds.
 
-A sample goes to the first part whose function is on its stack, in the order of
-:data:`PARTS`; on the loop, what is under our middleware and in no part of ours is the app
-(and Starlette) inside it; what is outside the middleware is the loop and the server's
-side, as in the bare app.
+A sample goes to the first part of its thread's (the loop's, or the other threads') whose
+function is on its stack, in the order of :data:`PARTS`; on the loop, what is under our
+middleware and in no part of ours is the app (and Starlette) inside it; what is outside the
+middleware is the loop and the server's side, as in the bare app.
 
     python benchmarks/gil_parts.py            # ours on the NVML path, shared and unshared
     python benchmarks/gil_parts.py --variant giul-asgi-nvml-unshared
@@ -132,8 +132,11 @@ def attribute(counts: Counter[tuple[str, ...]]) -> tuple[Counter[str], int]:
             inside = any("EnergyMiddleware.__call__" in f for f in stack)
             text = ";".join([*(["EnergyMiddleware.__call__ (the app inside)"] if inside else []),
                              *(f for f in stack if "giul_asgi/" not in f)])
+        # The loop's parts for the loop's samples, the threads' for the others': a function
+        # both call (the grade, a record's JSON) is the caller's thread's work.
+        loop = "MainThread" in stack[0]
         for part, marker in PARTS:
-            if marker in text:
+            if part.startswith("loop:") == loop and marker in text:
                 parts[part] += count
                 break
     return parts, total
