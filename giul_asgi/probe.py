@@ -499,7 +499,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dcgmi", action="store_true",
                         help="probe the local DCGM host engine through `dcgmi dmon` (reader='dcgmi')")
     parser.add_argument("--upstream", metavar="URL", default=None,
-                        help="a vLLM/TGI/SGLang /metrics URL to probe")
+                        help="a vLLM/TGI/SGLang/TensorRT-LLM /metrics URL to probe")
     parser.add_argument("--no-local", action="store_true", help="skip local NVML")
 
 
