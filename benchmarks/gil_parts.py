@@ -134,7 +134,7 @@ def attribute(counts: Counter[tuple[str, ...]]) -> tuple[Counter[str], int]:
                              *(f for f in stack if "giul_asgi/" not in f)])
         # The loop's parts for the loop's samples, the threads' for the others': a function
         # both call (the grade, a record's JSON) is the caller's thread's work.
-        loop = "MainThread" in stack[0]
+        loop = not any("Thread._bootstrap" in frame for frame in stack)  # threads start there
         for part, marker in PARTS:
             if part.startswith("loop:") == loop and marker in text:
                 parts[part] += count
