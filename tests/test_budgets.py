@@ -792,3 +792,23 @@ def test_measuring_refusals_of_many_keys_are_counted_within_the_tables_bound(
             budgets.admit(f"k{n}", "/", None)
     assert len(budgets._refused) <= 6
     assert sum(budgets._refused.values()) == 20
+
+
+def test_a_first_request_that_runs_long_lets_one_more_of_its_key_in_each_hold_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant whose first request is a long stream was refused for the whole stream (a
+    hostile trial: 20 s, every retry a measuring 429). The key's request in flight holds it
+    for HOLD_S; past that, one more of the key runs, and holds it in turn: a cold wave still
+    passes one request a worker per HOLD_S."""
+    monkeypatch.setattr(spending, "HOLD_S", 0.05)
+    budgets = Budgets([Budget(joules=100.0, hard=True, period=3600)], directory="off", clock=Clock(6e4))
+    budgets.setup()
+    budgets.admit("t", "/", None)  # the long one, still running
+    with pytest.raises(Measuring):
+        budgets.admit("t", "/", None)
+    time.sleep(0.06)
+    budgets.admit("t", "/", None)  # it ran past HOLD_S: one more
+    with pytest.raises(Measuring):
+        budgets.admit("t", "/", None)
+    assert not budgets._blind[0]  # a long request is no sign of a stuck reader

@@ -279,6 +279,10 @@ class Budgets:
         #: value: until when (``time.monotonic()``): infinite while the request runs, then
         #: HOLD_S at most while its figure is awaited.
         self._measuring: dict[tuple[int, str], float] = {}
+        #: When the request that holds a key in flight was admitted: one that runs past HOLD_S
+        #: (a long stream) lets one more of its key in, or a tenant whose first request is a
+        #: long stream would be refused for the whole of it.
+        self._running: dict[tuple[int, str], float] = {}
         self._purged = -math.inf
         #: A hard budget whose first figure here was unknown for good (a reader that fails,
         #: a node that cannot measure): its keys are no longer held one at a time, since no
@@ -332,6 +336,7 @@ class Budgets:
                     self._add(i, key, period, -reserved)
                 elif self._hard[i]:
                     self._measuring.pop((i, key), None)
+                    self._running.pop((i, key), None)
             self._dirty = True
 
     def _measure(self, i: int, key: str, used: float) -> None:
@@ -342,7 +347,10 @@ class Budgets:
         went_blind = admitted = False
         with self._lock:
             until = measuring.get(gate)
-            if until is not None and until != math.inf and until <= time.monotonic():
+            mono = time.monotonic()
+            if until == math.inf and mono - self._running.get(gate, mono) > HOLD_S:
+                until = None  # its request has run HOLD_S and goes on: this one may run too
+            elif until is not None and until != math.inf and until <= mono:
                 until = None  # its figure was awaited for HOLD_S: the key is free...
                 if self._usual[i] == 0.0 and not self._blind[i]:
                     # ...and none came, so none is coming soon (a reader stuck at its start
@@ -354,9 +362,11 @@ class Budgets:
             crowded = gate not in measuring and len(measuring) >= MAX_MEASURING and not self._purge()
             if self._blind[i]:
                 measuring.pop(gate, None)
+                self._running.pop(gate, None)
                 admitted = True
             elif until is None and not crowded:
                 measuring[gate] = math.inf
+                self._running[gate] = mono
                 admitted = True
             else:
                 period = self._current[i]
@@ -418,6 +428,7 @@ class Budgets:
                 if reserved:  # the reservation gives way to the figure
                     self._add(i, key, period, -reserved)
                 elif self._hard[i]:  # admitted cold: the key's next request may run...
+                    self._running.pop((i, key), None)
                     if not first and waits and self._usual[i] == 0.0 and (i, key) in self._measuring:
                         # ...once its figure, awaited from the card, settles (HOLD_S at most;
                         # only a key it holds: the table grows at admission alone, bounded)
