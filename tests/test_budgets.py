@@ -812,3 +812,36 @@ def test_a_first_request_that_runs_long_lets_one_more_of_its_key_in_each_hold_s(
     with pytest.raises(Measuring):
         budgets.admit("t", "/", None)
     assert not budgets._blind[0]  # a long request is no sign of a stuck reader
+
+
+def test_a_refusal_that_rests_on_requests_in_flight_says_so_and_asks_for_a_second() -> None:
+    """A hostile trial: 2 of a tenant's requests in flight reserved past a 200 J limit, and
+    the 28 behind them were told the budget "is spent" and to retry at midnight with
+    x-should-retry: false, though the tenant had 36 J left once they closed. Where only this
+    worker's reservations in flight reach the limit, the refusal says so, with the room left
+    and a second's Retry-After; once spending itself reaches it, the period's end."""
+    from giul_asgi.budgets import Reserved
+
+    clock = Clock(1000 * 60.0)
+    budgets = Budgets([Budget(joules=250.0, hard=True, period=3600)], directory="off", clock=clock)
+    budgets.setup()
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(100.0, "measured", id="r0", settled=True))  # usual: 100 J
+    first, _ = budgets.admit("t", "/", None)
+    budgets.admit("t", "/", None)  # 100 spent, 200 reserved
+    with pytest.raises(Reserved) as caught:
+        budgets.admit("t", "/", None)
+    refusal = caught.value
+    headers = dict(refusal.headers(refusal.body()))
+    assert headers[b"retry-after"] == b"1" and b"x-should-retry" not in headers
+    assert headers[b"x-energy-budget-remaining"] == b"150"
+    error = json.loads(refusal.body())["error"]
+    assert error["code"] == "energy_budget_reserved" and "is not spent" in error["message"]
+    budgets.spend(first, Energy(20.0, "measured", id="r1", settled=True))  # it left room
+    budgets.admit("t", "/", None)
+    budgets.spend(budgets.admit("u", "/", None)[0], Energy(1.0, "measured", id="u", settled=True))
+    slots, _ = budgets.admit("v", "/", None)
+    budgets.spend(slots, Energy(300.0, "measured", id="v", settled=True))  # spent past it
+    with pytest.raises(OverBudget) as spent:
+        budgets.admit("v", "/", None)
+    assert not isinstance(spent.value, Reserved) and "is spent" in spent.value.message

@@ -9,6 +9,6 @@
 from __future__ import annotations
 
 from .budget import PER, PERIODS, Budget, check_budgets
-from .spending import Budgets, Measuring, OverBudget
+from .spending import Budgets, Measuring, OverBudget, Reserved
 
-__all__ = ["PER", "PERIODS", "Budget", "Budgets", "Measuring", "OverBudget", "check_budgets"]
+__all__ = ["PER", "PERIODS", "Budget", "Budgets", "Measuring", "OverBudget", "Reserved", "check_budgets"]

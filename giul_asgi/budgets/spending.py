@@ -198,6 +198,36 @@ class Measuring(OverBudget):
                 f"Retry after {MEASURING_RETRY_S} s.")
 
 
+class Reserved(OverBudget):
+    """A request refused because what this worker's requests of the key in flight reserved
+    reaches the limit, though what it spent does not: their figures may leave room, so it
+    asks for a second (a hostile trial: such a refusal said the budget "is spent" and to
+    come back at the period's end, with ``x-should-retry: false``, while the key had room
+    left once its requests closed). ``code`` ``energy_budget_reserved``."""
+
+    code = "energy_budget_reserved"
+
+    def __init__(self, budget: Budget, key: str, spent: float, period_end: float, now: float, *,
+                 held: float) -> None:
+        #: What the requests in flight reserved.
+        self.held = held
+        super().__init__(budget, key, spent, period_end, now)
+        self.retry_after = MEASURING_RETRY_S
+
+    @property
+    def left(self) -> float:
+        return max(0.0, self.budget.limit - self.spent)
+
+    @property
+    def message(self) -> str:
+        b = self.budget
+        what = "joules" if b.unit == "J" else "grams of CO2e"
+        return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is not spent "
+                f"({number(self.spent)} of {number(b.limit)} {what} used), but its requests in flight "
+                f"hold the rest ({number(self.held)} {what} reserved until their figures come). "
+                f"Retry after {MEASURING_RETRY_S} s.")
+
+
 def _left(value: float) -> bytes:
     """What is left, as a header: the wire's number, in whole units from 999,999 on (as
     the wire writes them too, but cut rather than rounded: never more than is left, and a
@@ -283,6 +313,9 @@ class Budgets:
         #: (a long stream) lets one more of its key in, or a tenant whose first request is a
         #: long stream would be refused for the whole of it.
         self._running: dict[tuple[int, str], float] = {}
+        #: What this worker's requests in flight reserved, by (budget, key): a refusal that
+        #: rests on them says so and asks for a second, not for the period's end.
+        self._in_flight: dict[tuple[int, str], float] = {}
         self._purged = -math.inf
         #: A hard budget whose first figure here was unknown for good (a reader that fails,
         #: a node that cannot measure): its keys are no longer held one at a time, since no
@@ -311,6 +344,7 @@ class Budgets:
                 if reserve > 0:  # counted as spent until the request's own figure replaces it
                     with self._lock:
                         self._add(i, key, period, reserve)
+                        self._hold(i, key, reserve)
                         self._dirty = True
                 elif hard and not self._blind[i]:  # its cost unknown: one of the key at a time
                     self._measure(i, key, used)
@@ -334,6 +368,7 @@ class Budgets:
             for i, key, period, reserved in slots:
                 if reserved:
                     self._add(i, key, period, -reserved)
+                    self._hold(i, key, -reserved)
                 elif self._hard[i]:
                     self._measuring.pop((i, key), None)
                     self._running.pop((i, key), None)
@@ -394,9 +429,19 @@ class Budgets:
                 del measuring[gate]
         return len(self._measuring) < MAX_MEASURING
 
+    def _hold(self, i: int, key: str, value: float) -> None:
+        """Count a reservation of this worker's requests in flight in or out (under the lock)."""
+        held = self._in_flight.get((i, key), 0.0) + value
+        if held > 1e-9:
+            self._in_flight[(i, key)] = held
+        else:
+            self._in_flight.pop((i, key), None)
+
     def _refuse(self, i: int, key: str, used: float) -> float:
         """Raise OverBudget, unless the period the dictionary counts has just ended (the
-        thread swaps it within milliseconds): then nothing of the new one is spent yet."""
+        thread swaps it within milliseconds): then nothing of the new one is spent yet. Where
+        only this worker's reservations for its requests in flight reach the limit, raise
+        :class:`Reserved`: the budget is not spent, and their figures may leave room."""
         now = self._clock()
         period = int(now // self._period_s[i])
         if period > self._current[i]:
@@ -406,6 +451,10 @@ class Budgets:
             slot = (i, key, period)
             self._refused[slot] = self._refused.get(slot, 0.0) + 1
             self._dirty = True
+            held = self._in_flight.get((i, key), 0.0)
+        if held > 0 and used - held < self.budgets[i].limit:
+            raise Reserved(self.budgets[i], key, used - held, (period + 1) * self._period_s[i], now,
+                           held=held)
         raise OverBudget(self.budgets[i], key, used, (period + 1) * self._period_s[i], now)
 
     def spend(self, slots: Slots, energy: Energy) -> None:
@@ -427,6 +476,7 @@ class Budgets:
                 counted = max(first, reserved) if waits else first
                 if reserved:  # the reservation gives way to the figure
                     self._add(i, key, period, -reserved)
+                    self._hold(i, key, -reserved)
                 elif self._hard[i]:  # admitted cold: the key's next request may run...
                     self._running.pop((i, key), None)
                     if not first and waits and self._usual[i] == 0.0 and (i, key) in self._measuring:
