@@ -162,7 +162,32 @@ class OverBudget(Exception):
         return out
 
 
-class Measuring(OverBudget):
+class NotSpent(OverBudget):
+    """A refusal while the key's budget is not spent: for a reason that passes within a
+    second or two (:attr:`why` says which), so it says what is left and to retry in one."""
+
+    def __init__(self, budget: Budget, key: str, spent: float, period_end: float, now: float) -> None:
+        super().__init__(budget, key, spent, period_end, now)  # its message is this class's
+        self.retry_after = MEASURING_RETRY_S
+
+    @property
+    def left(self) -> float:
+        return max(0.0, self.budget.limit - self.spent)
+
+    @property
+    def why(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def message(self) -> str:
+        b = self.budget
+        what = "joules" if b.unit == "J" else "grams of CO2e"
+        return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is not spent "
+                f"({number(self.spent)} of {number(b.limit)} {what} used), but {self.why}. "
+                f"Retry after {MEASURING_RETRY_S} s.")
+
+
+class Measuring(NotSpent):
     """A request refused while its key's first request of a cold hard budget is measured.
 
     Refused rather than held until that figure comes: admission stays a synchronous lookup
@@ -179,26 +204,16 @@ class Measuring(OverBudget):
                  crowded: bool = False) -> None:
         #: Whether it was refused because :data:`MAX_MEASURING` other keys' first requests are.
         self.crowded = crowded
-        super().__init__(budget, key, spent, period_end, now)  # its message is this class's
-        self.retry_after = MEASURING_RETRY_S
+        super().__init__(budget, key, spent, period_end, now)
 
     @property
-    def left(self) -> float:
-        return max(0.0, self.budget.limit - self.spent)
-
-    @property
-    def message(self) -> str:
-        b = self.budget
-        what = "joules" if b.unit == "J" else "grams of CO2e"
-        whose = (f"the first requests of {MAX_MEASURING} {b.per}s are" if self.crowded
-                 else f"this {b.per}'s first request is")
-        return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is not spent "
-                f"({number(self.spent)} of {number(b.limit)} {what} used), but {whose} still being "
-                f"measured: until a request's cost is known, one runs at a time. "
-                f"Retry after {MEASURING_RETRY_S} s.")
+    def why(self) -> str:
+        whose = (f"the first requests of {MAX_MEASURING} {self.budget.per}s are" if self.crowded
+                 else f"this {self.budget.per}'s first request is")
+        return f"{whose} still being measured: until a request's cost is known, one runs at a time"
 
 
-class Reserved(OverBudget):
+class Reserved(NotSpent):
     """A request refused because what this worker's requests of the key in flight reserved
     reaches the limit, though what it spent does not: their figures may leave room, so it
     asks for a second (a hostile trial: such a refusal said the budget "is spent" and to
@@ -212,20 +227,12 @@ class Reserved(OverBudget):
         #: What the requests in flight reserved.
         self.held = held
         super().__init__(budget, key, spent, period_end, now)
-        self.retry_after = MEASURING_RETRY_S
 
     @property
-    def left(self) -> float:
-        return max(0.0, self.budget.limit - self.spent)
-
-    @property
-    def message(self) -> str:
-        b = self.budget
-        what = "joules" if b.unit == "J" else "grams of CO2e"
-        return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is not spent "
-                f"({number(self.spent)} of {number(b.limit)} {what} used), but its requests in flight "
-                f"hold the rest ({number(self.held)} {what} reserved until their figures come). "
-                f"Retry after {MEASURING_RETRY_S} s.")
+    def why(self) -> str:
+        what = "joules" if self.budget.unit == "J" else "grams of CO2e"
+        return (f"its requests in flight hold the rest ({number(self.held)} {what} reserved until "
+                "their figures come)")
 
 
 def _left(value: float) -> bytes:
