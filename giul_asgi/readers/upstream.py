@@ -18,8 +18,9 @@ Metric names (read in the servers' sources and docs):
   ``sglang:prompt_tokens_total`` (counters);
 - TensorRT-LLM's OpenAI server (``trtllm-serve``, tensorrt_llm/metrics/collector.py):
   ``trtllm_num_requests_running`` (gauge), ``trtllm_generation_tokens_total`` and
-  ``trtllm_prompt_tokens_total`` (counters). Its 1.1 releases published the latencies only
-  (no running count, no tokens): there it is not found, and says so.
+  ``trtllm_prompt_tokens_total`` (counters), which, as TGI's, grow when a request ends (its
+  collector counts a request's tokens from its finished metrics). Its 1.1 releases published
+  the latencies only (no running count, no tokens): there it is not found, and says so.
 
 Where the server says how long its requests spent in each phase (vLLM's
 ``vllm:request_prefill_time_seconds`` and ``vllm:request_decode_time_seconds`` histograms,
