@@ -296,9 +296,9 @@ def test_a_period_ends_on_the_epoch_and_the_next_starts_empty(tmp_path: Path) ->
     slots, headers = budgets.admit("t", "/", None)  # before the thread swaps: the new period's
     assert dict(headers)[b"x-energy-budget-remaining"] == b"100"
     budgets.tick()
-    assert budgets.spent == {}
+    assert budgets.spent == {(0, "t"): 120.0}  # what it reserved, in the new period it runs in
     budgets.settled([Settled(Energy(90.0, "measured", id="r2"))])  # corrects the period it was in
-    assert budgets.spent == {}
+    assert budgets.spent == {(0, "t"): 120.0}
     budgets.spend(slots, Energy(30.0, "measured", id="r3"))
     assert budgets.spent == {(0, "t"): 30.0}
     slots, headers = budgets.admit("t", "/", None)
@@ -845,3 +845,23 @@ def test_a_refusal_that_rests_on_requests_in_flight_says_so_and_asks_for_a_secon
     with pytest.raises(OverBudget) as spent:
         budgets.admit("v", "/", None)
     assert not isinstance(spent.value, Reserved) and "is spent" in spent.value.message
+
+
+def test_a_request_is_charged_to_the_period_it_was_admitted_in_whenever_it_closes() -> None:
+    """A hostile trial: requests admitted in a period and closing in the next were charged
+    there (at no less than their reservation), so with a 60 J limit over 10 s periods the
+    new period opened "spent" and told the tenant to come back at its end. A request is
+    charged to the period it was admitted in: the next opens empty."""
+    clock = Clock(1000 * 60.0 + 50.0)
+    budgets = Budgets([Budget(joules=60.0, hard=True, period=60)], directory="off", clock=clock)
+    budgets.setup()
+    slots, _ = budgets.admit("t", "/", None)
+    budgets.spend(slots, Energy(20.0, "measured", id="r0", settled=True))  # usual: 20 J
+    in_flight = [budgets.admit("t", "/", None)[0] for _ in range(2)]  # 60 J: the limit
+    clock.t = 1001 * 60.0 + 0.5  # they close in the next period
+    budgets.tick()
+    budgets.spend(in_flight[0], Energy(25.0, "measured", id="r1", settled=True))
+    budgets.spend(in_flight[1], Energy(None, "unknown", id="r2", settled=False))
+    assert budgets.spent == {}  # the new period opens empty
+    slots, headers = budgets.admit("t", "/", None)
+    assert dict(headers)[b"x-energy-budget-remaining"] == b"60"

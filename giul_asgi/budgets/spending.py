@@ -336,6 +336,7 @@ class Budgets:
         cost is unknown). One dictionary lookup per budget that applies (two while cold)."""
         values = (tenant or NONE, route, tier or NONE)
         spent = self.spent
+        now = self._clock()
         slots: list[tuple[int, str, int, float]] = []
         tightest, left_at, share = -1, 0.0, 2.0
         try:
@@ -347,7 +348,9 @@ class Budgets:
                 if used >= limit and hard:
                     used = self._refuse(i, key, used)
                 reserve = self._usual[i] if hard else 0.0
-                period = self._current[i]
+                # Its period is the clock's (the dictionary's swaps within milliseconds of an
+                # end): it is charged there, whenever it closes, so a new period opens empty.
+                period = max(self._current[i], int(now // self._period_s[i]))
                 if reserve > 0:  # counted as spent until the request's own figure replaces it
                     with self._lock:
                         self._add(i, key, period, reserve)
@@ -495,8 +498,8 @@ class Budgets:
                     if not first and not waits and self._usual[i] == 0.0 and not self._blind[i]:
                         self._blind[i] = True
                         blind.append(i)
-                if counted > 0:
-                    self._add(i, key, int(now // self._period_s[i]), counted)
+                if counted > 0:  # in the period it was admitted in, whenever it closes
+                    self._add(i, key, period, counted)
                 if first > 0 and (energy.settled or not self._usual_settled[i]):
                     if energy.settled and self._hard[i]:
                         self._settle_learning(i)
@@ -551,8 +554,8 @@ class Budgets:
         """Count ``value`` (under the lock)."""
         slot = (i, key, period)
         own = self._own
-        if slot not in own:
-            if self._keys[i] >= MAX_KEYS and period == self._current[i]:
+        if slot not in own and period == self._current[i]:  # the bound is the current period's
+            if self._keys[i] >= MAX_KEYS:
                 slot = (i, OTHER, period)
                 key = OTHER
             else:
@@ -579,8 +582,8 @@ class Budgets:
                 entry = pending.pop(energy.id, None) if energy.id is not None else None
                 if entry is None:
                     continue
-                slots, t, counts = entry
-                for (i, key, _, reserved), (first, counted) in zip(slots, counts, strict=True):
+                slots, _closed_at, counts = entry
+                for (i, key, period, reserved), (first, counted) in zip(slots, counts, strict=True):
                     if not reserved and self._hard[i] and self._measuring.get((i, key)) != math.inf:
                         # the key held after its first closed (not a request of it in flight):
                         # learnt from this figure below, or blind, its cost no longer holds it
@@ -598,7 +601,7 @@ class Budgets:
                             self._blind[i] = True  # unknown at both ends, and nothing known
                             blind.append(i)
                     if final != counted:
-                        self._add(i, key, int(t // self._period_s[i]), final - counted)
+                        self._add(i, key, period, final - counted)
                         changed = True
             if changed:
                 self._dirty = True
