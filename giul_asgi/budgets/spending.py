@@ -278,9 +278,10 @@ class Budgets:
         self._keys = [0] * len(self.budgets)  # keys of the current period, per budget
         self._others: dict[tuple[int, str], float] = {}
         self._others_refused: dict[tuple[int, str], float] = {}
-        #: Requests whose figure has not settled: their slots, when they closed, and per
+        #: Requests whose figure has not settled: their slots (each its period: a request is
+        #: charged to the one it was admitted in) and per
         #: slot the first figure and what was counted for it (at least its reservation).
-        self._pending: dict[str, tuple[Slots, float, tuple[tuple[float, float], ...]]] = {}
+        self._pending: dict[str, tuple[Slots, tuple[tuple[float, float], ...]]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -475,7 +476,6 @@ class Budgets:
         if not slots:
             return
         j, g = energy.joules, energy.carbon_grams
-        now = self._clock()
         waits = energy.id is not None and not energy.settled
         counts: list[tuple[float, float]] = []
         blind: list[int] = []
@@ -507,7 +507,7 @@ class Budgets:
                 counts.append((first, counted))
             if waits and energy.id is not None:
                 pending = self._pending
-                pending[energy.id] = (slots, now, tuple(counts))
+                pending[energy.id] = (slots, tuple(counts))
                 if len(pending) > MAX_PENDING:
                     del pending[next(iter(pending))]
             self._dirty = True
@@ -582,7 +582,7 @@ class Budgets:
                 entry = pending.pop(energy.id, None) if energy.id is not None else None
                 if entry is None:
                     continue
-                slots, _closed_at, counts = entry
+                slots, counts = entry
                 for (i, key, period, reserved), (first, counted) in zip(slots, counts, strict=True):
                     if not reserved and self._hard[i] and self._measuring.get((i, key)) != math.inf:
                         # the key held after its first closed (not a request of it in flight):
