@@ -133,9 +133,13 @@ class OverBudget(Exception):
         return 0.0
 
     @property
+    def what(self) -> str:
+        """The budget's unit in words."""
+        return "joules" if self.budget.unit == "J" else "grams of CO2e"
+
+    @property
     def message(self) -> str:
-        b = self.budget
-        what = "joules" if b.unit == "J" else "grams of CO2e"
+        b, what = self.budget, self.what
         until = datetime.fromtimestamp(self.period_end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is spent: "
                 f"{number(self.spent)} of {number(b.limit)} {what} used in the period ending {until}. "
@@ -181,9 +185,8 @@ class NotSpent(OverBudget):
     @property
     def message(self) -> str:
         b = self.budget
-        what = "joules" if b.unit == "J" else "grams of CO2e"
         return (f"Energy budget {b.name!r} for {b.per} {self.key!r} is not spent "
-                f"({number(self.spent)} of {number(b.limit)} {what} used), but {self.why}. "
+                f"({number(self.spent)} of {number(b.limit)} {self.what} used), but {self.why}. "
                 f"Retry after {MEASURING_RETRY_S} s.")
 
 
@@ -230,8 +233,7 @@ class Reserved(NotSpent):
 
     @property
     def why(self) -> str:
-        what = "joules" if self.budget.unit == "J" else "grams of CO2e"
-        return (f"its requests in flight hold the rest ({number(self.held)} {what} reserved until "
+        return (f"its requests in flight hold the rest ({number(self.held)} {self.what} reserved until "
                 "their figures come)")
 
 
@@ -278,9 +280,9 @@ class Budgets:
         self._keys = [0] * len(self.budgets)  # keys of the current period, per budget
         self._others: dict[tuple[int, str], float] = {}
         self._others_refused: dict[tuple[int, str], float] = {}
-        #: Requests whose figure has not settled: their slots (each its period: a request is
-        #: charged to the one it was admitted in) and per
-        #: slot the first figure and what was counted for it (at least its reservation).
+        #: Requests whose figure has not settled: their slots (each with its period: a request
+        #: is charged to the one it was admitted in) and per slot the first figure and what
+        #: was counted for it (at least its reservation).
         self._pending: dict[str, tuple[Slots, tuple[tuple[float, float], ...]]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -398,12 +400,11 @@ class Budgets:
                 until = None  # its request has run HOLD_S and goes on: this one may run too
             elif until is not None and until != math.inf and until <= mono:
                 until = None  # its figure was awaited for HOLD_S: the key is free...
-                if self._usual[i] == 0.0 and not self._blind[i]:
-                    # ...and none came, so none is coming soon (a reader stuck at its start
-                    # settles nothing): holding keys for it would refuse requests for as long
-                    # as the reader fails. Its keys are held no more, as for a figure unknown
-                    # for good (a reader slower than HOLD_S to settle lets a cold wave in).
-                    self._blind[i] = went_blind = True
+                # ...and if none came, none is coming soon (a reader stuck at its start settles
+                # nothing): holding keys for it would refuse requests for as long as the reader
+                # fails. Its keys are held no more, as for a figure unknown for good (a reader
+                # slower than HOLD_S to settle lets a cold wave in).
+                went_blind = self._blinded(i)
             # a key held past HOLD_S takes its own place again: only a new key needs room
             crowded = gate not in measuring and len(measuring) >= MAX_MEASURING and not self._purge()
             if self._blind[i]:
@@ -495,8 +496,7 @@ class Budgets:
                         self._measuring[(i, key)] = time.monotonic() + HOLD_S
                     else:
                         self._measuring.pop((i, key), None)
-                    if not first and not waits and self._usual[i] == 0.0 and not self._blind[i]:
-                        self._blind[i] = True
+                    if not first and not waits and self._blinded(i):  # unknown for good
                         blind.append(i)
                 if counted > 0:  # in the period it was admitted in, whenever it closes
                     self._add(i, key, period, counted)
@@ -515,6 +515,14 @@ class Budgets:
             self._wake.set()
         for i in blind:
             self._said_blind(i)
+
+    def _blinded(self, i: int) -> bool:
+        """A figure of hard budget ``i`` did not come while no usual cost is known: its keys
+        are held no more (under the lock). Whether this made it so (to say once)."""
+        if self._usual[i] == 0.0 and not self._blind[i]:
+            self._blind[i] = True
+            return True
+        return False
 
     def _said_blind(self, i: int) -> None:
         log.warning("hard energy budget %r: a request's figure did not come (unknown for good, or "
@@ -596,9 +604,7 @@ class Budgets:
                             self._learn_usual(i, last)
                     else:
                         final = first  # unknown at the end: the first figure stands
-                        if not first and self._hard[i] and self._usual[i] == 0.0 \
-                                and not self._blind[i]:
-                            self._blind[i] = True  # unknown at both ends, and nothing known
+                        if not first and self._hard[i] and self._blinded(i):  # unknown at both ends
                             blind.append(i)
                     if final != counted:
                         self._add(i, key, period, final - counted)
@@ -849,4 +855,4 @@ class Budgets:
 
 
 __all__ = ["EVERY_S", "HOLD_S", "MAX_KEYS", "MAX_MEASURING", "NAME", "REMAINING", "Admitted", "Budgets",
-           "Measuring", "OverBudget", "Slots"]
+           "Measuring", "NotSpent", "OverBudget", "Reserved", "Slots"]
