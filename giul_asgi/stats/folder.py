@@ -86,8 +86,6 @@ class Found:
     dead: dict[str, Any] | None
 
 
-
-
 def dump(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
