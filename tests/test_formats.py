@@ -5,6 +5,7 @@ read by the real ``openai`` client through a real uvicorn."""
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterator
 
 import httpx
@@ -271,3 +272,49 @@ def test_the_openai_clients_usage_says_the_neuralwatt_blocks_joules(usage_gatewa
         ours = raw.parse()
         assert ours.usage is not None
         assert (ours.usage.model_extra or {})["energy_joules"] == (ours.model_extra or {})["energy"]["joules"]
+
+
+def test_a_first_figure_says_the_cards_draw_and_its_share_of_it_before_any_reading_covers_it() -> None:
+    # Four requests at a time of 50 ms on a card whose counter steps every 100 ms (virtual
+    # clock, the truth card's ramps): most close before a reading reports their time. Their
+    # first figures said the mean draw of the part reported, a ramp's start, or nothing: a
+    # stranger's Neuralwatt client read 74 W and a share of 1 for three requests sharing a
+    # 446 W card, and null for 7 requests in 20.
+    import cold_start
+    from truecard import TrueCard, TrueReader
+
+    from giul_asgi import Meter
+    from giul_asgi.ledger import Ledger
+
+    clock = cold_start._Clock()
+    card = TrueCard(idle_w=70.0, clock=clock, seed=3)
+    reader = TrueReader(card)
+    ledger = Ledger(Node("four", idle_w=70.0), reader, poll=False)
+    firsts: list[Energy] = []
+    meters: list[Meter] = []
+    for _ in range(40):
+        batch = []
+        for _ in range(4):
+            meter = Meter(ledger)
+            meter.open()
+            batch.append((meter, card.start_job(150.0)))
+        for _ in range(5):
+            clock.now += 0.01
+            ledger.ingest(reader.read())
+        for meter, job in batch:
+            card.stop_job(job)
+            meter.close()
+            firsts.append(meter.figure())
+            meters.append(meter)
+    for _ in range(100):
+        clock.now += 0.01
+        ledger.ingest(reader.read())
+    known = [e for e in firsts[8:] if e.joules is not None]
+    assert len(known) >= 0.9 * len(firsts[8:])
+    assert all(e.mean_watts is not None for e in known)
+    ratios = [json.loads(NEURALWATT.block(e))["attribution_ratio"] for e in known]
+    assert 0.15 <= statistics.median(ratios) <= 0.45, ratios[:8]  # four alike: about a quarter
+    settled = [m.figure() for m in meters[8:]]
+    against = [f.mean_watts / s.mean_watts for f, s in zip(firsts[8:], settled, strict=True)
+               if f.mean_watts and s.mean_watts]
+    assert 0.6 <= statistics.median(against) <= 1.6, sorted(against)[::8]

@@ -572,11 +572,14 @@ class Book:
                 joules, uncertainty, interpolated, idle = self._first(window, first)
                 basis = first.basis
         contended, foreign_w = self.contended()
+        mean_watts = window.power_j / window.measured_s if window.measured_s > 0 else None
+        if not settled and joules is not None:
+            mean_watts = self._first_watts(window, joules, idle)
         # One construction: a dict of the common fields and ** was a third of the share's
         # cost (see the commit).
         return Share(
             joules, uncertainty, interpolated, settled, self.provenance, window.seconds,
-            mean_watts=window.power_j / window.measured_s if window.measured_s > 0 else None,
+            mean_watts=mean_watts,
             concurrency=window.concurrency, split=window.rules or "exclusive",
             contended=contended, foreign_watts=foreign_w, error=error, trouble=trouble,
             basis=basis, idle_joules=idle,
@@ -617,6 +620,21 @@ class Book:
                else measured_unc + interpolated_unc)
         return (window.share + fill_j + left, unc, fill_j + left,
                 window.idle_share + self._idle_guess(window, window.filled_s + unreported))
+
+    def _first_watts(self, window: Window, joules: float, idle: float | None) -> float | None:
+        """The card's mean draw over a window not yet reported whole: the reported part as
+        measured, the rest at the draw its first figure implies (what it is charged there,
+        idle share included, times the windows in flight beside it). The reported part
+        alone was a ramp's start: a stranger's trial read 0.32-0.45x the settled mean, and
+        None for a window no reading had reached yet."""
+        seconds = window.seconds
+        rest_s = seconds - window.measured_s
+        if seconds <= 0 or rest_s <= 1e-9 * seconds:
+            return window.power_j / window.measured_s if window.measured_s > 0 else None
+        rest_j = max(0.0, joules - window.share) + max(0.0, (idle or 0.0) - window.idle_share)
+        implied = rest_j * max(1.0, window.concurrency or 1.0) / rest_s
+        idle_w = self.provenance.idle_watts or 0.0
+        return (window.power_j + max(implied, idle_w) * rest_s) / seconds
 
     def _idle_guess(self, window: Window, seconds: float) -> float:
         """The idle floor of ``seconds`` of the window that no span has shared: idle_w x the
