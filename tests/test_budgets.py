@@ -31,6 +31,7 @@ from giul_asgi.energy import Energy
 from giul_asgi.hostshare.rows import process_start
 from giul_asgi.hostshare.server import ServerId
 from giul_asgi.listeners import Settled
+from giul_asgi.tenants import hashed
 
 J = 100.0  # each answer: 100 completion tokens at 1,000 J per 1k tokens (estimated)
 
@@ -118,6 +119,16 @@ BAD_SETTINGS: list[tuple[dict[str, Any], str]] = [
     ({"budgets": [Budget(joules=1.0, per="route", key="/v1/*")], "routes": [Route("/v2/*")]},
      "which is no Route's pattern"),
     ({"budgets": [Budget(grams=1.0)]}, "no node has a carbon intensity"),
+    # A header's tenants are named by the value's hash: the raw key can never match (and is
+    # not echoed: it is most likely the secret itself).
+    ({"budgets": [Budget(joules=1.0, key="sk-team-a")], "tenant": "authorization"},
+     "keys on a tenant that no request can have"),
+    ({"budgets": [Budget(joules=1.0, key="key:team-a")], "tenant": "x-api-key"},
+     "keys on a tenant that no request can have"),
+    ({"budgets": [Budget(joules=1.0)], "tenant": "authorization", "tenant_header": "x-api-key"},
+     "both say who a request is for"),
+    ({"budgets": [Budget(joules=1.0)], "tenant": team, "tenant_header": "x-api-key"},
+     "both say who a request is for"),
 ]
 
 
@@ -128,6 +139,31 @@ def test_a_budget_that_names_what_the_middleware_lacks_is_refused(
     with pytest.raises(ConfigError, match=said) as caught:
         middleware(**settings)
     assert caught.value.remedy
+
+
+def test_a_header_tenant_budget_never_shows_the_raw_key_it_refuses() -> None:
+    with pytest.raises(ConfigError) as caught:
+        middleware([Budget(joules=1.0, key="sk-secret-123")], tenant="authorization")
+    assert "sk-secret-123" not in str(caught.value) and "sk-secret-123" not in caught.value.remedy
+
+
+def test_budgets_keyed_as_the_header_names_tenants_and_on_none_are_taken() -> None:
+    key = hashed("sk-team-a")
+    assert key is not None
+    metered = middleware([Budget(joules=1.0, key=key), Budget(joules=2.0, key="<none>")],
+                         tenant="authorization")
+    assert metered.budgets is not None
+
+
+@pytest.mark.anyio
+async def test_a_budget_on_none_caps_the_requests_that_carry_no_tenant() -> None:
+    metered = middleware([Budget(joules=100.0, key="<none>", hard=True)], tenant="authorization")
+    async with client(metered) as http:
+        anonymous = await http.post("/v1/chat/completions", json={})
+        keyed = await http.post("/v1/chat/completions", json={},
+                                headers={"authorization": "Bearer sk-a"})
+    assert anonymous.headers["x-energy-budget"] == "tenant=_none_/day/J"  # a label-safe name
+    assert "x-energy-budget" not in keyed.headers  # another tenant: not this budget's key
 
 
 def test_a_per_tier_budget_without_tiers_is_refused() -> None:
@@ -865,3 +901,14 @@ def test_a_request_is_charged_to_the_period_it_was_admitted_in_whenever_it_close
     assert budgets.spent == {}  # the new period opens empty
     slots, headers = budgets.admit("t", "/", None)
     assert dict(headers)[b"x-energy-budget-remaining"] == b"60"
+
+
+def test_hard_budgets_that_cannot_be_shared_say_each_worker_admits_the_whole_limit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="giul_asgi.budgets")
+    Budgets([Budget(joules=1.0, per="tier")], directory=False).setup()  # soft: nothing to say
+    assert not [r for r in caplog.records if "admits up to the whole" in r.getMessage()]
+    Budgets([Budget(joules=1.0, per="tier", hard=True)], directory=False).setup()
+    said = [r.getMessage() for r in caplog.records if "admits up to the whole" in r.getMessage()]
+    assert len(said) == 1 and "this worker's alone" in said[0]

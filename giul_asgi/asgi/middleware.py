@@ -141,6 +141,12 @@ class EnergyMiddleware:
     ) -> None:
         self.app = app
         logs.show()  # our startup lines and reader failures, visible under a plain server
+        if tenant is not None and settings.get("tenant_header") is not None:
+            raise ConfigError(
+                f"tenant={tenant!r} and tenant_header={settings['tenant_header']!r} both say who a "
+                "request is for, and only one can",
+                remedy="keep one: tenant=\"x-api-key\" (a header) or tenant=<a function>",
+            )
         if isinstance(tenant, str):  # a header name is a plain setting; a function is held
             settings["tenant_header"], tenant = tenant, None
         if stats is not None and not _is_statistics(stats):
@@ -221,6 +227,7 @@ class EnergyMiddleware:
             budgets, tenants=self._tenant is not None, tiers=self.router.tiers,
             routes=self.router.labels(),
             carbon=any(n.carbon is not None or n.carbon_g_per_kwh is not None for n in node_list),
+            header=options.tenant_header if tenant is None else None,
         )
         if budget_list:
             self.budgets = Budgets(budget_list, directory=node_list[0].workers_dir)

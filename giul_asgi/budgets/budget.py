@@ -23,7 +23,7 @@ from typing import Any
 
 from ..deferred import KeepsItsError, raise_kept
 from ..errors import ConfigError
-from ..tenants import tenant_name
+from ..tenants import HASH_HEX, KEY_PREFIX, tenant_name
 
 #: Whose spending a budget counts, and where its key comes from.
 PER: tuple[str, ...] = ("tenant", "route", "tier")
@@ -34,6 +34,12 @@ MIN_PERIOD_S = 1.0
 MAX_PERIOD_S = 366 * 86400.0
 #: A budget's name: what headers, logs, ``/energy`` and Prometheus call it.
 _NAME = re.compile(r"[A-Za-z0-9._:@/+=*-]{1,64}")
+
+
+#: The key a request without a tenant (or tier) counts under.
+NONE = "<none>"
+#: A tenant named from a header: ``key:`` and the hash's first hex digits (:func:`~giul_asgi.tenants.hashed`).
+_HASHED = re.compile(re.escape(KEY_PREFIX) + f"[0-9a-f]{{{HASH_HEX}}}")
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ class Budget(metaclass=KeepsItsError):
             if not isinstance(self.key, str) or not self.key.strip():
                 raise ConfigError(f"Budget(key={self.key!r}) must be a non-empty name, or None",
                                   remedy=f"None budgets each {self.per} on its own; a name, that one alone")
-            if self.per == "tenant" and tenant_name(self.key) != self.key:
+            if self.per == "tenant" and self.key != NONE and tenant_name(self.key) != self.key:
                 raise ConfigError(
                     f"Budget(key={self.key!r}) is not a tenant as the middleware names one "
                     f"(it would be {tenant_name(self.key)!r}), so no request would ever match it",
@@ -168,10 +174,12 @@ def build_budget(raw: Budget | Mapping[str, Any], where: str) -> Budget:
 
 def check_budgets(
     budgets: Any, *, tenants: bool, tiers: Iterable[str], routes: Iterable[str], carbon: bool,
+    header: str | None = None,
 ) -> tuple[Budget, ...]:
     """The middleware's ``budgets=[...]``, checked against what it knows: a tenant budget
-    needs tenants, a tier or route budget a tier or route it can name, a grams budget a node
-    with carbon; names are unique. Raises :class:`ConfigError` with the remedy."""
+    needs tenants (and, where they come from ``header``, a key as the header's tenants are
+    named: hashed), a tier or route budget a tier or route it can name, a grams budget a
+    node with carbon; names are unique. Raises :class:`ConfigError` with the remedy."""
     if isinstance(budgets, Budget | Mapping | str | bytes) or not isinstance(budgets, Iterable):
         raise ConfigError(f"budgets={budgets!r} must be a list of Budget(...)",
                           remedy="budgets=[Budget(joules=..., per='tenant', period='day')]")
@@ -190,6 +198,15 @@ def check_budgets(
             raise ConfigError(f"budget {name!r} counts per tenant, and the middleware has no tenant",
                               remedy="say who requests are for: tenant='x-api-key' (a header, hashed) "
                                      "or tenant=function(scope); or budget per='route' or per='tier'")
+        if (budget.per == "tenant" and header is not None and budget.key is not None
+                and budget.key != NONE and not _HASHED.fullmatch(budget.key)):
+            # Not echoed: a key given here is most likely the secret itself.
+            raise ConfigError(
+                f"budget {budget.per}/{budget.period:g}s keys on a tenant that no request can have: "
+                f"tenants come from the {header!r} header, each named by its value's hash "
+                f"('key:' and 16 hex digits), never by the value",
+                remedy="give key=giul_asgi.tenants.hashed(<the API key>), the tenant /energy shows "
+                       "for it; or key='<none>' for requests without the header")
         if budget.per == "tier":
             if not tier_names:
                 raise ConfigError(f"budget {name!r} counts per tier, and no tier is declared",

@@ -54,7 +54,7 @@ from ..hostshare import ServerId, log_unshared, resolve, server_identity
 from ..hostshare.place import Setting, remedy
 from ..listeners import Settled
 from ..wire.headers import header_number, header_value, number
-from .budget import Budget
+from .budget import NONE, Budget
 from .shared import ServerSpending, Spent
 
 log = logging.getLogger("giul_asgi.budgets")
@@ -77,7 +77,6 @@ FOLD_S = 1.0
 MAX_PENDING = 100_000
 #: Keys a budget counts on their own in one period in this worker; past it, ``<other>``.
 MAX_KEYS = 10_000
-NONE = "<none>"
 OTHER = "<other>"
 #: Where a budget's key is in ``(tenant, route, tier)``.
 _FIELD = {"tenant": 0, "route": 1, "tier": 2}
@@ -632,6 +631,9 @@ class Budgets:
         log_unshared(place)
         if place.path is None:
             self.shared_reason = place.reason
+            if any(b.hard for b in self.budgets):
+                log.warning("budgets are this worker's alone (%s): with several workers each "
+                            "admits up to the whole of a hard budget's limit", place.reason)
             return
         server = self._server if self._server is not None else server_identity()
         try:
