@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
+from .budgets.budget import Budget, build_budget
 from .deferred import KeepsItsError, built_for_a_server, kept_record, raise_kept
 from .errors import ConfigError
 from .hostshare.place import check_setting
@@ -371,6 +372,8 @@ class Config:
     nodes: tuple[Node, ...] = ()
     tiers: tuple[Tier, ...] = ()
     routes: tuple[Route, ...] = ()
+    #: ``[[budget]]`` tables (``EnergyMiddleware(..., budgets=config.budgets)``).
+    budgets: tuple[Budget, ...] = ()
 
 
 def _number(value: Any, what: str) -> float:
@@ -450,7 +453,8 @@ def _build(cls: type, raw: Any, where: str) -> Any:
 
 
 def load_config(source: str | Path | Mapping[str, Any]) -> Config:
-    """Read ``[[node]]``, ``[[tier]]`` and ``[[route]]`` tables from a TOML file or a dict.
+    """Read ``[[node]]``, ``[[tier]]``, ``[[route]]`` and ``[[budget]]`` tables from a TOML
+    file or a dict.
     A configuration that cannot be read while a server imports the app is one node that
     keeps the error, which the middleware given it fails the startup with
     (:mod:`giul_asgi.deferred`); called by a person, it raises."""
@@ -473,10 +477,13 @@ def _load_config(source: str | Path | Mapping[str, Any]) -> Config:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     else:
         data = source
-    unknown = sorted(set(data) - {"node", "tier", "route"})
+    unknown = sorted(set(data) - {"node", "tier", "route", "budget"})
     if unknown:
+        close = difflib.get_close_matches(unknown[0], ["node", "tier", "route", "budget"], n=1)
         raise ConfigError(
-            f"unknown top-level key {unknown[0]!r}", remedy="use [[node]], [[tier]], [[route]]"
+            f"unknown top-level key {unknown[0]!r}",
+            remedy=(f"did you mean [[{close[0]}]]? " if close else "")
+            + "use [[node]], [[tier]], [[route]], [[budget]]",
         )
 
     def tables(key: str) -> Iterable[Any]:
@@ -490,6 +497,7 @@ def _load_config(source: str | Path | Mapping[str, Any]) -> Config:
     nodes = tuple(_build(Node, t, f"node[{i}]") for i, t in enumerate(tables("node")))
     tiers = tuple(_build(Tier, t, f"tier[{i}]") for i, t in enumerate(tables("tier")))
     routes = tuple(_build(Route, t, f"route[{i}]") for i, t in enumerate(tables("route")))
+    budgets = tuple(build_budget(t, f"budget[{i}]") for i, t in enumerate(tables("budget")))
     _check_unique("node", [n.name for n in nodes])
     _check_unique("tier", [t.name for t in tiers])
     names = {n.name for n in nodes}
@@ -501,7 +509,7 @@ def _load_config(source: str | Path | Mapping[str, Any]) -> Config:
                 raise ConfigError(f"route[{i}].{what}: no {what} named {name!r}",
                                   remedy=(f"did you mean {close[0]!r}? " if close else "")
                                   + f"declare it in a [[{what}]] table or fix the route")
-    return Config(nodes=nodes, tiers=tiers, routes=routes)
+    return Config(nodes=nodes, tiers=tiers, routes=routes, budgets=budgets)
 
 
 def _check_unique(kind: str, names: list[str]) -> None:

@@ -62,11 +62,32 @@ def test_load_from_toml(tmp_path: Path) -> None:
     assert cfg.nodes[0].idle_w == 80.0 and cfg.routes[0].pattern == "/v1/*"
 
 
+def test_budgets_come_from_toml_and_hold_as_given_in_python(tmp_path: Path) -> None:
+    from giul_asgi import Budget, EnergyMiddleware, Ledgers
+
+    path = tmp_path / "giul.toml"
+    path.write_text(
+        '[[node]]\nname = "a"\nreader = "none"\n\n[[tier]]\nname = "8b"\njoules_per_1k_hint = 300.0\n\n'
+        '[[budget]]\njoules = 5e6\nper = "tier"\nkey = "8b"\nperiod = "hour"\nhard = true\n'
+    )
+    cfg = load_config(path)
+    assert cfg.budgets == (Budget(joules=5e6, per="tier", key="8b", period="hour", hard=True),)
+
+    async def app(scope: object, receive: object, send: object) -> None: ...
+
+    metered = EnergyMiddleware(app, cfg.nodes, cfg.tiers, cfg.routes, ledgers=Ledgers(),
+                               budgets=cfg.budgets)
+    assert metered.budgets is not None
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ({"node": [{"name": "a", "idle": 80}]}, "node\\[0\\]: unknown key 'idle'"),
         ({"nodes": []}, "unknown top-level key 'nodes'"),
+        ({"budgets": [{"joules": 1.0}]}, "unknown top-level key 'budgets'"),
+        ({"budget": [{"joules": 1.0, "perr": "tier"}]}, "budget\\[0\\]: unknown key 'perr'"),
+        ({"budget": [{"joules": -1.0}]}, "must be a number > 0"),
         ({"route": [{"pattern": "/x", "node": "ghost"}]}, "route\\[0\\].node: no node named"),
         ({"node": [{"name": "a"}, {"name": "a"}]}, "two nodes are named 'a'"),
         ({"tier": ["70b"]}, "tier\\[0\\] must be a table"),
@@ -189,3 +210,25 @@ def test_every_giul_asgi_variable_name_is_one_the_package_reads() -> None:
     with pytest.raises(ConfigError) as caught:
         check_environment({"GIUL_ASGI_TRACE": "1"})  # shares only the prefix with any of them
     assert "did you mean" not in str(caught.value)
+
+
+BAD_PATHS: list[tuple[dict[str, object], str]] = [
+    ({"metrics_path": "metrics"}, "must start with /"),
+    ({"energy_path": "energy/"}, "must start with /"),
+    ({"metrics_path": "/energy/metrics"}, "lies inside energy_path"),
+    ({"energy_path": "/metrics", "metrics_path": "/metrics"}, "lies inside energy_path"),
+]
+
+
+@pytest.mark.parametrize(("settings", "said"), BAD_PATHS, ids=[str(s) for s, _ in BAD_PATHS])
+def test_a_bad_path_is_refused_with_a_remedy_that_is_itself_taken(
+    settings: dict[str, object], said: str,
+) -> None:
+    from giul_asgi.asgi.options import Options
+
+    with pytest.raises(ConfigError, match=said) as caught:
+        Options.build(**settings)
+    example = re.search(r'(\w+_path)="([^"]+)"', caught.value.remedy)
+    assert example is not None, caught.value.remedy
+    fixed = {**settings, example.group(1): example.group(2)}
+    Options.build(**fixed)  # what the remedy says works

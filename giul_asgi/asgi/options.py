@@ -106,8 +106,9 @@ class Options:
         if energy is not None and metrics is not None and (
             metrics == energy or metrics.startswith(energy + "/")
         ):
+            elsewhere = "/prometheus" if energy == "/metrics" else "/metrics"
             raise ConfigError(f"metrics_path={metrics!r} lies inside energy_path={energy!r}",
-                              remedy='serve metrics elsewhere, e.g. metrics_path="/metrics"')
+                              remedy=f'serve metrics elsewhere, e.g. metrics_path="{elsewhere}"')
         if "exclude" in values:
             values["exclude"] = _patterns(values["exclude"])
         if values.get("tenant_header") is not None:
@@ -161,12 +162,15 @@ def _seconds(name: str, value: Any) -> float:
     return float(value)
 
 
+_EXAMPLE_PATHS = {"energy_path": "/energy", "metrics_path": "/metrics"}
+
+
 def _path(name: str, value: Any) -> None:
     if value is None:
         return
     if not isinstance(value, str) or len(value) < 2 or not value.startswith("/") or value.endswith("/"):
         raise ConfigError(f"{name}={value!r} must start with / and not end with one",
-                          remedy=f'use e.g. {name}="/energy", or None to serve nothing there')
+                          remedy=f'use e.g. {name}="{_EXAMPLE_PATHS[name]}", or None to serve nothing there')
 
 
 def _patterns(value: Any) -> tuple[Any, ...]:
