@@ -64,7 +64,7 @@ class Options:
     #: framework's documents, static mounts).
     exclude: tuple[str, ...] = ()
     #: The request header whose value (hashed, never kept) names the tenant; None: none
-    #: (the middleware's ``tenant=`` takes a header name or a function).
+    #: (the middleware's ``tenant=`` takes a header name or a function: one of the two, not both).
     tenant_header: str | None = None
     #: The tenants with the most joules that keep a label of their own in the statistics
     #: the middleware builds; the rest count under ``<other>``.
