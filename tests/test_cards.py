@@ -532,3 +532,26 @@ def test_a_cards_folder_that_is_a_link_is_said_per_process_with_its_remedy(
         assert not list((tmp_path / "elsewhere").iterdir())  # nothing written through the link
     finally:
         ledger.stop(1.0)
+
+
+def test_a_figure_counts_the_windows_of_every_process_on_the_card_as_in_flight() -> None:
+    # Three requests at once on two workers: this book holds one window for the second, the
+    # spans say three windows covered the card (a stranger read concurrency 1.0 and 1.98).
+    from giul_asgi.energy import Provenance
+    from giul_asgi.ledger.book import Book
+    from giul_asgi.ledger.window import Window
+
+    book = Book(Provenance("measured", "nvml", "local", 70.0))
+    book.take(span(-0.1, 0.0, 0.0, 0.0, members=0), -0.1, 0.0)
+    window = book.enter(Window(0.0, 0.0, 1))
+    book.take(span(0.0, 0.5, 300.0, 1.5, members=3), 0.5, 0.5)
+    book.take(span(0.5, 1.0, 300.0, 1.5, members=3), 1.0, 0.5)
+    book.close(window, 1.0)
+    first = book.share(window)
+    assert first.concurrency == pytest.approx(3.0)
+    book.take(span(1.0, 1.1, 0.0, 0.0, members=0), 1.1, 0.0)
+    settled = book.share(window)
+    assert settled.settled and settled.concurrency == pytest.approx(3.0)
+    # The card's draw over the window, all requests together: 300 J of 600 above idle
+    # plus idle, whatever this book's share of it.
+    assert settled.mean_watts == pytest.approx(600.0 + 70.0)

@@ -95,6 +95,7 @@ class Window:
         "fill_unc",
         "filled_s",
         "first",
+        "host_busy_s",
         "idle_share",
         "linear_unc",
         "lost_s",
@@ -153,6 +154,8 @@ class Window:
         self.split_sq = 0.0
         self.power_j = 0.0
         self.measured_s = 0.0
+        #: The host's windows in flight (every process's), integrated over ``measured_s``.
+        self.host_busy_s = 0.0
         self.lost_s = 0.0  # time that cannot be measured nor filled: the window is unknown
         self.filled_s = 0.0
         self.fill_j = 0.0
