@@ -36,6 +36,9 @@ def test_a_reader_that_cannot_work_stops_uvicorn_with_its_remedy_and_no_tracebac
     assert "giul-asgi: NVML" in out and "reader='none'" in out  # the reason and the remedy
     assert "Application startup failed" in out
     assert "Traceback" not in out and "CancelledError" not in out, out
+    # One line: the reader thread's own "unavailable" line said it a second time (a
+    # stranger's boundary="host" without RAPL printed both).
+    assert out.count("reader='none'") == 1 and "unavailable" not in out, out
 
 
 # -- a bad setting stops the startup, however the middleware is added (issue 21 item 1) ---------

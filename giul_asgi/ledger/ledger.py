@@ -182,6 +182,8 @@ class Ledger:
         #: The node reads a MIG board (None: not, or not known yet): said in every record.
         self.mig: Mig | None = None
         self.failure: BaseException | None = None
+        #: A startup waits on this reader (:meth:`wait_ready`) and says its failure itself.
+        self._startup_waits = False
         self._poller: Poller | None = None
         #: This ledger's seat at the card's table, host-wide (None: alone on its card, not
         #: joined yet, or nothing can be shared); joined on the reader thread.
@@ -859,6 +861,7 @@ class Ledger:
                 busy=self._windows_open, idle_s=None if _watches_idle(node) else IDLE_S,
                 reader_name=_reader_name(node, self.reader),
                 target=_target(node), load=self.card_load, shared=self._shared_pace,
+                startup_says=lambda: self._startup_waits and explicit(node),
             )
             self._poller.start()
 
@@ -891,10 +894,12 @@ class Ledger:
         logged, not waited for."""
         if not self.book.measures and self.failure is None:
             return  # reader="none": nothing to wait for
+        self._startup_waits = True  # a reader asked for by name that fails: its line is ours
         self.ensure_started()
         with anyio.move_on_after(timeout):
             while self._starting():
                 await anyio.sleep(0.005)
+        self._startup_waits = False  # a failure from now on is the reader's to say
         if self.failure is not None and explicit(self.node):
             if isinstance(self.failure, GiulError):
                 raise self.failure

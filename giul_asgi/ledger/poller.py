@@ -151,8 +151,12 @@ class Poller:
         target: str = "",
         load: Callable[[], tuple[float, int]] | None = None,
         shared: Callable[[], bool] | None = None,
+        startup_says: Callable[[], bool] = lambda: False,
     ) -> None:
         self.name = name
+        #: Whether a failure to build the reader is the startup's to say (its one line): then
+        #: it is logged here at DEBUG only, not a second time.
+        self._startup_says = startup_says
         self._build = build
         self._sink = sink
         self.read_timeout = read_timeout
@@ -448,8 +452,9 @@ class Poller:
         health.last_error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         health.remedy = getattr(exc, "remedy", None) or None
         self._announced = True
-        log.error("node %r: reader %s (%s) unavailable: %s%s", self.name, health.reader,
-                  health.target, health.last_error, _remedy(health.remedy))
+        log.log(logging.DEBUG if self._startup_says() else logging.ERROR,
+                "node %r: reader %s (%s) unavailable: %s%s", self.name, health.reader,
+                health.target, health.last_error, _remedy(health.remedy))
 
     # -- the watchdog -------------------------------------------------------------------------
     def _watchdog(self) -> None:
