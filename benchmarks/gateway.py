@@ -3,20 +3,21 @@
 The gateway proxies ``/v1/chat/completions`` to a local upstream with one shared
 ``httpx.AsyncClient``, passing a streamed answer through chunk by chunk as the upstream sends
 it (so the SSE scanner sees the upstream's bytes, not whole events). It runs under uvicorn with
-httptools and uvloop, one process per variant, load from ``wrk``, the upstream in a process of
-its own. Variants: two bare gateways (the second is the noise control: how far two identical
-processes differ), ours on the simulated reader (``giul-asgi``) and on the production path
-(``giul-asgi-nvml``: ``Node(reader="nvml")`` over benchmarks/fake_pynvml, every NVML call a
-ctypes call with the GIL released), starlette-exporter and prometheus-fastapi-instrumentator
-(bench extra); with ``--before DIR``, an earlier commit's package on the production path too
-(``giul-asgi-nvml-before``, from ``git archive REV giul_asgi | tar -x -C DIR``). Every repeat
-starts fresh gateway processes, in turn, interleaved.
+httptools and uvloop, one process per variant, load from wrk or autocannon
+(benchmarks/loadgen.py), the upstream in a process of its own. Variants: two bare gateways (the
+second is the noise control: how far two identical processes differ), ours on the simulated
+reader (``giul-asgi``) and on the production path (``giul-asgi-nvml``: ``Node(reader="nvml")``
+over benchmarks/fake_pynvml, every NVML call a ctypes call with the GIL released),
+starlette-exporter and prometheus-fastapi-instrumentator (bench extra); with ``--before DIR``,
+an earlier commit's package on the production path too (``giul-asgi-nvml-before``, from ``git
+archive REV giul_asgi | tar -x -C DIR``). Every repeat starts fresh gateway processes, in turn,
+interleaved.
 
 Per variant: requests/s and the gateway process's CPU (user + system, every thread) per
 request, and of it our reader thread's, for a JSON answer and for a 200-chunk stream;
 medians of repeats, and each as a ratio to the first bare gateway measured beside it.
 
-    python benchmarks/gateway.py [--quick] [--before DIR]        (apt-get install wrk)
+    python benchmarks/gateway.py [--quick] [--before DIR]        (wrk, or npm install -g autocannon)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import loadgen
 from _apps import prepare_before
 from overhead import _wait_port, free_port, measure, stop
 
@@ -208,7 +210,7 @@ def main() -> None:
     print("Load average at start {:.2f} {:.2f} {:.2f}, at end {:.2f} {:.2f} {:.2f} (1, 5, 15 min)\n".format(
         *load_start, *os.getloadavg()))
     print(f"FastAPI proxy, one shared httpx.AsyncClient, to a local upstream (separate process); "
-          f"uvicorn httptools + uvloop; wrk -t1 -c16 {seconds}s; medians of {repeats} repeats, "
+          f"uvicorn httptools + uvloop; {loadgen.describe(seconds)}; medians of {repeats} repeats, "
           f"fresh processes each.\n")
     print("| variant | JSON req/s | vs bare | JSON CPU us/req | added | reader us/req "
           "| 200-chunk streams/s | vs bare | stream CPU us | added | reader us/stream |")

@@ -7,8 +7,8 @@
     medians are reported. A stream's added cost is split by least squares over the three
     lengths into a fixed part and a part per chunk.
 (b) Through uvicorn (httptools, uvloop) on 127.0.0.1: the trivial JSON app's requests/s
-    each stack keeps, as a ratio of the bare app's, and server CPU per request, with wrk
-    (Debian package ``wrk``) when installed. Streams through a server are
+    each stack keeps, as a ratio of the bare app's, and server CPU per request, under wrk
+    or autocannon (benchmarks/loadgen.py) where one is installed. Streams through a server are
     ``benchmarks/gateway.py``'s (a realistic proxying gateway).
 
     python benchmarks/overhead.py            # both parts
@@ -45,9 +45,7 @@ import itertools
 import json
 import os
 import platform
-import re
 import shlex
-import shutil
 import signal
 import socket
 import statistics
@@ -60,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import loadgen
 from _apps import BUILDERS, PATHS, PAYLOAD, prepare_before
 from threads import main_thread_times, named_thread_times, process_thread_cpu
 
@@ -206,19 +205,6 @@ uvicorn.run(build({variant!r}), host="127.0.0.1", port={port}, log_level="error"
 """
 
 
-def wrk_rps(url: str, seconds: int, connections: int) -> tuple[float, int]:
-    """(requests/s, requests served) from one wrk run."""
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", url],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    count = re.search(r"(\d+) requests in", out)
-    if not rate or not count:
-        raise RuntimeError(f"wrk said: {out}")
-    return float(rate.group(1)), int(count.group(1))
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU the server process has used (Linux /proc), or nan elsewhere."""
     try:
@@ -241,7 +227,7 @@ def start_servers(code_for: dict[str, str]) -> dict[str, tuple[subprocess.Popen[
             servers[label] = (proc, port)
         for _proc, port in servers.values():
             _wait_port(port)
-            wrk_rps(f"http://127.0.0.1:{port}/v1/chat/completions", 1, 16)  # warm
+            loadgen.rps(f"http://127.0.0.1:{port}/v1/chat/completions", 1, 16)  # warm
     except BaseException:
         stop(proc for proc, _port in servers.values())
         raise
@@ -250,9 +236,9 @@ def start_servers(code_for: dict[str, str]) -> dict[str, tuple[subprocess.Popen[
 
 def measure(proc: subprocess.Popen[bytes], url: str, seconds: int) -> tuple[float, float, float]:
     """(requests/s, server CPU microseconds per request, of which our reader thread's) for
-    one wrk run against ``url`` (the reader's: nan where the server has none)."""
+    one run of the load against ``url`` (the reader's: nan where the server has none)."""
     before, reader0 = cpu_seconds(proc.pid), process_thread_cpu(proc.pid, "giul-reader")
-    rps, served = wrk_rps(url, seconds, 16)
+    rps, served = loadgen.rps(url, seconds, 16)
     per = 1e6 / max(served, 1)
     reader = (process_thread_cpu(proc.pid, "giul-reader") - reader0) * per
     return rps, (cpu_seconds(proc.pid) - before) * per, reader
@@ -523,6 +509,7 @@ def main() -> None:
     parser.add_argument("--before", metavar="DIR",
                         help="a folder holding an earlier commit's giul_asgi: timed beside ours")
     parser.add_argument("--no-breakdown", action="store_true", help="skip the breakdowns")
+    parser.add_argument("--server-only", action="store_true", help="part (b) alone")
     parser.add_argument("--breakdown", help=argparse.SUPPRESS)
     parser.add_argument("--parts-n", type=int, default=20000, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -543,6 +530,10 @@ def main() -> None:
           f"Python {platform.python_version()}, body parser {parser_name}")
     print(f"\n    python benchmarks/overhead.py {shlex.join(sys.argv[1:])}".rstrip())
     print(f"\nLoad average at start: {_load()}")
+    if args.server_only:
+        server_part(variants, ours, args.quick)
+        print(f"\nLoad average at end: {_load()}")
+        return
     print(f"\n## (a) in process, median of {repeats} interleaved repeats\n")
     results, cpu_results, reader_results = asyncio.run(in_process(variants, repeats, scale, args.tail))
     med = added_medians(results)
@@ -623,14 +614,19 @@ def main() -> None:
     if args.no_server:
         print(f"\nLoad average at end: {_load()}")
         return
-    if shutil.which("wrk") is None:
-        print("\n(b) skipped: wrk is not installed (apt-get install wrk)")
-        print(f"\nLoad average at end: {_load()}")
+    server_part(variants, ours, args.quick)
+    print(f"\nLoad average at end: {_load()}")
+
+
+def server_part(variants: tuple[str, ...], ours: tuple[str, ...], quick: bool) -> None:
+    """Part (b): the trivial JSON app through uvicorn, under the load generator."""
+    if loadgen.tool() is None:
+        print("\n(b) skipped: no load generator (apt-get install wrk, or npm install -g autocannon)")
         return
-    seconds = 2 if args.quick else 3
-    server_repeats = 2 if args.quick else 7
+    seconds = 2 if quick else 3
+    server_repeats = 2 if quick else 7
     print(f"\n## (b) trivial JSON app through uvicorn (httptools, uvloop) on 127.0.0.1, "
-          f"wrk -t1 -c16 {seconds}s, median of {server_repeats} interleaved repeats\n")
+          f"{loadgen.describe(seconds)}, median of {server_repeats} interleaved repeats\n")
     print(f"Load average now: {_load()}\n")
     rps, cpu, reader = through_uvicorn(variants, server_repeats, seconds)
     print("Ratios are medians of the per-repeat ratios to the bare app measured next to it; "
@@ -645,7 +641,6 @@ def main() -> None:
               f"{statistics.median(ratios):.2f} | {statistics.median(cpu['json'][v]):.0f} | "
               f"{'' if v not in ours else f'{mine:.1f}'} |")
     print("\nTarget: ours keeps at least the cheapest peer's share of the bare app's req/s.")
-    print(f"\nLoad average at end: {_load()}")
 
 
 def _load() -> str:
