@@ -318,3 +318,45 @@ def test_a_first_figure_says_the_cards_draw_and_its_share_of_it_before_any_readi
     against = [f.mean_watts / s.mean_watts for f, s in zip(firsts[8:], settled, strict=True)
                if f.mean_watts and s.mean_watts]
     assert 0.6 <= statistics.median(against) <= 1.6, sorted(against)[::8]
+
+
+def test_a_burst_from_idle_never_makes_a_first_figure_draw_more_than_the_card_did() -> None:
+    # Twelve alike at once from idle, 120 ms each (a hostile trial's burst): a first figure's
+    # unreported part priced at its charge times those in flight read 2,400-20,000 W on a
+    # 700 W card. Priced at the card's last draw it stays within what the card drew.
+    import cold_start
+    from truecard import TrueCard, TrueReader
+
+    from giul_asgi import Meter
+    from giul_asgi.ledger import Ledger
+
+    clock = cold_start._Clock()
+    card = TrueCard(idle_w=70.0, clock=clock, seed=5)
+    reader = TrueReader(card)
+    ledger = Ledger(Node("burst", idle_w=70.0), reader, poll=False)
+    firsts: list[Energy] = []
+    meters: list[Meter] = []
+    for _ in range(4):
+        for _ in range(100):  # idle between bursts
+            clock.now += 0.01
+            ledger.ingest(reader.read())
+        batch = []
+        for _ in range(12):
+            meter = Meter(ledger)
+            meter.open()
+            batch.append((meter, card.start_job(40.0)))
+        for _ in range(12):
+            clock.now += 0.01
+            ledger.ingest(reader.read())
+        for meter, job in batch:
+            card.stop_job(job)
+            meter.close()
+            firsts.append(meter.figure())
+            meters.append(meter)
+    for _ in range(100):
+        clock.now += 0.01
+        ledger.ingest(reader.read())
+    most = max(m.figure().mean_watts or 0.0 for m in meters)
+    assert most > 70.0
+    drawn = [e.mean_watts for e in firsts if e.mean_watts is not None]
+    assert drawn and max(drawn) <= 1.1 * most, (max(drawn), most)
