@@ -87,7 +87,7 @@ def test_budgets_come_from_toml_and_hold_as_given_in_python(tmp_path: Path) -> N
         ({"nodes": []}, "unknown top-level key 'nodes'"),
         ({"budgets": [{"joules": 1.0}]}, "unknown top-level key 'budgets'"),
         ({"budget": [{"joules": 1.0, "perr": "tier"}]}, "budget\\[0\\]: unknown key 'perr'"),
-        ({"budget": [{"joules": -1.0}]}, "must be a number > 0"),
+        ({"budget": [{"joules": 1.0}, {"joules": -1.0}]}, "budget\\[1\\]: .*must be a number > 0"),
         ({"route": [{"pattern": "/x", "node": "ghost"}]}, "route\\[0\\].node: no node named"),
         ({"node": [{"name": "a"}, {"name": "a"}]}, "two nodes are named 'a'"),
         ({"tier": ["70b"]}, "tier\\[0\\] must be a table"),
@@ -217,6 +217,10 @@ BAD_PATHS: list[tuple[dict[str, object], str]] = [
     ({"energy_path": "energy/"}, "must start with /"),
     ({"metrics_path": "/energy/metrics"}, "lies inside energy_path"),
     ({"energy_path": "/metrics", "metrics_path": "/metrics"}, "lies inside energy_path"),
+    ({"energy_path": "/metrics", "metrics_path": "prom"}, "must start with /"),  # not told "/metrics"
+    ({"energy_path": "/energy "}, "no spaces, query or fragment"),
+    ({"energy_path": "/energy?x=1"}, "no spaces, query or fragment"),
+    ({"metrics_path": "/met rics", "energy_path": "/metrics-not"}, "no spaces, query or fragment"),
 ]
 
 

@@ -88,12 +88,17 @@ class Budget(metaclass=KeepsItsError):
                 raise ConfigError(f"Budget(key={self.key!r}) must be a non-empty name, or None",
                                   remedy=f"None budgets each {self.per} on its own; a name, that one alone")
             if self.per == "tenant" and self.key != NONE and tenant_name(self.key) != self.key:
+                # Never echoed: a key that is no tenant's name is most likely a secret (an API
+                # key, "Bearer ...", one read from a file with its newline).
+                why = (f"{len(self.key)} characters, more than 64" if len(self.key.strip()) > 64
+                       else "characters no tenant's name has (spaces, newlines, quotes...)")
                 raise ConfigError(
-                    f"Budget(key={self.key!r}) is not a tenant as the middleware names one "
-                    f"(it would be {tenant_name(self.key)!r}), so no request would ever match it",
+                    f"Budget(key=<a value of {len(self.key)} characters, not shown>) is not a tenant "
+                    f"as the middleware names one ({why}), so no request would ever match it",
                     remedy="give the tenant as /energy's tenants show it: a function's name (at most "
                            "64 of A-Z a-z 0-9 . _ : @ / + = -), or for a header key "
-                           "giul_asgi.tenants.hashed(key) ('key:' and 16 hex digits)")
+                           "giul_asgi.tenants.hashed(key) ('key:' and 16 hex digits; None for an "
+                           "empty key, which would budget every tenant)")
         object.__setattr__(self, "period", _period(self.period))
         if not isinstance(self.hard, bool):
             raise ConfigError(f"Budget(hard={self.hard!r}) must be True or False",
@@ -168,8 +173,12 @@ def build_budget(raw: Budget | Mapping[str, Any], where: str) -> Budget:
     allowed = {f.name for f in fields(Budget)}
     unknown = sorted(set(raw) - allowed)
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}", remedy=f"allowed keys: {sorted(allowed)}")
-    return Budget(**raw)
+        raise ConfigError(f"{where}: unknown key {unknown[0][:32]!r}",
+                          remedy=f"allowed keys: {sorted(allowed)}")
+    try:
+        return Budget(**raw)
+    except ConfigError as error:  # which table it was: a file may hold several
+        raise ConfigError(f"{where}: {error.message}", remedy=error.remedy) from None
 
 
 def check_budgets(
@@ -195,7 +204,8 @@ def check_budgets(
                                      "headers, /energy and Prometheus)")
         seen.add(name)
         if budget.per == "tenant" and not tenants:
-            raise ConfigError(f"budget {name!r} counts per tenant, and the middleware has no tenant",
+            shown = name if budget.key is None or name != budget.default_name() else "tenant=<key not shown>"
+            raise ConfigError(f"budget {shown!r} counts per tenant, and the middleware has no tenant",
                               remedy="say who requests are for: tenant='x-api-key' (a header, hashed) "
                                      "or tenant=function(scope); or budget per='route' or per='tier'")
         if (budget.per == "tenant" and header is not None and budget.key is not None
@@ -206,7 +216,8 @@ def check_budgets(
                 f"tenants come from the {header!r} header, each named by its value's hash "
                 f"('key:' and 16 hex digits), never by the value",
                 remedy="give key=giul_asgi.tenants.hashed(<the API key>), the tenant /energy shows "
-                       "for it; or key='<none>' for requests without the header")
+                       "for it (None for an empty key, which would budget every tenant); or "
+                       "key='<none>' for requests without the header")
         if budget.per == "tier":
             if not tier_names:
                 raise ConfigError(f"budget {name!r} counts per tier, and no tier is declared",
