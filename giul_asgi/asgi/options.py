@@ -99,10 +99,10 @@ class Options:
         if kind not in TOKEN_KINDS:
             raise ConfigError(f"token_kind must be one of {TOKEN_KINDS}, got {kind!r}",
                               remedy="use output (generated tokens), input or total")
-        for name in ("energy_path", "metrics_path"):
-            if name in values:
-                _path(name, values[name])
         energy, metrics = values.get("energy_path", defaults["energy_path"]), values.get("metrics_path")
+        for name, other in (("energy_path", metrics), ("metrics_path", energy)):
+            if name in values:
+                _path(name, values[name], other)
         if energy is not None and metrics is not None and (
             metrics == energy or metrics.startswith(energy + "/")
         ):
@@ -162,15 +162,23 @@ def _seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-_EXAMPLE_PATHS = {"energy_path": "/energy", "metrics_path": "/metrics"}
+_EXAMPLE_PATHS = {"energy_path": ("/energy", "/energy-stats"), "metrics_path": ("/metrics", "/prometheus")}
 
 
-def _path(name: str, value: Any) -> None:
+def _path(name: str, value: Any, other: Any) -> None:
+    """A path the endpoint serves: ``/`` and more, no ``/`` at its end, nothing a request's
+    path never holds (spaces, a query, a fragment). The remedy's example is one the checks
+    take beside ``other`` (the other endpoint's path)."""
     if value is None:
         return
-    if not isinstance(value, str) or len(value) < 2 or not value.startswith("/") or value.endswith("/"):
-        raise ConfigError(f"{name}={value!r} must start with / and not end with one",
-                          remedy=f'use e.g. {name}="{_EXAMPLE_PATHS[name]}", or None to serve nothing there')
+    if (not isinstance(value, str) or len(value) < 2 or not value.startswith("/") or value.endswith("/")
+            or any(c.isspace() or c in "?#" for c in value)):
+        example = next(p for p in _EXAMPLE_PATHS[name]
+                       if not isinstance(other, str) or not (p == other or p.startswith(other + "/")
+                                                             or other.startswith(p + "/")))
+        raise ConfigError(f"{name}={value!r} must start with / and not end with one, with no "
+                          "spaces, query or fragment",
+                          remedy=f'use e.g. {name}="{example}", or None to serve nothing there')
 
 
 def _patterns(value: Any) -> tuple[Any, ...]:
