@@ -105,8 +105,10 @@ class Book:
         #: next span: first figures made meanwhile are estimates and say so.
         self.trouble: str | None = None
         self.stopped = False  # after shutdown no reading will come: windows settle at close
-        #: The card's draw (idle included) in the last span read: a first figure's unreported part.
+        #: The card's draw (idle included) in the last span read, and the most it was read at
+        #: over a step or so: what a first figure's unreported part is priced between.
         self._draw_w: float | None = None
+        self._most_w = 0.0
         self.prior = Prior(ramp_s, period)
         #: The host's view of the card's spans (used where this book decides them).
         self.decider = Decider(ramp_s=ramp_s, subtract_foreign=subtract_foreign, period=period)
@@ -310,7 +312,9 @@ class Book:
         self._contention = (span.level, span.level_recent, span.processes_foreign, span.unseen_recent)
         seconds = span.seconds
         if seconds > 0:
-            self._draw_w = span.total_j / seconds
+            self._draw_w = draw = span.total_j / seconds
+            if seconds >= 0.5 * self.prior.period() and draw > self._most_w:
+                self._most_w = draw  # a span of a step's length or so: a stamp's jitter is small in it
         if span.covered <= 0:
             if seconds > 0:
                 self.prior.learn_card(span.measured_j / seconds)
@@ -579,7 +583,7 @@ class Book:
         contended, foreign_w = self.contended()
         mean_watts = window.power_j / window.measured_s if window.measured_s > 0 else None
         if not settled and joules is not None:
-            mean_watts = self._first_watts(window)
+            mean_watts = self._first_watts(window, joules, idle)
         # One construction: a dict of the common fields and ** was a third of the share's
         # cost (see the commit).
         return Share(
@@ -626,20 +630,26 @@ class Book:
         return (window.share + fill_j + left, unc, fill_j + left,
                 window.idle_share + self._idle_guess(window, window.filled_s + unreported))
 
-    def _first_watts(self, window: Window) -> float | None:
+    def _first_watts(self, window: Window, joules: float, idle: float | None) -> float | None:
         """The card's mean draw over a window not yet reported whole: the reported part as
-        measured, the rest at the card's draw in the last span read. The reported part
-        alone was a ramp's start (a stranger's trial read 0.32-0.45x the settled mean, and
-        None for a window no reading had reached yet); the rest priced at what its first
-        figure implies (its charge, a ramp-down tail included, times the windows in flight)
-        read 1.06-1.4x high under steady load and 2,400-20,000 W on a 700 W card in a
-        burst (a hostile trial)."""
+        measured; the rest at what its first figure implies (what it is charged there, idle
+        share included, times the windows in flight), but no more than the card has been
+        read drawing and no less than it drew in the last span read.
+
+        The reported part alone was a ramp's start (a stranger's trial read 0.32-0.45x the
+        settled mean, and None for a window no reading had reached yet); the implied draw
+        alone read 1.06-1.4x high under steady load (the charge holds a ramp-down tail) and
+        2,400-20,000 W on a 700 W card in a burst (a hostile trial); the last span's alone
+        read the idle floor for requests that began after it (the same stranger's case)."""
         seconds = window.seconds
         rest_s = seconds - window.measured_s
         level = self._draw_w
         if seconds <= 0 or rest_s <= 1e-9 * seconds or level is None:
             return window.power_j / window.measured_s if window.measured_s > 0 else None
-        return (window.power_j + level * rest_s) / seconds
+        rest_j = max(0.0, joules - window.share) + max(0.0, (idle or 0.0) - window.idle_share)
+        implied = rest_j * max(1.0, _in_flight(window) or 1.0) / rest_s
+        rest_w = max(level, min(implied, self._most_w))
+        return (window.power_j + rest_w * rest_s) / seconds
 
     def _idle_guess(self, window: Window, seconds: float) -> float:
         """The idle floor of ``seconds`` of the window that no span has shared: idle_w x the
