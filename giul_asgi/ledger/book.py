@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
 from .decider import Decider
+from .doubt import RateDoubt
 from .members import Members, Windows
 from .phases import SpanSplit, Weighed
 from .prior import DRAINING, FLOOR, Prior
@@ -113,6 +114,11 @@ class Book:
         #: The host's view of the card's spans (used where this book decides them).
         self.decider = Decider(ramp_s=ramp_s, subtract_foreign=subtract_foreign, period=period)
         self.windows = Windows(ramp_s)
+        #: How far members draw from one rate, for spans shared by time and by the split's
+        #: weights where the split does not say its own doubt (the time and token splits):
+        #: each model's misses are its own, so each learns apart.
+        self._by_time = RateDoubt(ramp_s)
+        self._by_weight = RateDoubt(ramp_s)
         self._waiting: deque[Waiting] = deque()
         self._t_end: float | None = None  # where the last booked piece ended
         #: What a foreign or unseen load took of the spans this book decided.
@@ -383,6 +389,9 @@ class Book:
         self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,
     ) -> None:
         weights, rule, doubts = self._weights(span, above, members, by_time=by_time)
+        if doubts is None:  # a split that does not say its own: how far members drew from it
+            doubts = (self._by_time if weights is None else self._by_weight).doubts(
+                span, members, weights, above)
         total = sum(weights) if weights is not None else sum(overlap for _, overlap in members)
         seconds = span.seconds
         idle = self.provenance.idle_watts
