@@ -146,9 +146,10 @@ class Window:
         self.idle_share = 0.0
         self.edge_sq = 0.0  # squared ambiguity of partly covered spans
         self.linear_unc = 0.0  # stamp and foreign-level uncertainty, added linearly
-        #: What the split itself cannot know of its shares (the phase split's), independent of
-        #: the card's doubts: the rates' error and the window's own deviation from them, each
-        #: adding up span after span, and its neighbours' deviations, in quadrature.
+        #: What the split itself cannot know of its shares, independent of the card's doubts,
+        #: each adding up span after span (``split_lin``: the phase split's rates' error, the
+        #: time and token splits' neighbours, who mostly stay beside it; ``split_own``: its own
+        #: deviation from the rates), and the phase split's neighbours' deviations, squared.
         self.split_lin = 0.0
         self.split_own = 0.0
         self.split_sq = 0.0
