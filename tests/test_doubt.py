@@ -136,5 +136,6 @@ def test_a_window_alone_in_its_spans_has_no_split_doubt() -> None:
     alone, *shared = (d.meter.window for d in done)
     assert alone is not None
     assert alone.alone and alone.split_own == alone.split_lin == alone.split_sq == 0.0
+    assert alone.rate_units is None and alone.rate_own == alone.rate_lin == 0.0
     for window in shared:
-        assert window is not None and not window.alone and window.split_own > 0.05 * window.share
+        assert window is not None and not window.alone and window.rate_own > 0.05 * window.share

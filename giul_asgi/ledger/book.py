@@ -216,6 +216,7 @@ class Book:
         else:
             # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
             # others' tails fall in its time as much, on average (until settled windows tell).
+            self._price(window)
             window.first = self.prior.first_guess(window, True, _measured_unc(window))
             if window.first is not None and (self.windows.n + 1) < DRAINING * (window.concurrency or 1.0):
                 window.first = replace(window.first, draining=True)
@@ -389,9 +390,11 @@ class Book:
         self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,
     ) -> None:
         weights, rule, doubts = self._weights(span, above, members, by_time=by_time)
+        units: list[tuple[float, float]] | None = None
         if doubts is None:  # a split that does not say its own: how far members drew from it
-            doubts = (self._by_time if weights is None else self._by_weight).doubts(
+            units = (self._by_time if weights is None else self._by_weight).units(
                 span, members, weights, above)
+        at = 0 if weights is None else 2  # where a member's units of this learner add up
         total = sum(weights) if weights is not None else sum(overlap for _, overlap in members)
         seconds = span.seconds
         idle = self.provenance.idle_watts
@@ -442,6 +445,14 @@ class Book:
                 window.split_lin += rates_j
                 window.split_own += own_j
                 window.split_sq += others_sq
+            elif units is not None:
+                own_u, others_u = units[i]
+                if own_u or others_u:
+                    summed = window.rate_units
+                    if summed is None:
+                        summed = window.rate_units = [0.0, 0.0, 0.0, 0.0]
+                    summed[at] += own_u
+                    summed[at + 1] += others_u
             if unwatched:
                 window.linear_unc += abs(share)
                 window.unwatched = True
@@ -457,6 +468,15 @@ class Book:
             if window.stage_shares is not None:
                 start = max(window.t_open, span.t0)
                 spread(window, start, start + overlap, share, window.stage_shares)
+
+    def _price(self, window: Window) -> None:
+        """The window's time and token split doubt in joules, at the spreads learnt so far."""
+        units = window.rate_units
+        if units is None:
+            return
+        by_time, by_weight = self._by_time.quantile(), self._by_weight.quantile()
+        window.rate_own = by_time * units[0] + by_weight * units[2]
+        window.rate_lin = by_time * units[1] + by_weight * units[3]
 
     def _weights(
         self, span: CardSpan, above: float, members: Members, *, by_time: bool,
@@ -534,6 +554,7 @@ class Book:
                 measures = False
             else:
                 window.fill_j, window.fill_unc, window.basis = fill.joules, fill.uncertainty, fill.basis
+        self._price(window)
         window.settled = True
         if not measures or window.share + window.fill_j <= 0:
             self.forfeit_j += window.share
@@ -750,9 +771,10 @@ def _measured_unc(window: Window) -> float:
     """The measured part's own doubt: edges in quadrature, stamps and levels added; the
     split's own doubt, independent of the card's, in quadrature with them."""
     card = math.sqrt(window.edge_sq) + window.linear_unc
-    if not (window.split_lin or window.split_own or window.split_sq):
+    lin, own = window.split_lin + window.rate_lin, window.split_own + window.rate_own
+    if not (lin or own or window.split_sq):
         return card
-    return math.sqrt(card * card + window.split_lin ** 2 + window.split_own ** 2 + window.split_sq)
+    return math.sqrt(card * card + lin * lin + own * own + window.split_sq)
 
 
 __all__ = ["MAX_WAIT_S", "Book", "BookTotals", "Split", "TimeSplit", "TokenSplit", "Window"]

@@ -37,21 +37,37 @@ spans: one span misses also by how far a counter step's stamp is off (a few ms o
 whole draw, idle included), which stays at a stretch's ends while its members' deviations
 grow with its length. A closed member's ramp-down tail (about ``ramp_s / 5`` at its rate: the
 book's edge doubt) falls in the spans after its close, which the split gives to the others: it
-is counted as the closed member's own seconds, so that the misses are left to the rates. What
-the card's stamps still add makes ``c`` larger, never smaller: honest, if wider than a
-homogeneous mix needs.
+is counted as the closed member's own seconds, so that the misses are left to the rates.
 
-What is learnt is a variance from a few stretches: a dozen squared misses can fall well short
-of what the next dozen do. The spread used is the one-sided 90% upper bound of it from the
-stretches seen (``c^2 x k / chi2_0.10(k)``, ``k`` the stretches counted, forgetting with the
-span-seconds as the phase split's fit does), so it starts wide and shrinks as spans teach it,
-though never above the cold spread unless the stretches themselves say more; before
-:data:`MIN_STRETCHES`, :data:`COLD_SPREAD`: a member's rate anywhere between nothing and twice the
-mean, uniformly (its sd ``1/sqrt(3)`` of the mean).
+Each contrast also misses by how far its three steps' stamps are off: a step stamped ``d``
+off moves ``d`` of the card's whole draw (idle included) across it, a few ms of hundreds of
+watts, which is as large as the deviations of members drawing alike (on a virtual clock, 0.05
+learnt for 0.017 drawn) and larger than those of a batch of 256 (each member's own joules below
+it). The tape says how far each step may be off (``stamp_s``); the contrast's expected share
+of that, ``sum (stamp x watts across it)^2``, is taken off the squared misses before they
+are read as members' spread. The tape's stamp doubts, so counted, were 0.7-2x the misses of
+homogeneous mixes of 8 to 16 in flight and 1.8-3.1x those of a batch of 256 (virtual clock):
+the subtraction is if anything too large, which a heterogeneous mix hardly feels (its misses
+were 3-25x the stamps') but a moderate spread in a large batch would (said in the docs).
+
+What is learnt is a variance from a few contrasts: a dozen squared misses can fall well short
+of what the next dozen do. The spread used is a one-sided upper bound of it, at the lower
+:data:`SHORT` quantile of the contrasts' chi-square (``c^2 = (misses x k / chi2_SHORT(k) -
+stamps) / scale``, ``k`` the contrasts counted, forgetting with the span-seconds as the phase
+split's fit does), so it starts wide and shrinks as spans teach it, though never above the cold
+spread unless the contrasts themselves say more; before :data:`MIN_CONTRASTS`,
+:data:`COLD_SPREAD`: a member's rate anywhere between nothing and twice the mean, uniformly
+(its sd ``1/sqrt(3)`` of the mean).
+
+The book keeps each window's doubt per unit of spread, span by span, and prices it at the
+spread learnt by the window's close (its first figure) and again when it settles: a spread
+learnt in a run's second second counts for the first second's spans too (the spread is the
+mix's, not the span's). Before, the first seconds of every fresh process were priced cold for
+good: a batch of 256 in a 2 s round said 87-95% for requests drawing alike within 3%.
 
 A request's deviation lasts its whole life, and most of its neighbours stay beside it from
-span to span: both add up over its spans (the book's ``split_own`` and ``split_lin``); the two are
-independent, in quadrature in the figure, each at the normal 90% quantile (:data:`Z90`).
+span to span: both add up over its spans (the window's ``rate_units``, own and neighbours'); the
+two are independent, in quadrature in the figure, each at the normal 90% quantile (:data:`Z90`).
 
 Plain records and arithmetic: no clock, no lock. The book calls it under the ledger's lock.
 """
@@ -59,38 +75,50 @@ Plain records and arithmetic: no clock, no lock. The book calls it under the led
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 from ..spans import CardSpan
 from .members import Members
-from .phases import RATES_TAU_S, Z90, Doubts
+from .phases import RATES_TAU_S, Z90
 
 #: Spans in a stretch (on a virtual clock, stretches of 1 and 2 spans of 100 ms learnt a spread
 #: of 0.34 and 0.16 for requests drawing alike within +-3%, 4 spans 0.05, 8 too few stretches).
 BLOCK_SPANS = 4
 
-#: Before this many stretches taught it, a span's doubt takes the cold spread.
-MIN_STRETCHES = 2
+#: Before this many contrasts taught it, a member's doubt takes the cold spread.
+MIN_CONTRASTS = 2
 #: The members' relative spread before anything is learnt: a rate uniform between nothing
 #: and twice the mean.
 COLD_SPREAD = 1 / math.sqrt(3)
-#: The normal quantile of the lower 10%: the chi-square quantile's Wilson-Hilferty form.
-_Z10 = -1.2816
+#: The chance that the spread said is short of what the contrasts' members drew: a 75% upper
+#: bound (virtual clock, tests/test_doubt.py's harness, 4 seeds: at a 90% bound a homogeneous
+#: batch of 16 said 13% settled, 26% first; at 75%, 9% and 22%, with mixes at unlike rates still
+#: 96-100% inside; at 50%, a mix of 15 W and 45 W members held 88%).
+SHORT = 0.25
 
 
 class _Stretch:
     """Consecutive spans' energy, their weights, and each member's seconds in them."""
 
-    __slots__ = ("energy", "seconds", "span_s", "spans", "weight", "window_s")
+    __slots__ = ("end_stamp", "energy", "seconds", "span_s", "spans", "start_stamp", "total",
+                 "weight", "window_s")
 
     def __init__(self) -> None:
-        self.energy = self.weight = self.span_s = 0.0
+        self.energy = self.total = self.weight = self.span_s = 0.0
         self.spans = 0
         self.seconds: dict[int, float] = {}  # by member (alive while the stretch is)
         self.window_s = 0.0
+        self.start_stamp = self.end_stamp = 0.0
 
-    def add(self, span_s: float, above: float, members: Members, weighed: list[float]) -> None:
-        self.span_s += span_s
+    def add(self, span: CardSpan, above: float, members: Members, weighed: list[float]) -> None:
+        if not self.spans:
+            self.start_stamp = span.stamp_s
+        self.end_stamp = span.stamp_s
+        self.span_s += span.seconds
         self.energy += above
+        # The card's whole draw, idle included, in this book's part: a step stamped off
+        # moves that much of it between stretches.
+        self.total += span.total_j * span.fraction_of(above)
         self.weight += sum(weighed)
         self.spans += 1
         mine = self.seconds
@@ -98,12 +126,23 @@ class _Stretch:
             mine[id(window)] = mine.get(id(window), 0.0) + overlap
             self.window_s += overlap
 
+    @property
+    def watts(self) -> float:
+        return self.total / self.span_s if self.span_s > 0 else 0.0
+
+
+def _chi2(k: float, u: float) -> float:
+    """The chi-square quantile at ``u`` for ``k`` degrees (Wilson-Hilferty)."""
+    z = NormalDist().inv_cdf(u)
+    return max(1e-9, k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3)
+
 
 class RateDoubt:
     """The members' spread about a weights-per-second split's one rate, learnt from the
     spans the book shares by it, and each member's doubt from it (see the module)."""
 
-    __slots__ = ("_closed", "_miss", "_prev", "_scale", "_stretch", "_stretches", "_tau")
+    __slots__ = ("_closed", "_contrasts", "_miss", "_noise", "_prev", "_quantile", "_scale",
+                 "_stretch", "_tau")
 
     def __init__(self, ramp_s: float = 0.1) -> None:
         # A closed member's ramp-down tail, about ramp_s / 5 at its rate (the book's edges),
@@ -112,32 +151,43 @@ class RateDoubt:
         # member's own seconds, it leaves the stretches' misses to the rates.
         self._tau = ramp_s / 5
         self._closed: dict[int, tuple[float, float]] = {}  # id: (its close, weight a second)
-        # Stretches' squared misses, their sum_j (p x a_j)^2, and their count: sums that
-        # forget with the span-seconds added.
-        self._miss = self._scale = self._stretches = 0.0
+        # Contrasts' squared misses, their members' scale sum_j (p x a_j)^2, what the card's
+        # stamps add to them, and their count: sums that forget with the span-seconds added.
+        self._miss = self._scale = self._noise = self._contrasts = 0.0
         self._stretch = _Stretch()
         self._prev: _Stretch | None = None
+        self._quantile: float | None = None
 
-    def spread(self) -> float:
-        """The members' relative spread to say (``c``): the learnt one's 90% upper bound, or
-        the cold one before :data:`MIN_STRETCHES` stretches."""
-        k = self._stretches
-        c2 = self.learnt()
-        if k < MIN_STRETCHES or c2 is None:
-            return COLD_SPREAD
-        chi2 = k * (1 - 2 / (9 * k) + _Z10 * math.sqrt(2 / (9 * k))) ** 3
-        # Few stretches bound it loosely: never wider than the cold spread for it, unless
-        # what they say is itself wider.
-        return min(math.sqrt(c2 * k / chi2), max(COLD_SPREAD, math.sqrt(c2)))
+    def quantile(self) -> float:
+        """How far, relative to the rate, 9 members in 10 draw from it: the normal 90%
+        quantile of the spread's upper bound (the cold spread's before MIN_CONTRASTS)."""
+        if self._quantile is None:
+            self._quantile = self._predict()
+        return self._quantile
 
     def learnt(self) -> float | None:
-        """The members' relative variance ``c^2`` the stretches say (None: nothing learnt)."""
-        return self._miss / self._scale if self._scale > 0 else None
+        """The members' relative variance ``c^2`` the contrasts say, the stamps' part taken
+        off (None: nothing learnt)."""
+        if self._scale <= 0:
+            return None
+        return max(0.0, self._miss - self._noise) / self._scale
 
-    def doubts(self, span: CardSpan, members: Members, weights: list[float] | None,
-               above: float) -> Doubts | None:
-        """Each member's doubt in ``span`` (``weights``: each one's weight in it, None: its
-        overlap), having learnt from it. None for ramp-down tails (no member runs in them)."""
+    def _predict(self) -> float:
+        k, scale = self._contrasts, self._scale
+        if k < MIN_CONTRASTS or scale <= 0:
+            return Z90 * COLD_SPREAD
+        # The squared misses sum to (c^2 x scale + stamps) x chi2_k / k: the c^2 at the
+        # chi-square's lower SHORT quantile is the one-sided upper bound of what they say.
+        upper = math.sqrt(max(0.0, self._miss * k / _chi2(k, SHORT) - self._noise) / scale)
+        # Few contrasts bound it loosely: never wider than the cold spread for it, unless
+        # what they say is itself wider.
+        return Z90 * min(upper, max(COLD_SPREAD, math.sqrt(self.learnt() or 0.0)))
+
+    def units(self, span: CardSpan, members: Members, weights: list[float] | None,
+              above: float) -> list[tuple[float, float]] | None:
+        """Each member's (own, neighbours') doubt in ``span`` per unit of relative spread
+        (``weights``: each one's weight in it, None: its overlap), having learnt from it.
+        None for ramp-down tails (no member runs in them)."""
         if span.tails:
             self._forget()
             return None
@@ -149,16 +199,13 @@ class RateDoubt:
             self._learn(span, members, weighed, above)
         total_w, total_s = sum(weighed), sum(overlaps)
         if len(members) < 2 or total_w <= 0 or total_s <= 0:
-            return [(0.0, 0.0, 0.0)] * len(members)  # alone: its share is the card's measure
-        c = Z90 * self.spread()
+            return [(0.0, 0.0)] * len(members)  # alone: its share is the card's measure
         watts = abs(above) / total_s
         squares = sum(o * o for o in overlaps)
-        out: Doubts = []
+        out = []
         for o, w in zip(overlaps, weighed, strict=True):
             f = w / total_w
-            own = c * watts * o * (1 - f)
-            others = c * watts * f * math.sqrt(max(0.0, squares - o * o))
-            out.append((others, own, 0.0))
+            out.append((watts * o * (1 - f), watts * f * math.sqrt(max(0.0, squares - o * o))))
         return out
 
     def _learn(self, span: CardSpan, members: Members, weighed: list[float], above: float) -> None:
@@ -166,7 +213,7 @@ class RateDoubt:
             self._forget()
             return
         stretch = self._stretch
-        stretch.add(span.seconds, above, members, weighed)
+        stretch.add(span, above, members, weighed)
         self._tails(span, members, weighed, stretch)
         if stretch.spans < BLOCK_SPANS:
             return
@@ -181,12 +228,18 @@ class RateDoubt:
         a_sq = sum((now.get(j, 0.0) - ratio * before.get(j, 0.0)) ** 2 for j in now.keys() | before.keys())
         window_s = stretch.window_s + prev.window_s
         watts = (stretch.energy + prev.energy) / window_s if window_s > 0 else 0.0
-        scale = watts * watts * a_sq
-        if scale > 0:
-            keep = math.exp(-stretch.span_s / RATES_TAU_S)
-            self._miss = self._miss * keep + miss * miss
-            self._scale = self._scale * keep + scale
-            self._stretches = self._stretches * keep + 1.0
+        # A step stamped off by d moves d of the card's whole draw across it: the stretch's
+        # end, the step between the two, the previous stretch's start.
+        w_now, w_before = stretch.watts, prev.watts
+        noise = ((stretch.end_stamp * w_now) ** 2
+                 + (max(stretch.start_stamp, prev.end_stamp) * (w_now + ratio * w_before)) ** 2
+                 + (prev.start_stamp * ratio * w_before) ** 2)
+        keep = math.exp(-stretch.span_s / RATES_TAU_S)
+        self._miss = self._miss * keep + miss * miss
+        self._noise = self._noise * keep + noise
+        self._scale = self._scale * keep + watts * watts * a_sq
+        self._contrasts = self._contrasts * keep + 1.0
+        self._quantile = None
 
     def _tails(self, span: CardSpan, members: Members, weighed: list[float], stretch: _Stretch) -> None:
         """Closed members' tails in ``span``, as their seconds in the stretch."""
@@ -214,4 +267,4 @@ class RateDoubt:
         self._closed = {}
 
 
-__all__ = ["COLD_SPREAD", "MIN_STRETCHES", "RateDoubt"]
+__all__ = ["COLD_SPREAD", "MIN_CONTRASTS", "SHORT", "RateDoubt"]
