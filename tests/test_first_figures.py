@@ -54,9 +54,13 @@ def test_first_figures_under_steady_load_are_as_narrow_as_their_calibration_allo
     # what their requests caused, and since the time split says its own doubt (doubt.py) the
     # first figures hold the truth too (0.4 s: 40% -> 100%; 50 ms: 86% -> 100%), 0.94 and
     # 1.17 wide (were 0.15 and 0.62). Within 2.5 s of a cold start most of that is the cold
-    # spread of the first stretches, ranked in the prior's growth for the whole run.
+    # spread of the first stretches, ranked in the prior's growth for the whole run. Since
+    # the part not shared at close is priced at the learnt spread (the same request's
+    # deviation, added to its measured part's), 0.4 s figures are 0.97 wide (0.93 without)
+    # and 31% of them wider than themselves (4%), the truth inside for 99%: a 60-200 W mix
+    # shared by time is that far from what each request caused.
     figures = [f for seed in range(3) for f in cold_start.mixed_trial(seed) if f.index >= 50]
-    for seconds, most_wide, most_wider in ((0.4, 1.0, 0.1), (0.05, 1.25, 0.95)):
+    for seconds, most_wide, most_wider in ((0.4, 1.0, 0.35), (0.05, 1.25, 0.95)):
         mine = [f for f in figures if f.seconds == seconds and f.first and f.settled is not None
                 and f.first_unc is not None]
         assert len(mine) >= 150

@@ -218,6 +218,10 @@ class Book:
             # others' tails fall in its time as much, on average (until settled windows tell).
             self._price(window)
             window.first = self.prior.first_guess(window, True, _measured_unc(window))
+            if window.first is not None and self._spans is None:
+                ahead = self._ahead(window, window.first.guess)
+                if ahead > 0:
+                    window.first = replace(window.first, unc=_measured_unc(window, ahead))
             if window.first is not None and (self.windows.n + 1) < DRAINING * (window.concurrency or 1.0):
                 window.first = replace(window.first, draining=True)
             spans = self._spans
@@ -477,6 +481,17 @@ class Book:
         by_time, by_weight = self._by_time.quantile(), self._by_weight.quantile()
         window.rate_own = by_time * units[0] + by_weight * units[2]
         window.rate_lin = by_time * units[1] + by_weight * units[3]
+
+    def _ahead(self, window: Window, guess: float) -> float:
+        """The time or token split's doubt of the part of a closing window not shared yet
+        (``guess`` joules of it): its own deviation goes on in it, beside as many windows as
+        it mostly ran with or are open now. Without it, that part's doubt reached the first
+        figure only through the prior's learnt growth, whose cold start's ranks stay."""
+        members = max(self.windows.n + 1, window.concurrency or 1.0)
+        if members <= 1 or guess <= 0:
+            return 0.0
+        doubt = self._by_time if self.split.known_at_open else self._by_weight
+        return doubt.quantile() * guess * (1 - 1 / members)
 
     def _weights(
         self, span: CardSpan, above: float, members: Members, *, by_time: bool,
@@ -767,11 +782,12 @@ def _in_flight(window: Window) -> float | None:
     return max(local, window.host_busy_s / window.measured_s)
 
 
-def _measured_unc(window: Window) -> float:
+def _measured_unc(window: Window, ahead: float = 0.0) -> float:
     """The measured part's own doubt: edges in quadrature, stamps and levels added; the
-    split's own doubt, independent of the card's, in quadrature with them."""
+    split's own doubt, independent of the card's, in quadrature with them (``ahead``: the
+    time or token split's doubt of the part not shared yet, the same deviation's)."""
     card = math.sqrt(window.edge_sq) + window.linear_unc
-    lin, own = window.split_lin + window.rate_lin, window.split_own + window.rate_own
+    lin, own = window.split_lin + window.rate_lin, window.split_own + window.rate_own + ahead
     if not (lin or own or window.split_sq):
         return card
     return math.sqrt(card * card + lin * lin + own * own + window.split_sq)

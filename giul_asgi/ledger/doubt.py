@@ -42,13 +42,18 @@ is counted as the closed member's own seconds, so that the misses are left to th
 Each contrast also misses by how far its three steps' stamps are off: a step stamped ``d``
 off moves ``d`` of the card's whole draw (idle included) across it, a few ms of hundreds of
 watts, which is as large as the deviations of members drawing alike (on a virtual clock, 0.05
-learnt for 0.017 drawn) and larger than those of a batch of 256 (each member's own joules below
-it). The tape says how far each step may be off (``stamp_s``); the contrast's expected share
-of that, ``sum (stamp x watts across it)^2``, is taken off the squared misses before they
-are read as members' spread. The tape's stamp doubts, so counted, were 0.7-2x the misses of
-homogeneous mixes of 8 to 16 in flight and 1.8-3.1x those of a batch of 256 (virtual clock):
-the subtraction is if anything too large, which a heterogeneous mix hardly feels (its misses
-were 3-25x the stamps') but a moderate spread in a large batch would (said in the docs).
+learnt for 0.017 drawn) and larger than those of a batch of 256 (each member's own joules
+below it). How far a stamp strays is learnt, not taken from the tape's ``stamp_s`` (which held
+the actual stamp error 31% of the time, and counted so, said 0.7-3x the misses of homogeneous
+mixes): from contrasts of single spans, by the same rule, where the members' part is small (it
+grows with the cube of a stretch's length, the stamps' does not) and what the stretches' upper
+bound of the spread explains of it is taken off first, so a heterogeneous mix's spread leaves
+less to the stamps, never more. The stamps' expected part of the stretches' misses
+(``stamp^2 x sum (watts across each step)^2``) is then taken off before they are read as the
+members' spread. What the stamps do over longer times (the tape's line wanders by a few ms
+over a second: 2.1 ms against 1.5-1.7 ms learnt, virtual clock) stays in the stretches' misses,
+read as spread: wider than a homogeneous mix needs (a batch of 16 in rounds learnt 0.07-0.09
+for 0.017), never narrower.
 
 What is learnt is a variance from a few contrasts: a dozen squared misses can fall well short
 of what the next dozen do. The spread used is a one-sided upper bound of it, at the lower
@@ -68,6 +73,11 @@ good: a batch of 256 in a 2 s round said 87-95% for requests drawing alike withi
 A request's deviation lasts its whole life, and most of its neighbours stay beside it from
 span to span: both add up over its spans (the window's ``rate_units``, own and neighbours'); the
 two are independent, in quadrature in the figure, each at the normal 90% quantile (:data:`Z90`).
+At close, the part of the window not shared yet (the first figure's guess) is the same
+request's: its own deviation goes on in it, priced at the same spread and added to the
+measured part's (before, it reached the first figure only through the prior's ranked growth,
+which keeps a cold start's ranks: a continuous batch of 16 drawing alike said 17% first for
+7% settled; now 10%).
 
 Plain records and arithmetic: no clock, no lock. The book calls it under the ledger's lock.
 """
@@ -85,35 +95,29 @@ from .phases import RATES_TAU_S, Z90
 #: of 0.34 and 0.16 for requests drawing alike within +-3%, 4 spans 0.05, 8 too few stretches).
 BLOCK_SPANS = 4
 
-#: Before this many contrasts taught it, a member's doubt takes the cold spread.
+#: Before this many contrasts of stretches taught it, a member's doubt takes the cold spread.
 MIN_CONTRASTS = 2
 #: The members' relative spread before anything is learnt: a rate uniform between nothing
 #: and twice the mean.
 COLD_SPREAD = 1 / math.sqrt(3)
 #: The chance that the spread said is short of what the contrasts' members drew: a 75% upper
-#: bound (virtual clock, tests/test_doubt.py's harness, 4 seeds: at a 90% bound a homogeneous
-#: batch of 16 said 13% settled, 26% first; at 75%, 9% and 22%, with mixes at unlike rates still
-#: 96-100% inside; at 50%, a mix of 15 W and 45 W members held 88%).
+#: bound, the member's normal 90% quantile on top (was a 90% bound, which says 1.2-1.6x the
+#: spread from 10 to 2 contrasts; at 50%, the 15 W / 45 W mix of tests/test_doubt.py held the
+#: truth for 87% of settled figures).
 SHORT = 0.25
 
 
 class _Stretch:
     """Consecutive spans' energy, their weights, and each member's seconds in them."""
 
-    __slots__ = ("end_stamp", "energy", "seconds", "span_s", "spans", "start_stamp", "total",
-                 "weight", "window_s")
+    __slots__ = ("energy", "seconds", "span_s", "spans", "total", "weight", "window_s")
 
     def __init__(self) -> None:
-        self.energy = self.total = self.weight = self.span_s = 0.0
+        self.energy = self.total = self.weight = self.span_s = self.window_s = 0.0
         self.spans = 0
         self.seconds: dict[int, float] = {}  # by member (alive while the stretch is)
-        self.window_s = 0.0
-        self.start_stamp = self.end_stamp = 0.0
 
     def add(self, span: CardSpan, above: float, members: Members, weighed: list[float]) -> None:
-        if not self.spans:
-            self.start_stamp = span.stamp_s
-        self.end_stamp = span.stamp_s
         self.span_s += span.seconds
         self.energy += above
         # The card's whole draw, idle included, in this book's part: a step stamped off
@@ -126,9 +130,52 @@ class _Stretch:
             mine[id(window)] = mine.get(id(window), 0.0) + overlap
             self.window_s += overlap
 
+    def merge(self, other: _Stretch) -> None:
+        """The spans of ``other``, which come right after this stretch's, added to it."""
+        self.energy += other.energy
+        self.total += other.total
+        self.weight += other.weight
+        self.span_s += other.span_s
+        self.window_s += other.window_s
+        self.spans += other.spans
+        mine = self.seconds
+        for key, seconds in other.seconds.items():
+            mine[key] = mine.get(key, 0.0) + seconds
+
     @property
     def watts(self) -> float:
         return self.total / self.span_s if self.span_s > 0 else 0.0
+
+
+class _Contrasts:
+    """Contrasts of consecutive stretches of one length: their squared misses, the members'
+    scale ``sum_j (p x a_j)^2``, the stamps' ``sum (watts across a step)^2``, and their count;
+    sums that forget with the span-seconds added."""
+
+    __slots__ = ("count", "miss", "scale", "stamps")
+
+    def __init__(self) -> None:
+        self.miss = self.scale = self.stamps = self.count = 0.0
+
+    def add(self, before: _Stretch, now: _Stretch) -> None:
+        # The stretch at the rate of the one before it: what that misses is a contrast of
+        # who drew what (a common change of every member's draw cancels in it).
+        ratio = now.weight / before.weight
+        miss = now.energy - before.energy * ratio
+        seconds, seconds_before = now.seconds, before.seconds
+        a_sq = sum((seconds.get(j, 0.0) - ratio * seconds_before.get(j, 0.0)) ** 2
+                   for j in seconds.keys() | seconds_before.keys())
+        window_s = now.window_s + before.window_s
+        watts = (now.energy + before.energy) / window_s if window_s > 0 else 0.0
+        # A step stamped off by d moves d of the card's whole draw across it: at the
+        # stretch's end, between the two, at the stretch before's start.
+        w_now, w_before = now.watts, ratio * before.watts
+        stamps = w_now ** 2 + (w_now + w_before) ** 2 + w_before ** 2
+        keep = math.exp(-now.span_s / RATES_TAU_S)
+        self.miss = self.miss * keep + miss * miss
+        self.scale = self.scale * keep + watts * watts * a_sq
+        self.stamps = self.stamps * keep + stamps
+        self.count = self.count * keep + 1.0
 
 
 def _chi2(k: float, u: float) -> float:
@@ -141,8 +188,8 @@ class RateDoubt:
     """The members' spread about a weights-per-second split's one rate, learnt from the
     spans the book shares by it, and each member's doubt from it (see the module)."""
 
-    __slots__ = ("_closed", "_contrasts", "_miss", "_noise", "_prev", "_quantile", "_scale",
-                 "_stretch", "_tau")
+    __slots__ = ("_closed", "_last", "_prev", "_quantile", "_spans", "_stretch", "_stretches",
+                 "_tau")
 
     def __init__(self, ramp_s: float = 0.1) -> None:
         # A closed member's ramp-down tail, about ramp_s / 5 at its rate (the book's edges),
@@ -151,11 +198,11 @@ class RateDoubt:
         # member's own seconds, it leaves the stretches' misses to the rates.
         self._tau = ramp_s / 5
         self._closed: dict[int, tuple[float, float]] = {}  # id: (its close, weight a second)
-        # Contrasts' squared misses, their members' scale sum_j (p x a_j)^2, what the card's
-        # stamps add to them, and their count: sums that forget with the span-seconds added.
-        self._miss = self._scale = self._noise = self._contrasts = 0.0
+        self._stretches = _Contrasts()  # of stretches of BLOCK_SPANS spans: the members'
+        self._spans = _Contrasts()  # of single spans: the stamps'
         self._stretch = _Stretch()
         self._prev: _Stretch | None = None
+        self._last: _Stretch | None = None  # the span before, alone
         self._quantile: float | None = None
 
     def quantile(self) -> float:
@@ -165,23 +212,39 @@ class RateDoubt:
             self._quantile = self._predict()
         return self._quantile
 
-    def learnt(self) -> float | None:
-        """The members' relative variance ``c^2`` the contrasts say, the stamps' part taken
-        off (None: nothing learnt)."""
-        if self._scale <= 0:
-            return None
-        return max(0.0, self._miss - self._noise) / self._scale
+    def stamp_sq(self) -> float:
+        """The squared seconds by which a step's stamp strays, as the single spans' misses
+        say beyond what the stretches' spread bound explains of them (0: none seen)."""
+        spans = self._spans
+        if spans.stamps <= 0:
+            return 0.0
+        spread_sq = self._upper(0.0)  # the widest: what is left for the stamps, the least
+        return max(0.0, spans.miss - spread_sq * spans.scale) / spans.stamps
 
-    def _predict(self) -> float:
-        k, scale = self._contrasts, self._scale
-        if k < MIN_CONTRASTS or scale <= 0:
-            return Z90 * COLD_SPREAD
+    def learnt(self) -> float | None:
+        """The members' relative variance ``c^2`` the stretches say, the stamps' part taken
+        off (None: nothing learnt)."""
+        stretches = self._stretches
+        if stretches.scale <= 0:
+            return None
+        return max(0.0, stretches.miss - self.stamp_sq() * stretches.stamps) / stretches.scale
+
+    def _upper(self, stamp_sq: float) -> float:
+        """The spread's (``c^2``) upper bound from the stretches, ``stamp_sq`` taken off."""
+        stretches = self._stretches
+        k = stretches.count
+        if k < MIN_CONTRASTS or stretches.scale <= 0:
+            return COLD_SPREAD ** 2
         # The squared misses sum to (c^2 x scale + stamps) x chi2_k / k: the c^2 at the
         # chi-square's lower SHORT quantile is the one-sided upper bound of what they say.
-        upper = math.sqrt(max(0.0, self._miss * k / _chi2(k, SHORT) - self._noise) / scale)
+        stamps = stamp_sq * stretches.stamps
+        upper = max(0.0, stretches.miss * k / _chi2(k, SHORT) - stamps) / stretches.scale
         # Few contrasts bound it loosely: never wider than the cold spread for it, unless
         # what they say is itself wider.
-        return Z90 * min(upper, max(COLD_SPREAD, math.sqrt(self.learnt() or 0.0)))
+        return min(upper, max(COLD_SPREAD ** 2, (stretches.miss - stamps) / stretches.scale))
+
+    def _predict(self) -> float:
+        return Z90 * math.sqrt(self._upper(self.stamp_sq()))
 
     def units(self, span: CardSpan, members: Members, weights: list[float] | None,
               above: float) -> list[tuple[float, float]] | None:
@@ -212,34 +275,20 @@ class RateDoubt:
         if not (sum(weighed) > 0 and math.isfinite(above)):
             self._forget()
             return
+        piece = _Stretch()
+        piece.add(span, above, members, weighed)
+        self._tails(span, members, weighed, piece)
+        last, self._last = self._last, piece
+        if last is not None and last.weight > 0:
+            self._spans.add(last, piece)
+            self._quantile = None
         stretch = self._stretch
-        stretch.add(span, above, members, weighed)
-        self._tails(span, members, weighed, stretch)
+        stretch.merge(piece)
         if stretch.spans < BLOCK_SPANS:
             return
         prev, self._prev, self._stretch = self._prev, stretch, _Stretch()
-        if prev is None or prev.weight <= 0:
-            return
-        # The stretch at the rate of the one before it: what that misses is a contrast of
-        # who drew what (a common change of every member's draw cancels in it).
-        ratio = stretch.weight / prev.weight
-        miss = stretch.energy - prev.energy * ratio
-        now, before = stretch.seconds, prev.seconds
-        a_sq = sum((now.get(j, 0.0) - ratio * before.get(j, 0.0)) ** 2 for j in now.keys() | before.keys())
-        window_s = stretch.window_s + prev.window_s
-        watts = (stretch.energy + prev.energy) / window_s if window_s > 0 else 0.0
-        # A step stamped off by d moves d of the card's whole draw across it: the stretch's
-        # end, the step between the two, the previous stretch's start.
-        w_now, w_before = stretch.watts, prev.watts
-        noise = ((stretch.end_stamp * w_now) ** 2
-                 + (max(stretch.start_stamp, prev.end_stamp) * (w_now + ratio * w_before)) ** 2
-                 + (prev.start_stamp * ratio * w_before) ** 2)
-        keep = math.exp(-stretch.span_s / RATES_TAU_S)
-        self._miss = self._miss * keep + miss * miss
-        self._noise = self._noise * keep + noise
-        self._scale = self._scale * keep + watts * watts * a_sq
-        self._contrasts = self._contrasts * keep + 1.0
-        self._quantile = None
+        if prev is not None and prev.weight > 0:
+            self._stretches.add(prev, stretch)
 
     def _tails(self, span: CardSpan, members: Members, weighed: list[float], stretch: _Stretch) -> None:
         """Closed members' tails in ``span``, as their seconds in the stretch."""
@@ -263,7 +312,7 @@ class RateDoubt:
     def _forget(self) -> None:
         """The spans run on past one that teaches nothing: no stretch spans it."""
         self._stretch = _Stretch()
-        self._prev = None
+        self._prev = self._last = None
         self._closed = {}
 
 
