@@ -43,17 +43,19 @@ Each contrast also misses by how far its three steps' stamps are off: a step sta
 off moves ``d`` of the card's whole draw (idle included) across it, a few ms of hundreds of
 watts, which is as large as the deviations of members drawing alike (on a virtual clock, 0.05
 learnt for 0.017 drawn) and larger than those of a batch of 256 (each member's own joules
-below it). How far a stamp strays is learnt, not taken from the tape's ``stamp_s`` (which held
-the actual stamp error 31% of the time, and counted so, said 0.7-3x the misses of homogeneous
-mixes): from contrasts of single spans, by the same rule, where the members' part is small (it
-grows with the cube of a stretch's length, the stamps' does not) and what the stretches' upper
-bound of the spread explains of it is taken off first, so a heterogeneous mix's spread leaves
-less to the stamps, never more. The stamps' expected part of the stretches' misses
-(``stamp^2 x sum (watts across each step)^2``) is then taken off before they are read as the
-members' spread. What the stamps do over longer times (the tape's line wanders by a few ms
-over a second: 2.1 ms against 1.5-1.7 ms learnt, virtual clock) stays in the stretches' misses,
-read as spread: wider than a homogeneous mix needs (a batch of 16 in rounds learnt 0.07-0.09
-for 0.017), never narrower.
+below it). The tape says how far each stamp may be off (``stamp_s``): half its bracket before
+its line of steps is learnt (a step uniform in it: a third of that squared), the line's
+spread after, which held the actual stamp error 31% of the time (0.6-1.4 ms stated for 2.1 ms
+actual, virtual clock). What the stamps stray beyond it is learnt from contrasts of single
+spans, by the same rule, where the members' part is small (it grows with the cube of a
+stretch's length, the stamps' does not), once the stretches' widest spread bound and the
+stated doubts are taken off (so a heterogeneous mix's spread leaves less to the stamps, never
+more). Both, over the watts across each step, are then taken off the stretches' squared
+misses before they are read as the members' spread. What the stamps do over longer times (the
+tape's line wanders by a few ms over a second) stays in the stretches' misses, read as
+spread: wider than a homogeneous mix needs, never narrower. A contrast whose stretches'
+weights differ more than :data:`MAX_RATIO` times is left out (the lighter one's energy, scaled
+up, is all its miss).
 
 What is learnt is a variance from a few contrasts: a dozen squared misses can fall well short
 of what the next dozen do. The spread used is a one-sided upper bound of it, at the lower
@@ -105,19 +107,29 @@ COLD_SPREAD = 1 / math.sqrt(3)
 #: spread from 10 to 2 contrasts; at 50%, the 15 W / 45 W mix of tests/test_doubt.py held the
 #: truth for 87% of settled figures).
 SHORT = 0.25
+#: A contrast whose stretches' weights differ more than this many times is left out: the
+#: lighter one's energy, its stamps and whatever tail it holds, scaled by the ratio, is all its
+#: miss (a single span with 0.2 ms of a member beside a full one, 661x, took a 100 ms
+#: counter's stamps for 88 ms and the learnt spread of a 120 W / 30 W mix to nothing).
+MAX_RATIO = 4.0
 
 
 class _Stretch:
     """Consecutive spans' energy, their weights, and each member's seconds in them."""
 
-    __slots__ = ("energy", "seconds", "span_s", "spans", "total", "weight", "window_s")
+    __slots__ = ("end_stamp", "energy", "seconds", "span_s", "spans", "start_stamp", "total", "weight",
+                 "window_s")
 
     def __init__(self) -> None:
         self.energy = self.total = self.weight = self.span_s = self.window_s = 0.0
         self.spans = 0
         self.seconds: dict[int, float] = {}  # by member (alive while the stretch is)
+        self.start_stamp = self.end_stamp = 0.0  # the tape's stamp doubts at its ends
 
     def add(self, span: CardSpan, above: float, members: Members, weighed: list[float]) -> None:
+        if not self.spans:
+            self.start_stamp = span.stamp_s
+        self.end_stamp = span.stamp_s
         self.span_s += span.seconds
         self.energy += above
         # The card's whole draw, idle included, in this book's part: a step stamped off
@@ -132,6 +144,9 @@ class _Stretch:
 
     def merge(self, other: _Stretch) -> None:
         """The spans of ``other``, which come right after this stretch's, added to it."""
+        if not self.spans:
+            self.start_stamp = other.start_stamp
+        self.end_stamp = other.end_stamp
         self.energy += other.energy
         self.total += other.total
         self.weight += other.weight
@@ -149,18 +164,21 @@ class _Stretch:
 
 class _Contrasts:
     """Contrasts of consecutive stretches of one length: their squared misses, the members'
-    scale ``sum_j (p x a_j)^2``, the stamps' ``sum (watts across a step)^2``, and their count;
-    sums that forget with the span-seconds added."""
+    scale ``sum_j (p x a_j)^2``, the stamps' ``sum (watts across a step)^2`` and what the
+    tape's stated stamp doubts make of it, and their count; sums that forget with the
+    span-seconds added."""
 
-    __slots__ = ("count", "miss", "scale", "stamps")
+    __slots__ = ("count", "miss", "scale", "stamps", "stated")
 
     def __init__(self) -> None:
-        self.miss = self.scale = self.stamps = self.count = 0.0
+        self.miss = self.scale = self.stamps = self.stated = self.count = 0.0
 
     def add(self, before: _Stretch, now: _Stretch) -> None:
         # The stretch at the rate of the one before it: what that misses is a contrast of
         # who drew what (a common change of every member's draw cancels in it).
         ratio = now.weight / before.weight
+        if not 1 / MAX_RATIO <= ratio <= MAX_RATIO:
+            return  # one stretch's energy scaled many times over: it says nothing of rates
         miss = now.energy - before.energy * ratio
         seconds, seconds_before = now.seconds, before.seconds
         a_sq = sum((seconds.get(j, 0.0) - ratio * seconds_before.get(j, 0.0)) ** 2
@@ -171,10 +189,16 @@ class _Contrasts:
         # stretch's end, between the two, at the stretch before's start.
         w_now, w_before = now.watts, ratio * before.watts
         stamps = w_now ** 2 + (w_now + w_before) ** 2 + w_before ** 2
+        # The tape's stamp doubt is a bracket's half-width where no line places the step
+        # (a step uniform in it: a third of its square), else the line's spread.
+        between = max(now.start_stamp, before.end_stamp)
+        stated = ((now.end_stamp * w_now) ** 2 + (between * (w_now + w_before)) ** 2
+                  + (before.start_stamp * w_before) ** 2) / 3
         keep = math.exp(-now.span_s / RATES_TAU_S)
         self.miss = self.miss * keep + miss * miss
         self.scale = self.scale * keep + watts * watts * a_sq
         self.stamps = self.stamps * keep + stamps
+        self.stated = self.stated * keep + stated
         self.count = self.count * keep + 1.0
 
 
@@ -213,13 +237,14 @@ class RateDoubt:
         return self._quantile
 
     def stamp_sq(self) -> float:
-        """The squared seconds by which a step's stamp strays, as the single spans' misses
-        say beyond what the stretches' spread bound explains of them (0: none seen)."""
+        """The squared seconds by which a step's stamp strays beyond the tape's stated doubt,
+        as the single spans' misses say beyond what the stretches' spread bound and the stated
+        doubts explain of them (0: none seen)."""
         spans = self._spans
         if spans.stamps <= 0:
             return 0.0
         spread_sq = self._upper(0.0)  # the widest: what is left for the stamps, the least
-        return max(0.0, spans.miss - spread_sq * spans.scale) / spans.stamps
+        return max(0.0, spans.miss - spread_sq * spans.scale - spans.stated) / spans.stamps
 
     def learnt(self) -> float | None:
         """The members' relative variance ``c^2`` the stretches say, the stamps' part taken
@@ -227,7 +252,7 @@ class RateDoubt:
         stretches = self._stretches
         if stretches.scale <= 0:
             return None
-        return max(0.0, stretches.miss - self.stamp_sq() * stretches.stamps) / stretches.scale
+        return max(0.0, stretches.miss - self._stamps(self.stamp_sq())) / stretches.scale
 
     def _upper(self, stamp_sq: float) -> float:
         """The spread's (``c^2``) upper bound from the stretches, ``stamp_sq`` taken off."""
@@ -237,11 +262,16 @@ class RateDoubt:
             return COLD_SPREAD ** 2
         # The squared misses sum to (c^2 x scale + stamps) x chi2_k / k: the c^2 at the
         # chi-square's lower SHORT quantile is the one-sided upper bound of what they say.
-        stamps = stamp_sq * stretches.stamps
+        stamps = self._stamps(stamp_sq)
         upper = max(0.0, stretches.miss * k / _chi2(k, SHORT) - stamps) / stretches.scale
         # Few contrasts bound it loosely: never wider than the cold spread for it, unless
         # what they say is itself wider.
         return min(upper, max(COLD_SPREAD ** 2, (stretches.miss - stamps) / stretches.scale))
+
+    def _stamps(self, stamp_sq: float) -> float:
+        """The stamps' expected part of the stretches' squared misses."""
+        stretches = self._stretches
+        return stamp_sq * stretches.stamps + stretches.stated
 
     def _predict(self) -> float:
         return Z90 * math.sqrt(self._upper(self.stamp_sq()))
