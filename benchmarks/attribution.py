@@ -664,7 +664,7 @@ def main() -> None:
 #: the time and token splits of unequal phases: their figures are the split's convention, tens
 #: of percent from what each request caused, and since the split says its own doubt their
 #: uncertainty covers that, 100% inside at a width near the figure's own in
-#: results/attribution-2026-12-06-time-doubt.md, so the target's p90 and width cannot hold),
+#: results/attribution-2026-12-06b-time-doubt.md, so the target's p90 and width cannot hold),
 #: nor a failing reader's (estimated by design).
 def _held(r: dict[str, Any]) -> bool:
     name = r["name"]
