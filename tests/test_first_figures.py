@@ -50,13 +50,24 @@ def test_first_figures_under_steady_load_are_as_narrow_as_their_calibration_allo
     # 16 in flight, one request in five of 0.4 s and the rest of 50 ms, on a counter card
     # (virtual clock). The measured part's doubt and the guess's were added: 0.4 s figures
     # 19.5% wide and 50 ms ones wider than themselves 28% of the time, all covering 99-100%.
+    # The requests draw 60-200 W each, shared by time: settled figures are a median 21% off
+    # what their requests caused, and since the time split says its own doubt (doubt.py) the
+    # first figures hold the truth too (0.4 s: 40% -> 100%; 50 ms: 86% -> 100%), 0.94 and
+    # 1.17 wide (were 0.15 and 0.62). Within 2.5 s of a cold start most of that is the cold
+    # spread of the first stretches, ranked in the prior's growth for the whole run. Since
+    # the part not shared at close is priced at the learnt spread (the same request's
+    # deviation, added to its measured part's), 0.4 s figures are 0.97 wide (0.93 without)
+    # and 31% of them wider than themselves (4%), the truth inside for 99%: a 60-200 W mix
+    # shared by time is that far from what each request caused.
     figures = [f for seed in range(3) for f in cold_start.mixed_trial(seed) if f.index >= 50]
-    for seconds, most_wide, most_wider in ((0.4, 0.17, 0.0), (0.05, 0.75, 0.2)):
+    for seconds, most_wide, most_wider in ((0.4, 1.0, 0.35), (0.05, 1.25, 0.95)):
         mine = [f for f in figures if f.seconds == seconds and f.first and f.settled is not None
                 and f.first_unc is not None]
         assert len(mine) >= 150
         covered = [f for f in mine if abs(f.first - f.settled) <= f.first_unc]
         assert len(covered) >= 0.9 * len(mine)
+        truth = [f for f in mine if abs(f.first - f.truth) <= f.first_unc]
+        assert len(truth) >= 0.9 * len(mine)
         assert statistics.median(f.first_unc / f.first for f in mine) <= most_wide
         wider = [f for f in mine if f.first_unc > f.first]
         assert len(wider) <= most_wider * len(mine), wider[:3]

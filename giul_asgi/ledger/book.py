@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
 from .decider import Decider
+from .doubt import RateDoubt
 from .members import Members, Windows
 from .phases import SpanSplit, Weighed
 from .prior import DRAINING, FLOOR, Prior
@@ -113,6 +114,11 @@ class Book:
         #: The host's view of the card's spans (used where this book decides them).
         self.decider = Decider(ramp_s=ramp_s, subtract_foreign=subtract_foreign, period=period)
         self.windows = Windows(ramp_s)
+        #: How far members draw from one rate, for spans shared by time and by the split's
+        #: weights where the split does not say its own doubt (the time and token splits):
+        #: each model's misses are its own, so each learns apart.
+        self._by_time = RateDoubt(ramp_s)
+        self._by_weight = RateDoubt(ramp_s)
         self._waiting: deque[Waiting] = deque()
         self._t_end: float | None = None  # where the last booked piece ended
         #: What a foreign or unseen load took of the spans this book decided.
@@ -210,7 +216,12 @@ class Book:
         else:
             # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
             # others' tails fall in its time as much, on average (until settled windows tell).
+            self._price(window)
             window.first = self.prior.first_guess(window, True, _measured_unc(window))
+            if window.first is not None and self._spans is None:
+                ahead = self._ahead(window, window.first.guess)
+                if ahead > 0:
+                    window.first = replace(window.first, unc=_measured_unc(window, ahead))
             if window.first is not None and (self.windows.n + 1) < DRAINING * (window.concurrency or 1.0):
                 window.first = replace(window.first, draining=True)
             spans = self._spans
@@ -383,6 +394,11 @@ class Book:
         self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,
     ) -> None:
         weights, rule, doubts = self._weights(span, above, members, by_time=by_time)
+        units: list[tuple[float, float]] | None = None
+        if doubts is None:  # a split that does not say its own: how far members drew from it
+            units = (self._by_time if weights is None else self._by_weight).units(
+                span, members, weights, above)
+        at = 0 if weights is None else 2  # where a member's units of this learner add up
         total = sum(weights) if weights is not None else sum(overlap for _, overlap in members)
         seconds = span.seconds
         idle = self.provenance.idle_watts
@@ -433,6 +449,14 @@ class Book:
                 window.split_lin += rates_j
                 window.split_own += own_j
                 window.split_sq += others_sq
+            elif units is not None:
+                own_u, others_u = units[i]
+                if own_u or others_u:
+                    summed = window.rate_units
+                    if summed is None:
+                        summed = window.rate_units = [0.0, 0.0, 0.0, 0.0]
+                    summed[at] += own_u
+                    summed[at + 1] += others_u
             if unwatched:
                 window.linear_unc += abs(share)
                 window.unwatched = True
@@ -448,6 +472,26 @@ class Book:
             if window.stage_shares is not None:
                 start = max(window.t_open, span.t0)
                 spread(window, start, start + overlap, share, window.stage_shares)
+
+    def _price(self, window: Window) -> None:
+        """The window's time and token split doubt in joules, at the spreads learnt so far."""
+        units = window.rate_units
+        if units is None:
+            return
+        by_time, by_weight = self._by_time.quantile(), self._by_weight.quantile()
+        window.rate_own = by_time * units[0] + by_weight * units[2]
+        window.rate_lin = by_time * units[1] + by_weight * units[3]
+
+    def _ahead(self, window: Window, guess: float) -> float:
+        """The time or token split's doubt of the part of a closing window not shared yet
+        (``guess`` joules of it): its own deviation goes on in it, beside as many windows as
+        it mostly ran with or are open now. Without it, that part's doubt reached the first
+        figure only through the prior's learnt growth, whose cold start's ranks stay."""
+        members = max(self.windows.n + 1, window.concurrency or 1.0)
+        if members <= 1 or guess <= 0:
+            return 0.0
+        doubt = self._by_time if self.split.known_at_open else self._by_weight
+        return doubt.quantile() * guess * (1 - 1 / members)
 
     def _weights(
         self, span: CardSpan, above: float, members: Members, *, by_time: bool,
@@ -525,6 +569,7 @@ class Book:
                 measures = False
             else:
                 window.fill_j, window.fill_unc, window.basis = fill.joules, fill.uncertainty, fill.basis
+        self._price(window)
         window.settled = True
         if not measures or window.share + window.fill_j <= 0:
             self.forfeit_j += window.share
@@ -737,13 +782,15 @@ def _in_flight(window: Window) -> float | None:
     return max(local, window.host_busy_s / window.measured_s)
 
 
-def _measured_unc(window: Window) -> float:
+def _measured_unc(window: Window, ahead: float = 0.0) -> float:
     """The measured part's own doubt: edges in quadrature, stamps and levels added; the
-    split's own doubt, independent of the card's, in quadrature with them."""
+    split's own doubt, independent of the card's, in quadrature with them (``ahead``: the
+    time or token split's doubt of the part not shared yet, the same deviation's)."""
     card = math.sqrt(window.edge_sq) + window.linear_unc
-    if not (window.split_lin or window.split_own or window.split_sq):
+    lin, own = window.split_lin + window.rate_lin, window.split_own + window.rate_own + ahead
+    if not (lin or own or window.split_sq):
         return card
-    return math.sqrt(card * card + window.split_lin ** 2 + window.split_own ** 2 + window.split_sq)
+    return math.sqrt(card * card + lin * lin + own * own + window.split_sq)
 
 
 __all__ = ["MAX_WAIT_S", "Book", "BookTotals", "Split", "TimeSplit", "TokenSplit", "Window"]

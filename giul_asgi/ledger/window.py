@@ -103,6 +103,9 @@ class Window:
         "measured_s",
         "phase_end",
         "power_j",
+        "rate_lin",
+        "rate_own",
+        "rate_units",
         "rules",
         "seen_end",
         "seq",
@@ -146,12 +149,20 @@ class Window:
         self.idle_share = 0.0
         self.edge_sq = 0.0  # squared ambiguity of partly covered spans
         self.linear_unc = 0.0  # stamp and foreign-level uncertainty, added linearly
-        #: What the split itself cannot know of its shares (the phase split's), independent of
-        #: the card's doubts: the rates' error and the window's own deviation from them, each
-        #: adding up span after span, and its neighbours' deviations, in quadrature.
+        #: What the phase split itself cannot know of its shares, independent of the card's
+        #: doubts, each adding up span after span (``split_lin``: its rates' error;
+        #: ``split_own``: the window's own deviation from them), and its neighbours'
+        #: deviations, squared.
         self.split_lin = 0.0
         self.split_own = 0.0
         self.split_sq = 0.0
+        #: The time and token splits' doubt per unit of the members' relative spread, summed
+        #: over its spans (own deviation, neighbours'; by time, then by the split's weights),
+        #: and in joules as the book last priced it (at close, and again when settled) with
+        #: what its spread learnt by then: a spread learnt late counts for its early spans too.
+        self.rate_units: list[float] | None = None
+        self.rate_own = 0.0
+        self.rate_lin = 0.0
         self.power_j = 0.0
         self.measured_s = 0.0
         #: The host's windows in flight (every process's), integrated over ``measured_s``.

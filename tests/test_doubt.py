@@ -1,0 +1,207 @@
+"""The time split's own doubt (giul_asgi/ledger/doubt.py): requests that draw at unlike rates
+share spans by time, and rule 5 still holds (the truth inside +-uncertainty for at least 9 in
+10), learnt from the spans; a homogeneous mix stays narrow; a window alone has no split doubt.
+On a virtual clock against the truth card, so a loaded machine changes nothing."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+
+from truecard import Job, TrueCard, TrueReader
+
+from giul_asgi.config import Node
+from giul_asgi.ledger import Ledger
+from giul_asgi.meter import Meter
+
+IDLE = 70.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Done:
+    meter: Meter
+    job: Job
+    first: float
+    first_unc: float
+    truth: float = math.nan
+
+
+class Run:
+    """A ledger on a truth card read every ~10 ms of virtual time, requests stepped every 2 ms."""
+
+    def __init__(self, seed: int, split: str = "time") -> None:
+        self.clock = Clock()
+        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed)
+        self.reader = TrueReader(self.card)
+        self.ledger = Ledger(Node("n", idle_w=IDLE, split=split), self.reader, poll=False)
+        self.rng = random.Random(seed)
+        self._next_read = self.clock.now
+
+    def step(self) -> None:
+        self.clock.now += 0.002
+        if self.clock.now >= self._next_read:
+            self.ledger.ingest(self.reader.read())
+            self._next_read = self.clock.now + 0.01 * self.rng.uniform(0.5, 1.5)
+
+    def serve(self, requests: list[tuple[float, float, float]]) -> list[Done]:
+        """``requests``: (start, seconds, watts above idle) each."""
+        t0 = self.clock.now
+        waiting = sorted(requests)
+        running: list[tuple[Meter, Job, float]] = []
+        done: list[Done] = []
+        while waiting or running:
+            now = self.clock.now - t0
+            while waiting and waiting[0][0] <= now:
+                _, seconds, watts = waiting.pop(0)
+                meter = Meter(self.ledger)
+                meter.open()
+                running.append((meter, self.card.start_job(watts), now + seconds))
+            for item in list(running):
+                meter, job, end = item
+                if now >= end:
+                    self.card.stop_job(job)
+                    meter.close()
+                    running.remove(item)
+                    figure = meter.figure()
+                    assert figure.joules is not None and figure.uncertainty_joules is not None
+                    done.append(Done(meter, job, figure.joules, figure.uncertainty_joules))
+            self.step()
+        for _ in range(300):
+            self.step()
+        for d in done:
+            d.truth = d.job.truth(self.card.ramp_up, self.card.tau)
+        return done
+
+
+def rounds(kinds: list[float], rng: random.Random, n: int = 8,
+           count: int = 6) -> list[tuple[float, float, float]]:
+    """Rounds of ``n`` overlapping requests, drawing in turn at each of ``kinds`` watts (+-3%)."""
+    return [(r * 2.5 + rng.uniform(0, 1.0), rng.uniform(0.3, 1.2),
+             kinds[i % len(kinds)] * rng.uniform(0.97, 1.03)) for r in range(count) for i in range(n)]
+
+
+def staggered(n: int, rng: random.Random, spread_s: float, total_w: float,
+              count: int = 1) -> list[tuple[float, float, float]]:
+    """Rounds of ``n`` requests arriving over ``spread_s``, 0.2-2 s long, sharing ``total_w``
+    alike (+-3%): a continuous batch (benchmarks/attribution.py's staggered batch)."""
+    return [(r * (spread_s + 2.5) + rng.uniform(0, spread_s),
+             min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5))),
+             total_w / n * rng.uniform(0.97, 1.03)) for r in range(count) for _ in range(n)]
+
+
+def first_width(done: list[Done]) -> float:
+    return statistics.median(d.first_unc / d.first for d in done)
+
+
+def served(kinds: list[float]) -> list[Done]:
+    return [d for seed in range(4) for d in Run(seed).serve(rounds(kinds, random.Random(seed)))]
+
+
+def inside(done: list[Done], first: bool = False) -> float:
+    hits = 0
+    for d in done:
+        e = d.meter.figure()
+        assert e.settled and e.joules is not None and e.uncertainty_joules is not None
+        joules, unc = (d.first, d.first_unc) if first else (e.joules, e.uncertainty_joules)
+        hits += abs(joules - d.truth) <= unc
+    return hits / len(done)
+
+
+def width(done: list[Done]) -> float:
+    return statistics.median(d.meter.figure().uncertainty_joules / d.meter.figure().joules  # type: ignore[operator]
+                             for d in done)
+
+
+def test_requests_at_unlike_rates_shared_by_time_hold_the_truth_nine_times_in_ten() -> None:
+    """Half the requests draw three times what the other half do; the time split charges
+    them alike (tens of percent off), and says so: >= 90% of settled and first figures hold
+    the truth within +-uncertainty, the first round included (the cold spread), the later
+    ones once learnt. A mix drawing alike (+-3%) learns that its members do, and its band
+    stays narrow: a small part of the unlike mix's."""
+    unlike = served([15.0, 45.0])
+    assert statistics.median(abs(d.meter.figure().joules - d.truth) / d.truth for d in unlike) > 0.3  # type: ignore[operator]
+    learnt = [d for d in unlike if d.job.start > 100.0 + 2.5]  # after the first round
+    settled, first = inside(unlike), inside(unlike, first=True)
+    assert settled >= 0.9 and first >= 0.9, (settled, first)
+    assert inside(learnt) >= 0.9, inside(learnt)
+    alike = served([30.0])
+    alike_learnt = [d for d in alike if d.job.start > 100.0 + 2.5]
+    assert width(alike_learnt) < 0.15, width(alike_learnt)
+    assert width(alike_learnt) < width(learnt) / 4, (width(alike_learnt), width(learnt))
+
+
+def test_a_window_alone_in_its_spans_has_no_split_doubt() -> None:
+    """A request alone on the card is charged what the card measured in its time: no split
+    can be wrong about it, so its uncertainty is the card's alone; two requests at unlike
+    rates beside each other carry the split's doubt."""
+    run = Run(seed=1)
+    done = run.serve([(0.0, 0.5, 30.0), (1.0, 0.6, 15.0), (1.1, 0.6, 45.0)])
+    alone, *shared = (d.meter.window for d in done)
+    assert alone is not None
+    assert alone.alone and alone.split_own == alone.split_lin == alone.split_sq == 0.0
+    assert alone.rate_units is None and alone.rate_own == alone.rate_lin == 0.0
+    for window in shared:
+        assert window is not None and not window.alone and window.rate_own > 0.05 * window.share
+
+
+def test_a_continuous_batch_drawing_alike_is_not_widened_by_the_cards_stamps_nor_a_cold_start() -> None:
+    """About sixteen requests in flight for six seconds, drawing alike (+-3%): what the
+    stretches' contrasts miss is mostly the counter's stamps (a few ms of the card's whole
+    draw), not the members. Taken off, each window priced at the spread learnt by its close
+    and its settling (not the cold spread of the spans it ran in), and the part not shared
+    yet at close priced at that spread too, the band stays within about 1.5x of the card's
+    own doubt (that alone, main: 4.9% settled, 8.1% first), the truth inside it for 9 in 10.
+    (The stamps read as members' spread and the spans priced as they came: 13.7% and 24.5%.)"""
+    rng = random.Random(0)
+    requests, t = [], 0.0
+    while t < 6.0:
+        seconds = min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5)))
+        requests.append((t, seconds, 20.0 * rng.uniform(0.97, 1.03)))
+        t += rng.expovariate(16 / 0.65)
+    done = Run(seed=0).serve(requests)
+    assert inside(done) >= 0.9 and inside(done, first=True) >= 0.9, (inside(done), inside(done, first=True))
+    assert width(done) < 0.09, width(done)
+    assert first_width(done) < 0.14, first_width(done)
+
+
+def test_a_large_batch_drawing_alike_learns_its_spread_past_the_stamps() -> None:
+    """A batch of 256 drawing alike (+-3%) in one two-second round: each member's joules in a
+    stretch are below what a step stamped a few ms off moves, so the misses alone say a
+    spread of about 0.1; the stamps' part taken off (as the single spans' misses show it),
+    what is learnt is near nothing, and the requests that closed while the spread was cold
+    settle at the spread learnt by then: 6.7% wide settled (main: 5.7%; priced as the spans
+    came, with the stamps in, 84%), first figures 20% (main 8.6%; before, 88%), the truth
+    inside for 9 in 10."""
+    run = Run(seed=0)
+    done = run.serve(staggered(256, random.Random(0), 2.0, 400.0))
+    learnt = run.ledger.book._by_time.learnt()
+    assert learnt is not None and math.sqrt(learnt) < 0.05, learnt
+    assert inside(done) >= 0.9 and inside(done, first=True) >= 0.9, (inside(done), inside(done, first=True))
+    assert width(done) < 0.12, width(done)
+    assert first_width(done) < 0.3, first_width(done)
+
+
+def test_rates_drawn_uniformly_apart_in_one_short_burst_hold_the_truth_nine_times_in_ten() -> None:
+    """Sixteen requests in a one-second burst, each at its own rate between 4 and 24 W
+    (benchmarks/attribution.py's heterogeneous rates; a spread of 0.41): a handful of
+    contrasts, whose spread read alone fell well short of it (0.1-0.4 with 3-5 contrasts),
+    so the bound is an upper one, and the stamps' part taken off does not eat it: >= 90%
+    of settled and first figures hold the truth."""
+    done = []
+    for seed in range(4):
+        rng = random.Random(seed)
+        requests = [(rng.uniform(0, 1.0), min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5))),
+                     0.2 * rng.uniform(20, 120)) for _ in range(16)]
+        done += Run(seed).serve(requests)
+    assert statistics.median(abs(d.meter.figure().joules - d.truth) / d.truth for d in done) > 0.1  # type: ignore[operator]
+    assert inside(done) >= 0.9 and inside(done, first=True) >= 0.9, (inside(done), inside(done, first=True))
