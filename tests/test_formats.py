@@ -274,12 +274,12 @@ def test_the_openai_clients_usage_says_the_neuralwatt_blocks_joules(usage_gatewa
         assert (ours.usage.model_extra or {})["energy_joules"] == (ours.model_extra or {})["energy"]["joules"]
 
 
-def test_a_first_figure_says_the_cards_draw_and_its_share_of_it_before_any_reading_covers_it() -> None:
-    # Four requests at a time of 50 ms on a card whose counter steps every 100 ms (virtual
-    # clock, the truth card's ramps): most close before a reading reports their time. Their
-    # first figures said the mean draw of the part reported, a ramp's start, or nothing: a
-    # stranger's Neuralwatt client read 74 W and a share of 1 for three requests sharing a
-    # 446 W card, and null for 7 requests in 20.
+def _batches(
+    seed: int, rounds: int, size: int, steps: int, idle_steps: int, watts: float,
+) -> tuple[list[Energy], list[Energy]]:
+    """``rounds`` batches of ``size`` alike requests of ``steps`` reads of 10 ms each, after
+    ``idle_steps`` reads of idle, on the truth card (a counter stepping every 100 ms, its
+    ramps; a virtual clock): each request's first figure and, once all settled, its settled one."""
     import cold_start
     from truecard import TrueCard, TrueReader
 
@@ -287,35 +287,47 @@ def test_a_first_figure_says_the_cards_draw_and_its_share_of_it_before_any_readi
     from giul_asgi.ledger import Ledger
 
     clock = cold_start._Clock()
-    card = TrueCard(idle_w=70.0, clock=clock, seed=3)
+    card = TrueCard(idle_w=70.0, clock=clock, seed=seed)
     reader = TrueReader(card)
-    ledger = Ledger(Node("four", idle_w=70.0), reader, poll=False)
-    firsts: list[Energy] = []
-    meters: list[Meter] = []
-    for _ in range(40):
-        batch = []
-        for _ in range(4):
-            meter = Meter(ledger)
-            meter.open()
-            batch.append((meter, card.start_job(150.0)))
-        for _ in range(5):
+    ledger = Ledger(Node("batches", idle_w=70.0), reader, poll=False)
+
+    def read(n: int) -> None:
+        for _ in range(n):
             clock.now += 0.01
             ledger.ingest(reader.read())
+
+    firsts: list[Energy] = []
+    meters: list[Meter] = []
+    for _ in range(rounds):
+        read(idle_steps)
+        batch = []
+        for _ in range(size):
+            meter = Meter(ledger)
+            meter.open()
+            batch.append((meter, card.start_job(watts)))
+        read(steps)
         for meter, job in batch:
             card.stop_job(job)
             meter.close()
             firsts.append(meter.figure())
             meters.append(meter)
-    for _ in range(100):
-        clock.now += 0.01
-        ledger.ingest(reader.read())
-    known = [e for e in firsts[8:] if e.joules is not None]
-    assert len(known) >= 0.9 * len(firsts[8:])
+    read(100)
+    return firsts, [m.figure() for m in meters]
+
+
+def test_a_first_figure_says_the_cards_draw_and_its_share_of_it_before_any_reading_covers_it() -> None:
+    # Four requests at a time of 50 ms: most close before a reading reports their time. Their
+    # first figures said the mean draw of the part reported, a ramp's start, or nothing: a
+    # stranger's Neuralwatt client read 74 W and a share of 1 for three requests sharing a
+    # 446 W card, and null for 7 requests in 20.
+    firsts, settled = _batches(3, rounds=40, size=4, steps=5, idle_steps=0, watts=150.0)
+    firsts, settled = firsts[8:], settled[8:]
+    known = [e for e in firsts if e.joules is not None]
+    assert len(known) >= 0.9 * len(firsts)
     assert all(e.mean_watts is not None for e in known)
     ratios = [json.loads(NEURALWATT.block(e))["attribution_ratio"] for e in known]
     assert 0.15 <= statistics.median(ratios) <= 0.45, ratios[:8]  # four alike: about a quarter
-    settled = [m.figure() for m in meters[8:]]
-    against = [f.mean_watts / s.mean_watts for f, s in zip(firsts[8:], settled, strict=True)
+    against = [f.mean_watts / s.mean_watts for f, s in zip(firsts, settled, strict=True)
                if f.mean_watts and s.mean_watts]
     assert 0.6 <= statistics.median(against) <= 1.6, sorted(against)[::8]
 
@@ -323,40 +335,9 @@ def test_a_first_figure_says_the_cards_draw_and_its_share_of_it_before_any_readi
 def test_a_burst_from_idle_never_makes_a_first_figure_draw_more_than_the_card_did() -> None:
     # Twelve alike at once from idle, 120 ms each (a hostile trial's burst): a first figure's
     # unreported part priced at its charge times those in flight read 2,400-20,000 W on a
-    # 700 W card. Priced at the card's last draw it stays within what the card drew.
-    import cold_start
-    from truecard import TrueCard, TrueReader
-
-    from giul_asgi import Meter
-    from giul_asgi.ledger import Ledger
-
-    clock = cold_start._Clock()
-    card = TrueCard(idle_w=70.0, clock=clock, seed=5)
-    reader = TrueReader(card)
-    ledger = Ledger(Node("burst", idle_w=70.0), reader, poll=False)
-    firsts: list[Energy] = []
-    meters: list[Meter] = []
-    for _ in range(4):
-        for _ in range(100):  # idle between bursts
-            clock.now += 0.01
-            ledger.ingest(reader.read())
-        batch = []
-        for _ in range(12):
-            meter = Meter(ledger)
-            meter.open()
-            batch.append((meter, card.start_job(40.0)))
-        for _ in range(12):
-            clock.now += 0.01
-            ledger.ingest(reader.read())
-        for meter, job in batch:
-            card.stop_job(job)
-            meter.close()
-            firsts.append(meter.figure())
-            meters.append(meter)
-    for _ in range(100):
-        clock.now += 0.01
-        ledger.ingest(reader.read())
-    most = max(m.figure().mean_watts or 0.0 for m in meters)
+    # 700 W card. Bounded by what the card was read drawing, it stays within it.
+    firsts, settled = _batches(5, rounds=4, size=12, steps=12, idle_steps=100, watts=40.0)
+    most = max(e.mean_watts or 0.0 for e in settled)
     assert most > 70.0
     drawn = [e.mean_watts for e in firsts if e.mean_watts is not None]
     assert drawn and max(drawn) <= 1.1 * most, (max(drawn), most)
