@@ -125,6 +125,15 @@ MIDDLEWARE = {
         "m = our_middleware(nvml=True)\n"
         "app.add_middleware(m.cls, *m.args, **m.kwargs)"
     ),
+    # The same, leaving CPython's GIL switch interval (5 ms) as it is: what our 1 ms while
+    # readers run (reads on time under a busy loop) costs a gateway's I/O-bound requests.
+    "giul-asgi-nvml-switch-off": (
+        "import os\n"
+        "os.environ['GIUL_ASGI_SWITCH_INTERVAL'] = 'off'\n"
+        "from _apps import our_middleware\n"
+        "m = our_middleware(nvml=True)\n"
+        "app.add_middleware(m.cls, *m.args, **m.kwargs)"
+    ),
     "giul-asgi-nvml-before": (
         "from _apps import BEFORE, before_on_path, our_middleware\n"
         "before_on_path()\n"
