@@ -15,16 +15,9 @@ from truecard import Job, TrueCard, TrueReader
 from giul_asgi.config import Node
 from giul_asgi.ledger import Ledger
 from giul_asgi.meter import Meter
+from giul_asgi.readers.simulated import VirtualClock
 
 IDLE = 70.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -40,7 +33,7 @@ class Run:
     """A ledger on a truth card read every ~10 ms of virtual time, requests stepped every 2 ms."""
 
     def __init__(self, seed: int, split: str = "time") -> None:
-        self.clock = Clock()
+        self.clock = VirtualClock(100.0)
         self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed)
         self.reader = TrueReader(self.card)
         self.ledger = Ledger(Node("n", idle_w=IDLE, split=split), self.reader, poll=False)

@@ -280,13 +280,13 @@ def _batches(
     """``rounds`` batches of ``size`` alike requests of ``steps`` reads of 10 ms each, after
     ``idle_steps`` reads of idle, on the truth card (a counter stepping every 100 ms, its
     ramps; a virtual clock): each request's first figure and, once all settled, its settled one."""
-    import cold_start
     from truecard import TrueCard, TrueReader
 
     from giul_asgi import Meter
     from giul_asgi.ledger import Ledger
+    from giul_asgi.readers.simulated import VirtualClock
 
-    clock = cold_start._Clock()
+    clock = VirtualClock()
     card = TrueCard(idle_w=70.0, clock=clock, seed=seed)
     reader = TrueReader(card)
     ledger = Ledger(Node("batches", idle_w=70.0), reader, poll=False)
