@@ -106,7 +106,7 @@ class Options:
         if energy is not None and metrics is not None and (
             metrics == energy or metrics.startswith(energy + "/")
         ):
-            elsewhere = "/prometheus" if energy == "/metrics" else "/metrics"
+            elsewhere = _example("metrics_path", energy)
             raise ConfigError(f"metrics_path={metrics!r} lies inside energy_path={energy!r}",
                               remedy=f'serve metrics elsewhere, e.g. metrics_path="{elsewhere}"')
         if "exclude" in values:
@@ -173,12 +173,18 @@ def _path(name: str, value: Any, other: Any) -> None:
         return
     if (not isinstance(value, str) or len(value) < 2 or not value.startswith("/") or value.endswith("/")
             or any(c.isspace() or c in "?#" for c in value)):
-        example = next(p for p in _EXAMPLE_PATHS[name]
-                       if not isinstance(other, str) or not (p == other or p.startswith(other + "/")
-                                                             or other.startswith(p + "/")))
         raise ConfigError(f"{name}={value!r} must start with / and not end with one, with no "
                           "spaces, query or fragment",
-                          remedy=f'use e.g. {name}="{example}", or None to serve nothing there')
+                          remedy=f'use e.g. {name}="{_example(name, other)}", or None to serve nothing '
+                                 'there')
+
+
+def _example(name: str, other: Any) -> str:
+    """A path for setting ``name`` that the checks take beside ``other``, the other
+    endpoint's path: neither the same, nor one inside the other."""
+    return next(p for p in _EXAMPLE_PATHS[name]
+                if not isinstance(other, str) or not (p == other or p.startswith(other + "/")
+                                                      or other.startswith(p + "/")))
 
 
 def _patterns(value: Any) -> tuple[Any, ...]:
