@@ -47,13 +47,16 @@ HASH_HEX = 16
 MAX_NAME = 64
 #: The places default: the tenants with the most joules that keep their own label.
 DEFAULT_MAX_TENANTS = 100
+#: Where the tenants without a place count, and the requests that have no tenant.
 OTHER = "<other>"
+NONE = "<none>"
 #: A tenant takes a place from another only with this many times its joules: two tenants
 #: of the same size do not swap back and forth.
 MARGIN = 1.25
 
 # RFC 9110 token characters: what a header name may be made of (lower case in ASGI).
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+_HASHED = re.compile(re.escape(KEY_PREFIX) + f"[0-9a-f]{{{HASH_HEX}}}")
 # What a tenant name keeps as it is; anything else becomes "_" (and the name gets a hash).
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:@/+=-]")
 
@@ -72,6 +75,12 @@ def hashed(secret: str | bytes) -> str | None:
     if not data:
         return None
     return KEY_PREFIX + hashlib.sha256(data).hexdigest()[:HASH_HEX]
+
+
+def is_hashed(name: str) -> bool:
+    """Whether ``name`` is a tenant as :func:`hashed` names one (``key:`` and 16 hex digits):
+    the only tenants a header gives."""
+    return _HASHED.fullmatch(name) is not None
 
 
 def tenant_name(value: str) -> str | None:
@@ -314,7 +323,7 @@ class TenantPlaces:
 
 
 __all__ = [
-    "DEFAULT_MAX_TENANTS", "HASH_HEX", "KEY_PREFIX", "MAX_NAME", "OTHER", "UNSEEN_AFTER", "FromCallable",
-    "FromHeader", "TenantPlaces", "TenantSetting", "hashed", "header_name", "tenant_name",
-    "tenant_source",
+    "DEFAULT_MAX_TENANTS", "HASH_HEX", "KEY_PREFIX", "MAX_NAME", "NONE", "OTHER", "UNSEEN_AFTER",
+    "FromCallable", "FromHeader", "TenantPlaces", "TenantSetting", "hashed", "header_name", "is_hashed",
+    "tenant_name", "tenant_source",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..deferred import KeepsItsError, raise_kept
 from ..errors import ConfigError
-from ..tenants import HASH_HEX, KEY_PREFIX, tenant_name
+from ..tenants import NONE, is_hashed, tenant_name
 
 #: Whose spending a budget counts, and where its key comes from.
 PER: tuple[str, ...] = ("tenant", "route", "tier")
@@ -34,12 +34,6 @@ MIN_PERIOD_S = 1.0
 MAX_PERIOD_S = 366 * 86400.0
 #: A budget's name: what headers, logs, ``/energy`` and Prometheus call it.
 _NAME = re.compile(r"[A-Za-z0-9._:@/+=*-]{1,64}")
-
-
-#: The key a request without a tenant (or tier) counts under.
-NONE = "<none>"
-#: A tenant named from a header: ``key:`` and the hash's first hex digits (:func:`~giul_asgi.tenants.hashed`).
-_HASHED = re.compile(re.escape(KEY_PREFIX) + f"[0-9a-f]{{{HASH_HEX}}}")
 
 
 @dataclass(frozen=True)
@@ -209,7 +203,7 @@ def check_budgets(
                               remedy="say who requests are for: tenant='x-api-key' (a header, hashed) "
                                      "or tenant=function(scope); or budget per='route' or per='tier'")
         if (budget.per == "tenant" and header is not None and budget.key is not None
-                and budget.key != NONE and not _HASHED.fullmatch(budget.key)):
+                and budget.key != NONE and not is_hashed(budget.key)):
             # Not echoed: a key given here is most likely the secret itself.
             raise ConfigError(
                 f"budget {budget.per}/{budget.period:g}s keys on a tenant that no request can have: "

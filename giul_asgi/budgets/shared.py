@@ -49,6 +49,7 @@ from ..hostshare.place import held, held_if_free, make_dir, open_file
 from ..hostshare.rows import Rows, alive, load_json, parse, replace
 from ..hostshare.server import ServerId
 from ..stats.folder import remove_dead_servers
+from ..tenants import OTHER
 
 log = logging.getLogger("giul_asgi.budgets")
 
@@ -69,7 +70,6 @@ MAX_CROSSED = 10_000
 SCAN_S = 0.25
 #: The largest row read (a row of 10,000 keys is about 600 KB).
 MAX_ROW = 8 << 20
-OTHER = "<other>"
 #: A row's frame: magic, the CRC-32 of the JSON, its length; then the JSON.
 _FRAME = re.compile(rb"GIULB1 ([0-9a-f]{8}) ([0-9]{1,9})\n")
 

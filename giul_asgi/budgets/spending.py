@@ -53,8 +53,9 @@ from ..energy import Energy
 from ..hostshare import ServerId, log_unshared, resolve, server_identity
 from ..hostshare.place import Setting, remedy
 from ..listeners import Settled
+from ..tenants import NONE, OTHER
 from ..wire.headers import header_number, header_value, number
-from .budget import NONE, Budget
+from .budget import Budget
 from .shared import ServerSpending, Spent
 
 log = logging.getLogger("giul_asgi.budgets")
@@ -77,7 +78,6 @@ FOLD_S = 1.0
 MAX_PENDING = 100_000
 #: Keys a budget counts on their own in one period in this worker; past it, ``<other>``.
 MAX_KEYS = 10_000
-OTHER = "<other>"
 #: Where a budget's key is in ``(tenant, route, tier)``.
 _FIELD = {"tenant": 0, "route": 1, "tier": 2}
 REMAINING = b"x-energy-budget-remaining"

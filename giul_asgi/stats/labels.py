@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..listeners import OUTCOMES
+from ..tenants import NONE, OTHER
 
 #: The groups ``/energy`` reports, and where each one's label is in a :data:`Key`.
 GROUPS: tuple[str, ...] = ("route", "node", "tier", "method", "tenant")
 GROUP_INDEX: tuple[int, ...] = (0, 1, 2, 3, 6)
 METHOD_MIX: tuple[str, ...] = ("measured", "estimated", "simulated", "unknown")
 STATUS_CLASSES: tuple[str, ...] = ("1xx", "2xx", "3xx", "4xx", "5xx", "none")
-OTHER = "<other>"
-NONE = "<none>"
 UNMATCHED = "<unmatched>"
 
 #: ``(route, node, tier, method, outcome, status class, tenant)``
