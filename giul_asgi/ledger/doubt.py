@@ -87,6 +87,7 @@ Plain records and arithmetic: no clock, no lock. The book calls it under the led
 from __future__ import annotations
 
 import math
+import operator
 from statistics import NormalDist
 
 from ..spans import CardSpan
@@ -114,33 +115,44 @@ SHORT = 0.25
 MAX_RATIO = 4.0
 
 
+def _sum_into(mine: dict[int, float], seconds: dict[int, float]) -> None:
+    """``seconds`` added to ``mine``, key by key. Consecutive spans share few members (those
+    running across the step): the rest are taken whole, by C (with the rest of this module's
+    set and map arithmetic, the learning's cost a member halved: benchmarks/doubt_cost.py)."""
+    both = {key: mine[key] + seconds[key] for key in mine.keys() & seconds.keys()}
+    mine.update(seconds)
+    mine.update(both)
+
+
 class _Stretch:
     """Consecutive spans' energy, their weights, and each member's seconds in them."""
 
-    __slots__ = ("end_stamp", "energy", "seconds", "span_s", "spans", "start_stamp", "total", "weight",
-                 "window_s")
+    __slots__ = ("_squares", "end_stamp", "energy", "seconds", "span_s", "spans", "start_stamp", "total",
+                 "weight", "window_s")
 
     def __init__(self) -> None:
         self.energy = self.total = self.weight = self.span_s = self.window_s = 0.0
         self.spans = 0
         self.seconds: dict[int, float] = {}  # by member (alive while the stretch is)
         self.start_stamp = self.end_stamp = 0.0  # the tape's stamp doubts at its ends
+        self._squares: float | None = None
 
-    def add(self, span: CardSpan, above: float, members: Members, weighed: list[float]) -> None:
-        if not self.spans:
-            self.start_stamp = span.stamp_s
-        self.end_stamp = span.stamp_s
-        self.span_s += span.seconds
-        self.energy += above
+    @classmethod
+    def of_span(cls, span: CardSpan, above: float, members: Members, overlaps: list[float],
+                weighed: list[float]) -> _Stretch:
+        """One span's stretch (a span's members are distinct windows)."""
+        piece = cls()
+        piece.start_stamp = piece.end_stamp = span.stamp_s
+        piece.span_s = span.seconds
+        piece.energy = above
         # The card's whole draw, idle included, in this book's part: a step stamped off
         # moves that much of it between stretches.
-        self.total += span.total_j * span.fraction_of(above)
-        self.weight += sum(weighed)
-        self.spans += 1
-        mine = self.seconds
-        for window, overlap in members:
-            mine[id(window)] = mine.get(id(window), 0.0) + overlap
-            self.window_s += overlap
+        piece.total = span.total_j * span.fraction_of(above)
+        piece.weight = sum(weighed)
+        piece.spans = 1
+        piece.seconds = {id(window): overlap for (window, _), overlap in zip(members, overlaps, strict=True)}
+        piece.window_s = sum(overlaps)
+        return piece
 
     def merge(self, other: _Stretch) -> None:
         """The spans of ``other``, which come right after this stretch's, added to it."""
@@ -153,9 +165,23 @@ class _Stretch:
         self.span_s += other.span_s
         self.window_s += other.window_s
         self.spans += other.spans
-        mine = self.seconds
-        for key, seconds in other.seconds.items():
-            mine[key] = mine.get(key, 0.0) + seconds
+        _sum_into(self.seconds, other.seconds)
+        self._squares = None
+
+    def add(self, seconds: dict[int, float], weight: float) -> None:
+        """Members' ``seconds`` (and their ``weight``) added to the stretch's."""
+        _sum_into(self.seconds, seconds)
+        self.window_s += sum(seconds.values())
+        self.weight += weight
+        self._squares = None
+
+    @property
+    def squares(self) -> float:
+        """The sum of the members' squared seconds."""
+        if self._squares is None:
+            values = self.seconds.values()
+            self._squares = sum(map(operator.mul, values, values))
+        return self._squares
 
     @property
     def watts(self) -> float:
@@ -180,9 +206,11 @@ class _Contrasts:
         if not 1 / MAX_RATIO <= ratio <= MAX_RATIO:
             return  # one stretch's energy scaled many times over: it says nothing of rates
         miss = now.energy - before.energy * ratio
+        # sum_j (s_j - ratio x b_j)^2 over both stretches' members, a member absent from one
+        # counting nothing there: the squares of each, less what the few in both share.
         seconds, seconds_before = now.seconds, before.seconds
-        a_sq = sum((seconds.get(j, 0.0) - ratio * seconds_before.get(j, 0.0)) ** 2
-                   for j in seconds.keys() | seconds_before.keys())
+        shared = sum(seconds[j] * seconds_before[j] for j in seconds.keys() & seconds_before.keys())
+        a_sq = max(0.0, now.squares + ratio * (ratio * before.squares - 2 * shared))
         window_s = now.window_s + before.window_s
         watts = (now.energy + before.energy) / window_s if window_s > 0 else 0.0
         # A step stamped off by d moves d of the card's whole draw across it: at the
@@ -289,7 +317,7 @@ class RateDoubt:
         if span.unwatched:
             self._forget()  # a foreign load may be in it: it teaches nothing of members
         else:
-            self._learn(span, members, weighed, above)
+            self._learn(span, members, overlaps, weighed, above)
         total_w, total_s = sum(weighed), sum(overlaps)
         if len(members) < 2 or total_w <= 0 or total_s <= 0:
             return [(0.0, 0.0)] * len(members)  # alone: its share is the card's measure
@@ -301,12 +329,12 @@ class RateDoubt:
             out.append((watts * o * (1 - f), watts * f * math.sqrt(max(0.0, squares - o * o))))
         return out
 
-    def _learn(self, span: CardSpan, members: Members, weighed: list[float], above: float) -> None:
+    def _learn(self, span: CardSpan, members: Members, overlaps: list[float], weighed: list[float],
+               above: float) -> None:
         if not (sum(weighed) > 0 and math.isfinite(above)):
             self._forget()
             return
-        piece = _Stretch()
-        piece.add(span, above, members, weighed)
+        piece = _Stretch.of_span(span, above, members, overlaps, weighed)
         self._tails(span, members, weighed, piece)
         last, self._last = self._last, piece
         if last is not None and last.weight > 0:
@@ -322,22 +350,21 @@ class RateDoubt:
 
     def _tails(self, span: CardSpan, members: Members, weighed: list[float], stretch: _Stretch) -> None:
         """Closed members' tails in ``span``, as their seconds in the stretch."""
-        closed, tau = self._closed, self._tau
-        for (window, overlap), weight in zip(members, weighed, strict=True):
-            t_close = window.t_close
-            if t_close is not None and t_close < span.t1 and overlap > 0:
-                closed[id(window)] = (t_close, weight / overlap)
+        closed, tau, t0, t1 = self._closed, self._tau, span.t0, span.t1
+        closed.update({id(window): (t_close, weight / overlap)
+                       for (window, overlap), weight in zip(members, weighed, strict=True)
+                       if (t_close := window.t_close) is not None and t_close < t1 and overlap > 0})
         if not closed or tau <= 0:
             return
-        for key, (t_close, per_s) in list(closed.items()):
-            if span.t0 - t_close > 5 * tau:
-                del closed[key]  # its tail is all but gone
-                continue
-            since = max(0.0, span.t0 - t_close)
-            tail_s = tau * (math.exp(-since / tau) - math.exp(-(span.t1 - t_close) / tau))
-            stretch.seconds[key] = stretch.seconds.get(key, 0.0) + tail_s
-            stretch.window_s += tail_s
-            stretch.weight += tail_s * per_s
+        gone = t0 - 5 * tau
+        for key in [key for key, (t_close, _) in closed.items() if t_close < gone]:
+            del closed[key]  # its tail is all but gone
+        # tau x (e^(-since/tau) - e^(-(t1 - t_close)/tau)): for a member closed by t0, its
+        # tail left at t0 times one factor common to the span.
+        fade, exp = 1 - math.exp(-(t1 - t0) / tau), math.exp
+        tails = {key: tau * exp((t_close - t0) / tau) * fade if t_close <= t0
+                 else tau * (1 - exp((t_close - t1) / tau)) for key, (t_close, _) in closed.items()}
+        stretch.add(tails, sum(map(operator.mul, tails.values(), (per_s for _, per_s in closed.values()))))
 
     def _forget(self) -> None:
         """The spans run on past one that teaches nothing: no stretch spans it."""
