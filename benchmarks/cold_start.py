@@ -119,6 +119,41 @@ def counter_trial(seed: int, late_s: float = 0.0) -> list[Figure]:
     return [f for _, f in out]
 
 
+def alike_trial(seed: int, seconds: float = 0.03, n: int = 40) -> list[Figure]:
+    """A fresh ledger's ``n`` isolated requests of about one length (``seconds`` +-10%, 162-198
+    W, 0.25-0.5 s apart) on the counter card: the prior's line of share against seconds is one
+    rate through the origin, tails in it (benchmarks/attribution.py's isolated scenarios)."""
+    rng = random.Random(seed)
+    clock = _Clock()
+    card = TrueCard(idle_w=IDLE, clock=clock, seed=seed)
+    reader = TrueReader(card)
+    ledger = Ledger(Node("alike", idle_w=IDLE), reader, poll=False)
+
+    def advance(span: float) -> None:
+        end = clock.now + span
+        while clock.now < end:
+            clock.now = min(end, clock.now + 0.01 * rng.uniform(0.5, 1.5))
+            ledger.ingest(reader.read())
+
+    out: list[tuple[Meter, Figure]] = []
+    for index in range(n):
+        length = seconds * rng.uniform(0.9, 1.1)
+        meter = Meter(ledger)
+        meter.open()
+        job = card.start_job(180.0 * rng.uniform(0.9, 1.1))
+        advance(length)
+        card.stop_job(job)
+        meter.close()
+        first = meter.figure()
+        out.append((meter, Figure(index, length, first.joules, first.uncertainty_joules, first.method,
+                                  None, job.truth(card.ramp_up, card.tau), True)))
+        advance(seconds + rng.uniform(0.25, 0.5))
+    advance(2.0)
+    for meter, figure in out:
+        figure.settled = meter.figure().joules
+    return [f for _, f in out]
+
+
 def burst_trial(seed: int, bursts: int = 3, size: int = 8) -> list[Figure]:
     """A fresh ledger's bursts from idle on the counter card: ``size`` requests of 0.3-0.5 s
     opening within 50 ms of each other, ``bursts`` times with an idle second between (a

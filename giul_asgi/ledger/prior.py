@@ -123,7 +123,7 @@ class _Line:
         self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
         # The fit, made once after each window added (every close asks for it; windows
         # settle in batches, a reading's at a time): see the commit for the A/B.
-        self._fit: tuple[float, float] | None = None
+        self._fit: tuple[float, float | None] | None = None
         self._stale = True
 
     def add(self, seconds: float, joules: float) -> None:
@@ -146,13 +146,20 @@ class _Line:
         self.sw, self.sx, self.sy, self.sxx, self.sxy = state[1:]
         self._stale = True
 
-    def fit(self) -> tuple[float, float] | None:
-        """(joules per second of running, joules beyond it), once enough windows settled."""
+    @property
+    def mean_s(self) -> float:
+        """The windows' mean length (their weighted seconds)."""
+        return self.sx / self.sw if self.sw > 0 else 0.0
+
+    def fit(self) -> tuple[float, float | None] | None:
+        """(joules per second of running, joules beyond it), once enough windows settled;
+        the second None where the windows' lengths are alike: one rate through the origin,
+        which holds what a window gets beyond its running time too."""
         if self._stale:
             self._fit, self._stale = self._fitted(), False
         return self._fit
 
-    def _fitted(self) -> tuple[float, float] | None:
+    def _fitted(self) -> tuple[float, float | None] | None:
         if self.n < LINE_MIN or self.sx <= 0:
             return None
         mx, my = self.sx / self.sw, self.sy / self.sw
@@ -161,7 +168,7 @@ class _Line:
             rate = (self.sxy / self.sw - mx * my) / vxx
             if rate > 0:
                 return rate, my - rate * mx
-        return (self.sy / self.sx, 0.0) if self.sy > 0 else None  # one length: a rate says it
+        return (self.sy / self.sx, None) if self.sy > 0 else None  # one length: a rate says it
 
 
 class Prior:
@@ -326,9 +333,20 @@ class Prior:
             # been reported yet, is in that offset; once some has, its tail is still to come,
             # at least: a job that starts late makes the offset negative, the tail does not).
             run, offset = line
-            if window.share > 0:
-                offset = max(offset, run * self._tail(window, alone))
-            guess = max(0.0, run * unshared + offset)
+            if offset is None:
+                # One rate through the origin, for windows of about one length: what each
+                # got beyond its run (its ramp-down tail) is in the rate. Its running part
+                # is the rate x m / (m + tail) for windows of m seconds; the rest of this one
+                # at it, and its tail. (The whole rate for the rest, and a tail at it beside,
+                # counted the tail twice where part was reported: isolated 30 ms windows'
+                # first figures 27-66% high, benchmarks/results/attribution-2026-12-06e.md.)
+                tail = self._tail(window, alone)
+                length = self._line.mean_s
+                guess = run * length / (length + tail) * (unshared + tail)
+            else:
+                if window.share > 0:
+                    offset = max(offset, run * self._tail(window, alone))
+                guess = max(0.0, run * unshared + offset)
             # The residual's unit is the guess (a millisecond's worth at least).
             return First(window.share, guess, max(guess, run * MIN_GUESS_S), measured_unc,
                          window.filled_s, "the node's prior")
