@@ -112,7 +112,7 @@ class HostStats:
         #: Why nothing is shared (None while shared).
         self.shared_reason: str | None = None
         self.folder: ServerFolder | None = None
-        self._pending: dict[str, list[Any]] = {}  # answered, not settled yet: id -> labels
+        self._pending: dict[str, tuple[Any, ...]] = {}  # answered, not settled yet: id -> (t, labels)
         self._encoded: dict[tuple[Any, ...], bytes] = {}  # labels -> their JSON, made once
         self._tail_lock = threading.Lock()
         self._written = -1
@@ -272,7 +272,7 @@ class HostStats:
         data = b'["a",%b,%b,%b]' % (_id_json(id), repr(t).encode(), part)
         with self._tail_lock:
             pending = self._pending
-            pending[id] = [t, *six]
+            pending[id] = (t, *six)
             if len(pending) > MAX_PENDING:
                 del pending[next(iter(pending))]
             kept = folder.tail.append_json(data)
