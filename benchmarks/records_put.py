@@ -49,7 +49,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--before", metavar="DIR",
+                        help="an earlier commit's giul_asgi (git archive'd there): its put with the "
+                             "ring timed beside this checkout's, interleaved, and nothing else")
     args = parser.parse_args()
+    if args.before:
+        before(args.before, args.n, args.repeats)
+        return
     n = args.n
     place = tempfile.mkdtemp(prefix="giul-bench-")
     os.chmod(place, 0o700)
@@ -109,6 +115,46 @@ def main() -> None:
     print("|---|---:|")
     for label, us in rows:
         print(f"| {label} | {us:.2f} |")
+
+
+def before(folder: str, n: int, repeats: int) -> None:
+    """``put`` with the ring, this checkout's and ``folder``'s, interleaved: each arm's own
+    store filling (and lapping) its own ring, best of ``repeats`` runs of ``n`` records."""
+    import importlib
+
+    from _apps import BEFORE, prepare_before
+
+    prepare_before(folder)
+    arms = {"before": importlib.import_module(f"{BEFORE}.records").RecordStore, "this checkout": RecordStore}
+    place = tempfile.mkdtemp(prefix="giul-bench-")
+    os.chmod(place, 0o700)
+    energies = [record(i) for i in range(1, n * (2 * repeats + 2) + 1)]
+    blocks = [energy_json(e) for e in energies]
+    stores = {name: store_type(max_records=n, share=place) for name, store_type in arms.items()}
+    for store in stores.values():
+        assert store.wait_ready(30) and store.shared
+    it = iter(range(len(energies)))
+    for store in stores.values():  # each ring full before the timing starts
+        for _ in range(n):
+            i = next(it)
+            store.put(energies[i], blocks[i])
+    times: dict[str, list[float]] = {name: [] for name in stores}
+    for r in range(repeats):
+        for name in (list(stores) if r % 2 == 0 else list(stores)[::-1]):
+            store = stores[name]
+            t0 = time.thread_time()
+            for _ in range(n):
+                i = next(it)
+                store.put(energies[i], blocks[i])
+            times[name].append((time.thread_time() - t0) / n * 1e6)
+    print(f"# records_put --before, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
+          f"{os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
+          f"{os.getloadavg()[0]:.2f}; {n} records a run into a full ring, {repeats} interleaved runs\n")
+    print("| arm | put with the ring, us a record (best) | median | runs |")
+    print("|---|---:|---:|---|")
+    for name, values in times.items():
+        print(f"| {name} | {min(values):.2f} | {sorted(values)[len(values) // 2]:.2f} | "
+              f"{' '.join(f'{v:.2f}' for v in values)} |")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ _CRC_FROM = 12  # the CRC covers the entry from t on
 _Q = struct.Struct("<Q")
 #: The longest id a ring takes (a meter's ids are about 20 bytes).
 MAX_ID = 200
+#: A full ring's writer makes room for this many bytes beyond the entry it writes (at most a
+#: sixteenth of the ring): a dozen records' worth dropped at once.
+ROOM_AHEAD = 8 * 1024
 
 
 class RingError(OSError):
@@ -122,6 +125,7 @@ class Ring:
         self._oldest = self.oldest
         self._counts: dict[tuple[int, int], int] = {}  # (row, field) -> its value
         self._high: dict[int, int] = {}  # row -> its highest counter written (the quick check)
+        self._ahead = min(ROOM_AHEAD, capacity // 16) // UNIT * UNIT
         #: Units read that held no whole entry where one should start (damage, or a stranger's
         #: bytes): skipped, and said once by whoever reads.
         self.damaged = 0
@@ -244,10 +248,12 @@ class Ring:
             pos = 0
             _Q.pack_into(mm, _WRITTEN_AT, written)
         if written + size - cap > self._oldest:
-            self._make_room(written + size, now)
+            # Room for this entry and ROOM_AHEAD beyond it, in one pass over the oldest
+            # entries' headers rather than a pass a write.
+            self._make_room(min(written + size + self._ahead, written + cap), now)
+        at = HEAD_BYTES + pos
         body = _ENTRY.pack(ENTRY_MAGIC, size, 0, t, counter, row, len(key), len(data)) + key + data
         crc = zlib.crc32(memoryview(body)[_CRC_FROM:], zlib.crc32(_Q.pack(written)))
-        at = HEAD_BYTES + pos
         mm[at: at + len(body)] = body
         _CRC.pack_into(mm, at + 8, crc)
         self._written = written + size
@@ -263,6 +269,9 @@ class Ring:
         mm, cap = self.mm, self.capacity
         oldest = self._oldest
         limit = upto - cap
+        dropped: dict[int, int] = {}  # row -> the highest counter dropped
+        evicted: dict[int, int] = {}  # row -> the highest dropped while young
+        young = now - self.max_age_s
         while oldest < limit:
             pos = oldest % cap
             if cap - pos < _ENTRY.size:
@@ -273,10 +282,15 @@ class Ring:
                 oldest += cap - pos  # a wrap mark (or nothing readable): on to the next lap
                 continue
             if row < ROWS:
-                self._raise(row, _DROPPED, counter)
-                if now - t < self.max_age_s:
-                    self._raise(row, _EVICTED, counter)
+                if counter > dropped.get(row, -1):
+                    dropped[row] = counter
+                if t > young and counter > evicted.get(row, -1):
+                    evicted[row] = counter
             oldest += total
+        for row, counter in dropped.items():
+            self._raise(row, _DROPPED, counter)
+        for row, counter in evicted.items():
+            self._raise(row, _EVICTED, counter)
         self._oldest = oldest
         _Q.pack_into(mm, _OLDEST_AT, oldest)  # before the bytes are overwritten
 
