@@ -222,3 +222,40 @@ def test_a_reader_that_cannot_be_built_is_one_error_line_with_its_remedy(
                   " -> load the NVIDIA driver"),
     ]
     assert poller.health.state == "unavailable" and poller.health.remedy == "load the NVIDIA driver"
+
+
+class Follower(Sink):
+    """A sink whose card another process reads (this one never reads it)."""
+
+    def reads_card(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("sink", [Sink, Follower])
+def test_a_reader_thread_leaves_the_starting_switch_interval_after_its_first_lap(
+    sink: type[Sink], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The starting interval (0.2 ms) is for the thread's start; a process that reads the card
+    # leaves it at its first read, one whose card another process reads at its first lap.
+    from giul_asgi.ledger import poller as poller_module
+    from giul_asgi.ledger.switch import CPYTHON_S, INTERVAL_S, STARTING_S, Switch
+
+    interval = {"value": CPYTHON_S}
+    puts: list[float] = []
+
+    def put(value: float) -> None:
+        interval["value"] = value
+        puts.append(value)
+
+    monkeypatch.setattr(poller_module, "SWITCH", Switch(lambda: interval["value"], put, env={}))
+    monkeypatch.setattr(poller_module, "PACE", "steps")
+    reader = Counter()
+    poller = Poller("n", lambda: reader, sink(), busy=lambda: True)
+    poller.start()
+    try:
+        assert puts[:2] == [INTERVAL_S, STARTING_S]
+        assert _until(lambda: interval["value"] == INTERVAL_S), puts
+        assert (reader.reads > 0) == (sink is Sink)
+    finally:
+        poller.stop(WAIT_S)
+    assert interval["value"] == CPYTHON_S, puts

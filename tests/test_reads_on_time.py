@@ -24,7 +24,7 @@ import pytest
 from giul_asgi.config import Node
 from giul_asgi.energy import Energy
 from giul_asgi.ledger import Ledger
-from giul_asgi.ledger.switch import CPYTHON_S, ENV, INTERVAL_S, Switch, configured
+from giul_asgi.ledger.switch import CPYTHON_S, ENV, INTERVAL_S, STARTING_S, Switch, configured
 from giul_asgi.meter import Meter
 from giul_asgi.readers.base import Reading
 from giul_asgi.readers.nvml import NvmlReader
@@ -116,7 +116,7 @@ class Interval:
         return self.value
 
     def put(self, value: float) -> None:
-        self.value = value
+        self.value = round(value * 1e6) * 1e-6  # as CPython keeps it: whole microseconds
         self.puts.append(value)
 
 
@@ -126,13 +126,18 @@ def test_the_switch_interval_is_lowered_while_readers_run_and_said(caplog: pytes
     with caplog.at_level(logging.INFO, logger="giul_asgi.poller"):
         switch.join("a")
         switch.join("b")
-    assert interval.puts == [INTERVAL_S] and switch.lowered == INTERVAL_S  # once, by the first
+    # Set once, by the first; the starting interval until both have read.
+    assert interval.puts == [INTERVAL_S, STARTING_S] and switch.lowered == STARTING_S
     assert caplog.text.count(ENV) == 1 and "GIL switch interval is 0.001 s (CPython's 0.005)" in caplog.text
     assert f"(pid {os.getpid()})" in caplog.text  # under uvicorn --workers, which worker says so
+    switch.started()
+    assert interval.value == pytest.approx(STARTING_S)  # "b" has not read yet
+    switch.started()
+    assert interval.value == pytest.approx(INTERVAL_S) and switch.lowered == INTERVAL_S
     switch.leave()
-    assert interval.value == INTERVAL_S  # another reader still runs
+    assert interval.value == pytest.approx(INTERVAL_S)  # another reader still runs
     switch.leave()
-    assert interval.value == CPYTHON_S and switch.lowered is None
+    assert interval.value == pytest.approx(CPYTHON_S) and switch.lowered is None
 
 
 def test_the_switch_interval_is_left_alone_when_off_or_the_applications_own() -> None:
@@ -148,14 +153,47 @@ def test_the_switch_interval_is_left_alone_when_off_or_the_applications_own() ->
     assert chosen.puts == []
 
 
+def test_a_reader_starts_at_the_starting_interval_and_reads_at_the_steady_one() -> None:
+    # A reader's start is a hundred hand-overs of the GIL (NVML's, the card's table): beside a
+    # loop running Python flat out, each waits up to the interval.
+    interval = Interval()
+    switch = Switch(interval.get, interval.put, env={})
+    switch.join("a")
+    assert interval.value == pytest.approx(STARTING_S)
+    switch.started()
+    assert interval.value == pytest.approx(INTERVAL_S)
+    switch.join("b")  # a second node's reader starts later: its start hurried too
+    assert interval.value == pytest.approx(STARTING_S)
+    switch.started()
+    assert interval.value == pytest.approx(INTERVAL_S)
+    switch.leave()
+    switch.leave()
+    assert interval.value == pytest.approx(CPYTHON_S)
+    # An interval the operator gave is kept throughout; one the application sets during the
+    # start is left as it is.
+    given = Interval()
+    switch = Switch(given.get, given.put, env={ENV: "0.002"})
+    switch.join("a")
+    switch.started()
+    assert given.puts == [0.002]
+    switch.leave()
+    meanwhile = Interval()
+    switch = Switch(meanwhile.get, meanwhile.put, env={})
+    switch.join("a")
+    meanwhile.value = 0.01
+    switch.started()
+    switch.leave()
+    assert meanwhile.value == pytest.approx(0.01) and switch.lowered is None
+
+
 def test_a_change_meanwhile_is_not_undone() -> None:
     interval = Interval()
     switch = Switch(interval.get, interval.put, env={ENV: "0.002"})
     switch.join("a")
-    assert interval.value == 0.002
+    assert interval.value == pytest.approx(0.002)
     interval.value = 0.01  # the application set its own meanwhile
     switch.leave()
-    assert interval.value == 0.01
+    assert interval.value == pytest.approx(0.01)
 
 
 def test_the_setting_reads_off_seconds_or_the_default() -> None:

@@ -187,6 +187,7 @@ class Poller:
         self.health = Health(reader_name, target)
         self._announced = False
         self._switch = False  # this thread holds the GIL's switch interval (.switch)
+        self._starting = False  # ... and has not read yet (the starting interval)
 
     def start(self) -> None:
         # The GIL's switch interval before the thread starts (.switch): it is set by the
@@ -195,6 +196,7 @@ class Poller:
         # reader's, which left the interval alone; the thread puts it back as it ends.
         self._switch = PACE == "steps"
         if self._switch:
+            self._starting = True
             SWITCH.join(self.name)
         self._thread.start()
         self._watch.start()
@@ -230,7 +232,14 @@ class Poller:
             self._run_reader()
         finally:
             if self._switch:
+                self._started()
                 SWITCH.leave()
+
+    def _started(self) -> None:
+        """The thread's start is over (its first read, or its end): the steady interval."""
+        if self._starting:
+            self._starting = False
+            SWITCH.started()
 
     def _run_reader(self) -> None:
         try:
@@ -287,6 +296,8 @@ class Poller:
                 self._read(reader)
             elif not reads:
                 self._follow_health()
+            if self._starting:  # at the table, and read if it is this process's to read
+                self._started()
             now = self._clock()
             if reads and lists and now >= next_look:
                 next_look = now + PROCESS_EVERY_S

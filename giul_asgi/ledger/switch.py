@@ -46,6 +46,13 @@ ENV = "GIUL_ASGI_SWITCH_INTERVAL"
 _OFF = frozenset({"off", "no", "false", "0"})
 #: The interval set while reader threads run (s).
 INTERVAL_S = 0.001
+#: The interval while a reader thread starts, until its first read (s), where the default is
+#: set: its start is a hundred hand-overs of the GIL (NVML's start, the card's table: the
+#: place resolved, files made, mapped and locked), each a wait of up to the interval beside
+#: a loop running Python flat out. At 1 ms the table alone took 125 ms (2 ms beside a quiet
+#: loop) and a fresh process's first 333 ms request was unknown at its close in 2 runs of 4;
+#: at 0.2 ms, 3-8 ms and 4 of 4 (benchmarks/results/attribution-2026-12-06f-start.md).
+STARTING_S = 0.0002
 #: CPython's own: an interval other than this is the application's choice, and is kept.
 CPYTHON_S = 0.005
 
@@ -96,8 +103,10 @@ class Switch:
         self._get, self._put, self._env = get, put, env
         self._lock = threading.Lock()
         self._readers = 0
+        self._starting = 0  # reader threads that have not read yet
         self._set: float | None = None  # the interval this set
         self._was: float | None = None  # the interval before it
+        self._steady: float | None = None  # the interval once every reader has read
         self._said = False
 
     @property
@@ -106,26 +115,54 @@ class Switch:
         return self._set
 
     def join(self, node: str) -> None:
-        """A reader thread starts: the first sets the interval, where it may."""
+        """A reader thread starts: the first sets the interval, where it may (the starting
+        one until it has read: :meth:`started`)."""
         with self._lock:
             self._readers += 1
-            if self._readers > 1 or self._set is not None:
+            self._starting += 1
+            if self._set is not None:
+                self._hurry()
+                return
+            if self._readers > 1:
                 return
             wanted, now = configured(self._env), self._get()
-            if wanted is None or now != CPYTHON_S or wanted >= now:
-                if wanted is not None and now != CPYTHON_S and not self._said:
+            if wanted is None or not _same(now, CPYTHON_S) or wanted >= now:
+                if wanted is not None and not _same(now, CPYTHON_S) and not self._said:
                     self._said = True
                     log.info("node %r: the GIL switch interval is the application's (%g s): left as it "
                              "is; above %g s a busy event loop can keep the reader from its reads", node,
                              now, INTERVAL_S)
                 return
             self._was, self._set = now, wanted
+            self._steady = wanted
             self._put(wanted)
+            self._hurry()
             said, self._said = self._said, True
         if not said:
             log.info("node %r: the process's (pid %d) GIL switch interval is %g s (CPython's %g) while "
                      "readers run, so a busy event loop cannot keep the reader from its reads for long; "
                      "%s=off leaves it alone", node, os.getpid(), wanted, now, ENV)
+
+    def started(self) -> None:
+        """A reader thread has made its first read (or ended without one): once none is
+        starting, the steady interval (unless the application changed it meanwhile)."""
+        with self._lock:
+            self._starting = max(0, self._starting - 1)
+            if self._starting or self._set is None or self._steady is None or self._set == self._steady:
+                return
+            if _same(self._get(), self._set):
+                self._put(self._steady)
+                self._set = self._steady
+            else:  # the application's choice since: left as it is
+                self._set = self._was = self._steady = None
+
+    def _hurry(self) -> None:
+        """The starting interval while a reader starts: only where the default is set (an
+        interval the operator gave is kept throughout)."""
+        if self._starting and self._steady == INTERVAL_S and self._set != STARTING_S \
+                and _same(self._get(), self._set):
+            self._set = STARTING_S
+            self._put(STARTING_S)
 
     def leave(self) -> None:
         """A reader thread stops: the last puts the interval back (if still the one set)."""
@@ -133,12 +170,20 @@ class Switch:
             self._readers = max(0, self._readers - 1)
             if self._readers or self._set is None or self._was is None:
                 return
-            if self._get() == self._set:
+            if _same(self._get(), self._set):
                 self._put(self._was)
-            self._set = self._was = None
+            self._set = self._was = self._steady = None
+
+
+def _same(a: float, b: float) -> bool:
+    """Whether two intervals are one: CPython keeps it in whole microseconds, so 0.0002 set
+    reads back as 0.00019999999999999998."""
+    return abs(a - b) < 5e-7
 
 
 #: The process's one: the interval is the process's.
 SWITCH = Switch()
 
-__all__ = ["CPYTHON_S", "ENV", "INTERVAL_S", "SWITCH", "Switch", "check_environment", "configured"]
+__all__ = [
+    "CPYTHON_S", "ENV", "INTERVAL_S", "STARTING_S", "SWITCH", "Switch", "check_environment", "configured",
+]
