@@ -159,8 +159,9 @@ class Switch:
     def _hurry(self) -> None:
         """The starting interval while a reader starts: only where the default is set (an
         interval the operator gave is kept throughout)."""
-        if self._starting and self._steady == INTERVAL_S and self._set != STARTING_S \
-                and _same(self._get(), self._set):
+        current = self._set
+        if self._starting and self._steady == INTERVAL_S and current is not None \
+                and current != STARTING_S and _same(self._get(), current):
             self._set = STARTING_S
             self._put(STARTING_S)
 
