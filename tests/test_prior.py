@@ -133,6 +133,40 @@ def test_a_line_whose_offset_is_negative_still_guesses_the_tail_still_to_come() 
     assert math.isclose(first.guess, 100.0 * 0.05 + 100.0 * 0.1 / 5, rel_tol=1e-6)
 
 
+def test_one_rate_through_the_origin_guesses_the_rest_and_one_tail_whatever_the_length() -> None:
+    """Windows of one length fit one rate through the origin, their tails (ramp_s / 5, no longer
+    than themselves) in it. A window of another length, part of it reported, gets its rest at
+    the running rate and its own tail once: at 100 W of running, exactly, for windows learnt at
+    2 ms, 10 ms, 30 ms or 1 s. (Counting a 30 ms window's tail at the whole rate beside that
+    rate made first figures 27-66% high; pricing the learnt windows' tail as this window's own
+    made a 1 s window after 2 ms ones 0.18x its rest, a hostile review.)"""
+    ramp_s, watts = 0.1, 100.0
+
+    def truth(seconds: float) -> float:  # the prior's own model of a window alone
+        return watts * (seconds + min(ramp_s / 5, seconds))
+
+    for learnt in (0.002, 0.01, 0.03, 1.0):
+        prior = Prior(ramp_s, lambda: 0.1)
+        for _ in range(20):
+            prior.learn_settled(window(0.0, learnt, share=truth(learnt), measured_s=learnt), 0.0)
+        for seconds in (0.002, 0.015, 0.03, 1.0):
+            for reported in (0.0, 0.5):
+                w = window(0.0, seconds, share=watts * seconds * reported, measured_s=seconds * reported)
+                first = prior.first_guess(w, True, 0.0)
+                assert first is not None
+                rest = truth(seconds) - w.share
+                assert math.isclose(first.guess, rest, rel_tol=1e-6), (learnt, seconds, reported, first.guess)
+
+
+def test_a_kept_line_that_weighs_nothing_is_no_line() -> None:
+    # A kept state may say anything: a line of three windows weighing nothing divided by zero.
+    prior = Prior(0.1, lambda: 0.1)
+    state = prior.state()
+    state["line"] = [3.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    prior.restore(state)
+    assert prior.first_guess(window(0.0, 0.05), True, 0.0) is None
+
+
 def taught() -> Prior:
     """A prior that learnt from forty settled windows of 0.1-0.5 s, their first figures off."""
     prior = Prior(0.1, lambda: 0.1)

@@ -160,7 +160,7 @@ class _Line:
         return self._fit
 
     def _fitted(self) -> tuple[float, float | None] | None:
-        if self.n < LINE_MIN or self.sx <= 0:
+        if self.n < LINE_MIN or self.sx <= 0 or self.sw <= 0:  # (a kept state may say anything)
             return None
         mx, my = self.sx / self.sw, self.sy / self.sw
         vxx = self.sxx / self.sw - mx * mx
@@ -335,14 +335,15 @@ class Prior:
             run, offset = line
             if offset is None:
                 # One rate through the origin, for windows of about one length: what each
-                # got beyond its run (its ramp-down tail) is in the rate. Its running part
-                # is the rate x m / (m + tail) for windows of m seconds; the rest of this one
-                # at it, and its tail. (The whole rate for the rest, and a tail at it beside,
-                # counted the tail twice where part was reported: isolated 30 ms windows'
-                # first figures 27-66% high, benchmarks/results/attribution-2026-12-06e.md.)
-                tail = self._tail(window, alone)
+                # got beyond its run (its ramp-down tail, no longer than itself) is in the
+                # rate. Its running part is the rate x m / (m + their tail), for windows of
+                # m seconds; the rest of this one at it, and this one's tail. (The whole
+                # rate for the rest, and a tail at it beside, counted the tail twice where
+                # part was reported: isolated 30 ms windows' first figures 27-66% high,
+                # benchmarks/results/attribution-2026-12-06e.md.)
                 length = self._line.mean_s
-                guess = run * length / (length + tail) * (unshared + tail)
+                theirs = min(self.ramp_s / 5, length) * float(alone)
+                guess = run * length / (length + theirs) * (unshared + self._tail(window, alone))
             else:
                 if window.share > 0:
                     offset = max(offset, run * self._tail(window, alone))
