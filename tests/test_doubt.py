@@ -198,3 +198,30 @@ def test_rates_drawn_uniformly_apart_in_one_short_burst_hold_the_truth_nine_time
         done += Run(seed).serve(requests)
     assert statistics.median(abs(d.meter.figure().joules - d.truth) / d.truth for d in done) > 0.1  # type: ignore[operator]
     assert inside(done) >= 0.9 and inside(done, first=True) >= 0.9, (inside(done), inside(done, first=True))
+
+
+def test_a_batch_that_runs_unchanged_learns_no_spread_rather_than_an_absurd_one() -> None:
+    # The same eight windows through every span: no stretch's contrast has anyone's seconds
+    # change, so its miss is the stamps' and a common change's alone. Read as the members'
+    # spread over a scale of nothing, it made the spread 1e7-1e16 (a hostile review).
+    from giul_asgi.ledger.doubt import COLD_SPREAD, RateDoubt
+    from giul_asgi.ledger.phases import Z90
+    from giul_asgi.ledger.window import Window
+    from giul_asgi.spans import CardSpan
+
+    rng = random.Random(1)
+    windows = [Window(-1.0, 0.0) for _ in range(8)]
+    doubt = RateDoubt(0.1)
+    t = 0.0
+    for _ in range(200):
+        t1 = t + rng.uniform(0.08, 0.3)
+        members = [(w, t1 - t) for w in windows]
+        above = rng.uniform(40, 60) * (t1 - t)
+        span = CardSpan(t0=t, t1=t1, above_j=above, total_j=above + IDLE * (t1 - t), stamp_s=0.001,
+                        unc_j=0.1, measured_j=above, tails=False, covered=8 * (t1 - t), members=8,
+                        unseen=0.0, foreign_j=0.0, quiet=False, doubt_w=0.0, foreign_unc_w=0.0,
+                        unwatched=False)
+        units = doubt.units(span, members, None, above)
+        assert units is not None and all(math.isfinite(a) and math.isfinite(b) for a, b in units)
+        t = t1
+    assert doubt.quantile() <= Z90 * COLD_SPREAD * 1.0001, doubt.quantile()

@@ -113,6 +113,9 @@ SHORT = 0.25
 #: miss (a single span with 0.2 ms of a member beside a full one, 661x, took a 100 ms
 #: counter's stamps for 88 ms and the learnt spread of a 120 W / 30 W mix to nothing).
 MAX_RATIO = 4.0
+#: A contrast whose members' squared changes of seconds are at most this share of their
+#: squared seconds has none (what is left is the sums' rounding).
+FLAT = 1e-9
 
 
 def _sum_into(mine: dict[int, float], seconds: dict[int, float]) -> None:
@@ -192,12 +195,17 @@ class _Contrasts:
     """Contrasts of consecutive stretches of one length: their squared misses, the members'
     scale ``sum_j (p x a_j)^2``, the stamps' ``sum (watts across a step)^2`` and what the
     tape's stated stamp doubts make of it, and their count; sums that forget with the
-    span-seconds added."""
+    span-seconds added. ``flat``: whether a contrast in which no member's seconds changed
+    (the same windows through both stretches, alike) counts: its miss is the stamps' and a
+    common change's alone, which is what the single spans learn the stamps from; among the
+    stretches' contrasts, read as the members' spread over a scale of nothing, it made the
+    spread of a batch that ran unchanged for seconds 1e7-1e16 (a hostile review)."""
 
-    __slots__ = ("count", "miss", "scale", "stamps", "stated")
+    __slots__ = ("count", "flat", "miss", "scale", "stamps", "stated")
 
-    def __init__(self) -> None:
+    def __init__(self, *, flat: bool = True) -> None:
         self.miss = self.scale = self.stamps = self.stated = self.count = 0.0
+        self.flat = flat
 
     def add(self, before: _Stretch, now: _Stretch) -> None:
         # The stretch at the rate of the one before it: what that misses is a contrast of
@@ -210,7 +218,10 @@ class _Contrasts:
         # counting nothing there: the squares of each, less what the few in both share.
         seconds, seconds_before = now.seconds, before.seconds
         shared = sum(seconds[j] * seconds_before[j] for j in seconds.keys() & seconds_before.keys())
-        a_sq = max(0.0, now.squares + ratio * (ratio * before.squares - 2 * shared))
+        whole = now.squares + ratio * ratio * before.squares
+        a_sq = max(0.0, whole - 2 * ratio * shared)
+        if not self.flat and a_sq <= FLAT * whole:
+            return  # nobody's seconds changed: it says nothing of who drew what
         window_s = now.window_s + before.window_s
         watts = (now.energy + before.energy) / window_s if window_s > 0 else 0.0
         # A step stamped off by d moves d of the card's whole draw across it: at the
@@ -250,7 +261,7 @@ class RateDoubt:
         # member's own seconds, it leaves the stretches' misses to the rates.
         self._tau = ramp_s / 5
         self._closed: dict[int, tuple[float, float]] = {}  # id: (its close, weight a second)
-        self._stretches = _Contrasts()  # of stretches of BLOCK_SPANS spans: the members'
+        self._stretches = _Contrasts(flat=False)  # of stretches of BLOCK_SPANS spans: the members'
         self._spans = _Contrasts()  # of single spans: the stamps'
         self._stretch = _Stretch()
         self._prev: _Stretch | None = None
@@ -356,8 +367,7 @@ class RateDoubt:
                        if (t_close := window.t_close) is not None and t_close < t1 and overlap > 0})
         if not closed or tau <= 0:
             return
-        gone = t0 - 5 * tau
-        for key in [key for key, (t_close, _) in closed.items() if t_close < gone]:
+        for key in [key for key, (t_close, _) in closed.items() if t0 - t_close > 5 * tau]:
             del closed[key]  # its tail is all but gone
         # tau x (e^(-since/tau) - e^(-(t1 - t_close)/tau)): for a member closed by t0, its
         # tail left at t0 times one factor common to the span.
