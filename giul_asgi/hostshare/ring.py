@@ -271,7 +271,6 @@ class Ring:
         limit = upto - cap
         dropped: dict[int, int] = {}  # row -> the highest counter dropped
         evicted: dict[int, int] = {}  # row -> the highest dropped while young
-        young = now - self.max_age_s
         while oldest < limit:
             pos = oldest % cap
             if cap - pos < _ENTRY.size:
@@ -284,7 +283,7 @@ class Ring:
             if row < ROWS:
                 if counter > dropped.get(row, -1):
                     dropped[row] = counter
-                if t > young and counter > evicted.get(row, -1):
+                if now - t < self.max_age_s and counter > evicted.get(row, -1):
                     evicted[row] = counter
             oldest += total
         for row, counter in dropped.items():
