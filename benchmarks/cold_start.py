@@ -39,6 +39,7 @@ import platform
 import random
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,14 +79,13 @@ class _Clock:
         return self.now
 
 
-def counter_trial(seed: int, late_s: float = 0.0) -> list[Figure]:
-    """A fresh ledger's 12 requests on the counter card; each job starts up to ``late_s``
-    after its window opens (at least a tenth of it)."""
-    rng = random.Random(seed)
+def _fresh(seed: int, name: str, rng: random.Random) -> tuple[TrueCard, Ledger, Callable[[float], None]]:
+    """A fresh ledger on the counter card (virtual clock), and how to let time pass: read every
+    ~10 ms (5-15, from ``rng``)."""
     clock = _Clock()
     card = TrueCard(idle_w=IDLE, clock=clock, seed=seed)
     reader = TrueReader(card)
-    ledger = Ledger(Node("cold", idle_w=IDLE), reader, poll=False)
+    ledger = Ledger(Node(name, idle_w=IDLE), reader, poll=False)
 
     def advance(seconds: float) -> None:
         end = clock.now + seconds
@@ -93,6 +93,14 @@ def counter_trial(seed: int, late_s: float = 0.0) -> list[Figure]:
             clock.now = min(end, clock.now + 0.01 * rng.uniform(0.5, 1.5))
             ledger.ingest(reader.read())
 
+    return card, ledger, advance
+
+
+def counter_trial(seed: int, late_s: float = 0.0) -> list[Figure]:
+    """A fresh ledger's 12 requests on the counter card; each job starts up to ``late_s``
+    after its window opens (at least a tenth of it)."""
+    rng = random.Random(seed)
+    card, ledger, advance = _fresh(seed, "cold", rng)
     advance(rng.uniform(0.0, 0.05))
     out: list[tuple[Meter, Figure]] = []
     for index in range(12):
@@ -124,17 +132,7 @@ def alike_trial(seed: int, seconds: float = 0.03, n: int = 40) -> list[Figure]:
     W, 0.25-0.5 s apart) on the counter card: the prior's line of share against seconds is one
     rate through the origin, tails in it (benchmarks/attribution.py's isolated scenarios)."""
     rng = random.Random(seed)
-    clock = _Clock()
-    card = TrueCard(idle_w=IDLE, clock=clock, seed=seed)
-    reader = TrueReader(card)
-    ledger = Ledger(Node("alike", idle_w=IDLE), reader, poll=False)
-
-    def advance(span: float) -> None:
-        end = clock.now + span
-        while clock.now < end:
-            clock.now = min(end, clock.now + 0.01 * rng.uniform(0.5, 1.5))
-            ledger.ingest(reader.read())
-
+    card, ledger, advance = _fresh(seed, "alike", rng)
     out: list[tuple[Meter, Figure]] = []
     for index in range(n):
         length = seconds * rng.uniform(0.9, 1.1)
