@@ -11,6 +11,7 @@ import os
 import pwd
 import re
 import stat
+import struct
 import tempfile
 import threading
 import time
@@ -713,3 +714,42 @@ def test_a_held_lease_is_stamped_while_its_process_lives(tmp_path: Path) -> None
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True,
                          text=True, check=True, timeout=60)
     assert float(run.stdout) < 10.0, run.stdout  # stamped an hour back, renewed since
+
+
+def _lap_the_ring(path: str, seconds: float) -> None:
+    from giul_asgi.hostshare.ring import Ring
+
+    ring = Ring.open(Path(path), writable=True)
+    row = ring.row("lap-1-")
+    end, counter = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        counter += 1
+        now = time.monotonic()
+        ring.append(f"lap-1-{counter:x}".encode(), b"x" * (32 * (1 + counter % 16)), now, counter, row, now)
+    ring.close()
+
+
+def test_a_reader_never_takes_a_cursor_half_moved_by_a_writer_in_another_process(tmp_path: Path) -> None:
+    # struct's pack_into and unpack_from move a cursor byte by byte: a reader beside a writer
+    # lapping a 4 KiB ring took one half moved (an 8 KiB copy) 1-6 times in 3-4 s, raising
+    # struct.error out of entries(), and counted up to 448 units of false damage (a hostile
+    # review). The cursors are one 8-byte copy each way now.
+    from giul_asgi.hostshare.ring import Ring
+
+    path = tmp_path / "ring"
+    Ring.create(path, None, 4096, 600.0).close()
+    writer = mp.get_context("spawn").Process(target=_lap_the_ring, args=(str(path), 2.5))
+    writer.start()
+    ring = Ring.open(path)
+    errors, reads = [], 0
+    try:
+        while writer.is_alive() or reads == 0:
+            try:
+                entries, _, _ = ring.entries(0)
+                reads += 1
+                assert all(e.data == b"x" * (32 * (1 + e.counter % 16)) for e in entries)
+            except struct.error as exc:
+                errors.append(exc)
+    finally:
+        writer.join(30)
+    assert reads > 100 and not errors and ring.damaged == 0, (reads, errors[:3], ring.damaged)

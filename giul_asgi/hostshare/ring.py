@@ -103,6 +103,18 @@ def entry_size(key: bytes, data: bytes) -> int:
     return -(-(_ENTRY.size + len(key) + len(data)) // UNIT) * UNIT
 
 
+def _store(mm: mmap.mmap, at: int, value: int) -> None:
+    """A cursor written as one 8-byte copy. struct's pack_into stores a Q byte by byte, and its
+    unpack_from loads one so: a reader in another process took a cursor half moved (a ring of
+    4 KiB copied as 8 KiB: ``struct.error`` out of :meth:`Ring.entries`, a hostile review)."""
+    mm[at: at + 8] = _Q.pack(value)
+
+
+def _load(mm: mmap.mmap, at: int) -> int:
+    """A cursor read as one 8-byte copy (see :func:`_store`)."""
+    return int(_Q.unpack(mm[at: at + 8])[0])
+
+
 def _crc(at: int, body: bytes | memoryview) -> int:
     return zlib.crc32(body, zlib.crc32(_Q.pack(at)))
 
@@ -179,11 +191,11 @@ class Ring:
     # -- the header ---------------------------------------------------------------------------
     @property
     def written(self) -> int:
-        return int(_Q.unpack_from(self.mm, _WRITTEN_AT)[0])
+        return _load(self.mm, _WRITTEN_AT)
 
     @property
     def oldest(self) -> int:
-        return int(_Q.unpack_from(self.mm, _OLDEST_AT)[0])
+        return _load(self.mm, _OLDEST_AT)
 
     def prefixes(self) -> list[Prefix]:
         """The id prefixes this ring holds records of (see :class:`Prefix`)."""
@@ -246,7 +258,7 @@ class Ring:
             mm[HEAD_BYTES + pos: HEAD_BYTES + pos + 4] = WRAP_MAGIC
             written += cap - pos
             pos = 0
-            _Q.pack_into(mm, _WRITTEN_AT, written)
+            _store(mm, _WRITTEN_AT, written)
         if written + size - cap > self._oldest:
             # Room for this entry and ROOM_AHEAD beyond it, in one pass over the oldest
             # entries' headers rather than a pass a write.
@@ -257,7 +269,7 @@ class Ring:
         mm[at: at + len(body)] = body
         _CRC.pack_into(mm, at + 8, crc)
         self._written = written + size
-        _Q.pack_into(mm, _WRITTEN_AT, written + size)  # after the bytes: readers take it whole
+        _store(mm, _WRITTEN_AT, written + size)  # after the bytes: readers take it whole
         if counter > self._high.get(row, -1):
             self._raise(row, _HIGH, counter)
             self._high[row] = counter
@@ -291,7 +303,7 @@ class Ring:
         for row, counter in evicted.items():
             self._raise(row, _EVICTED, counter)
         self._oldest = oldest
-        _Q.pack_into(mm, _OLDEST_AT, oldest)  # before the bytes are overwritten
+        _store(mm, _OLDEST_AT, oldest)  # before the bytes are overwritten
 
     def _raise(self, row: int, field: int, counter: int) -> None:
         """Raise one counter of a row's (``field``: its offset in the row) to ``counter``."""
