@@ -39,7 +39,6 @@ import platform
 import random
 import statistics
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -79,28 +78,31 @@ class _Clock:
         return self.now
 
 
-def _fresh(seed: int, name: str, rng: random.Random) -> tuple[TrueCard, Ledger, Callable[[float], None]]:
+class _Fresh:
     """A fresh ledger on the counter card (virtual clock), and how to let time pass: read every
     ~10 ms (5-15, from ``rng``)."""
-    clock = _Clock()
-    card = TrueCard(idle_w=IDLE, clock=clock, seed=seed)
-    reader = TrueReader(card)
-    ledger = Ledger(Node(name, idle_w=IDLE), reader, poll=False)
 
-    def advance(seconds: float) -> None:
+    def __init__(self, seed: int, name: str, rng: random.Random) -> None:
+        self.rng = rng
+        self.clock = _Clock()
+        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed)
+        self.reader = TrueReader(self.card)
+        self.ledger = Ledger(Node(name, idle_w=IDLE), self.reader, poll=False)
+
+    def advance(self, seconds: float) -> None:
+        clock = self.clock
         end = clock.now + seconds
         while clock.now < end:
-            clock.now = min(end, clock.now + 0.01 * rng.uniform(0.5, 1.5))
-            ledger.ingest(reader.read())
-
-    return card, ledger, advance
+            clock.now = min(end, clock.now + 0.01 * self.rng.uniform(0.5, 1.5))
+            self.ledger.ingest(self.reader.read())
 
 
 def counter_trial(seed: int, late_s: float = 0.0) -> list[Figure]:
     """A fresh ledger's 12 requests on the counter card; each job starts up to ``late_s``
     after its window opens (at least a tenth of it)."""
     rng = random.Random(seed)
-    card, ledger, advance = _fresh(seed, "cold", rng)
+    fresh = _Fresh(seed, "cold", rng)
+    card, ledger, advance = fresh.card, fresh.ledger, fresh.advance
     advance(rng.uniform(0.0, 0.05))
     out: list[tuple[Meter, Figure]] = []
     for index in range(12):
@@ -132,7 +134,8 @@ def alike_trial(seed: int, seconds: float = 0.03, n: int = 40) -> list[Figure]:
     W, 0.25-0.5 s apart) on the counter card: the prior's line of share against seconds is one
     rate through the origin, tails in it (benchmarks/attribution.py's isolated scenarios)."""
     rng = random.Random(seed)
-    card, ledger, advance = _fresh(seed, "alike", rng)
+    fresh = _Fresh(seed, "alike", rng)
+    card, ledger, advance = fresh.card, fresh.ledger, fresh.advance
     out: list[tuple[Meter, Figure]] = []
     for index in range(n):
         length = seconds * rng.uniform(0.9, 1.1)
@@ -158,10 +161,8 @@ def burst_trial(seed: int, bursts: int = 3, size: int = 8) -> list[Figure]:
     stranger's trial saw a recycled worker's first figures 11-25% low, inside a tight band,
     among a burst's last requests)."""
     rng = random.Random(seed)
-    clock = _Clock()
-    card = TrueCard(idle_w=IDLE, clock=clock, seed=seed)
-    reader = TrueReader(card)
-    ledger = Ledger(Node("cold", idle_w=IDLE), reader, poll=False)
+    fresh = _Fresh(seed, "cold", rng)
+    clock, card, reader, ledger = fresh.clock, fresh.card, fresh.reader, fresh.ledger
     out: list[tuple[Meter, Figure]] = []
     index = 0
     for _ in range(bursts):
@@ -208,10 +209,8 @@ def mixed_trial(seed: int, n: int = 300, in_flight: int = 16) -> list[Figure]:
     figures uncertain by two to four times themselves there). ``index`` is the request's
     place in the run: the table leaves out the first 50 (a warm node is what this asks)."""
     rng = random.Random(seed)
-    clock = _Clock()
-    card = TrueCard(idle_w=IDLE, clock=clock, seed=seed)
-    reader = TrueReader(card)
-    ledger = Ledger(Node("mixed", idle_w=IDLE), reader, poll=False)
+    fresh = _Fresh(seed, "mixed", rng)
+    clock, card, reader, ledger = fresh.clock, fresh.card, fresh.reader, fresh.ledger
     running: list[tuple[float, Meter, Any, float]] = []
     out: list[tuple[Meter, Figure]] = []
     started = 0
