@@ -139,22 +139,24 @@ def test_one_rate_through_the_origin_guesses_the_rest_and_one_tail_whatever_the_
     the running rate and its own tail once: at 100 W of running, exactly, for windows learnt at
     2 ms, 10 ms, 30 ms or 1 s. (Counting a 30 ms window's tail at the whole rate beside that
     rate made first figures 27-66% high; pricing the learnt windows' tail as this window's own
-    made a 1 s window after 2 ms ones 0.18x its rest, a hostile review.)"""
+    made a 1 s window after 2 ms ones 0.18x its rest, a hostile review.) This holds the prior to
+    its own model of a window alone; a card's truth, computed apart from the ledger, is
+    test_first_figures' alike trial's."""
     ramp_s, watts = 0.1, 100.0
 
-    def truth(seconds: float) -> float:  # the prior's own model of a window alone
+    def modelled(seconds: float) -> float:  # the prior's own model of a window alone
         return watts * (seconds + min(ramp_s / 5, seconds))
 
     for learnt in (0.002, 0.01, 0.03, 1.0):
         prior = Prior(ramp_s, lambda: 0.1)
         for _ in range(20):
-            prior.learn_settled(window(0.0, learnt, share=truth(learnt), measured_s=learnt), 0.0)
+            prior.learn_settled(window(0.0, learnt, share=modelled(learnt), measured_s=learnt), 0.0)
         for seconds in (0.002, 0.015, 0.03, 1.0):
             for reported in (0.0, 0.5):
                 w = window(0.0, seconds, share=watts * seconds * reported, measured_s=seconds * reported)
                 first = prior.first_guess(w, True, 0.0)
                 assert first is not None
-                rest = truth(seconds) - w.share
+                rest = modelled(seconds) - w.share
                 assert math.isclose(first.guess, rest, rel_tol=1e-6), (learnt, seconds, reported, first.guess)
 
 
