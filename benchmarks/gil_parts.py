@@ -63,7 +63,7 @@ PARTS: tuple[tuple[str, str], ...] = (
     ("reader: records kept by id (settled; memory and ring)", "RecordStore.settled "),
     ("reader: statistics (counted, and written for the other workers)", "HostStats.settled "),
     ("reader: statistics (counted, and written for the other workers)", "EnergyStats.settled "),
-    ("reader: settled figures graded", "Meter._settle "),
+    ("reader: settled figures graded", "Meter.grade_settled "),
     ("reader: reading the card, booking, sharing, settling", "Poller._run "),
     ("writer thread: the server's statistics rows", "giul-host-stats"),
     ("writer thread: records' ring census and fold", "giul-records"),

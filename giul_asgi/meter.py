@@ -345,10 +345,12 @@ class Meter:
         settles: in one batch with every other window the same reading settles."""
         window = self._closed_window()
         self.ledger.report(window, Ticket(
-            window, self.ledger, self._settle, listeners, outcome, status, time.time(),
+            window, self.ledger, self, listeners, outcome, status, time.time(),
         ))
 
-    def _settle(self, share: Share) -> Energy:
+    def grade_settled(self, share: Share) -> Energy:
+        """The settled figure of ``share`` (the window's, as a reading settled it), kept as
+        this meter's final figure: a ticket's grader."""
         energy = self._grade(share, self._closed_window())
         if energy.settled:
             self._final = energy

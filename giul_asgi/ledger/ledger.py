@@ -53,6 +53,7 @@ from .sources import explicit, reader_factory
 from .tape import Tape
 from .tickets import Ticket, fire
 from .trace import WRITE_EVERY_S, for_node
+from .window import waiting_on
 
 log = logging.getLogger("giul_asgi.ledger")
 
@@ -335,11 +336,10 @@ class Ledger:
                 if note is not None:
                     note(("c", t, id(window), tokens, about))
             else:  # a report
-                if not window.settled:
-                    window.callbacks = [*(window.callbacks or ()), item[2]]
-                else:
-                    window.callbacks = [item[2]]
+                if window.settled:
+                    window.callbacks = None  # run already
                     fired.append(window)
+                waiting_on(window, item[2])
         if settled and note is not None:
             self._noted(settled)
         return settled + fired
@@ -370,10 +370,7 @@ class Ledger:
             settled = self._tray_locked()
             waits = not window.settled
             if waits:
-                if window.callbacks is None:
-                    window.callbacks = [callback]
-                else:
-                    window.callbacks.append(callback)
+                waiting_on(window, callback)
         _fire(settled)
         if not waits:
             callback()

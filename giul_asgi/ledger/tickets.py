@@ -6,15 +6,19 @@ sinks, OpenTelemetry), so they are delivered together: one lock to read every sh
 call per listener with the whole batch, on the reader's thread and never on a request's.
 
 A :class:`Ticket` carries plain values: the window, the ledger whose book holds its share,
-the function that grades a share into a figure (the meter's), the listeners and how the
-request ended. Nothing in it refers back to the middleware.
+what grades a share into a figure (the request's meter), the listeners and how the request
+ended. Nothing in it refers back to the middleware.
+
+A request waiting for its figure keeps its objects alive until a reading settles it, and
+every one of them counts toward the cyclic collector's next pass (a busy worker's passes
+cost it more than a peer's whole request): so the ticket holds the meter itself rather
+than a bound method of it, and a window holds one waiting callable as it is, not in a list.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,6 +27,12 @@ from ..listeners import Listener, Settled
 from .window import Window
 
 log = logging.getLogger("giul_asgi.ledger")
+
+
+class Grader(Protocol):
+    """What grades a settled share into the request's figure (a meter)."""
+
+    def grade_settled(self, share: Share) -> Energy: ...
 
 
 class Shares(Protocol):
@@ -35,11 +45,11 @@ class Shares(Protocol):
 
 @dataclass(slots=True, eq=False)
 class Ticket:
-    """Deliver ``grade(share)`` of ``window`` to ``listeners`` once it settles."""
+    """Deliver ``grader.grade_settled(share)`` of ``window`` to ``listeners`` once it settles."""
 
     window: Window
     ledger: Shares
-    grade: Callable[[Share], Energy]
+    grader: Grader
     listeners: Listener
     outcome: str
     status: int | None
@@ -58,7 +68,9 @@ def fire(windows: list[Window], tickets: list[Ticket] | None = None) -> None:
         groups.setdefault((id(ticket.ledger), id(ticket.listeners)), []).append(ticket)
     for window in windows if tickets is None else ():
         callbacks, window.callbacks = window.callbacks, None
-        for callback in callbacks or ():
+        if callbacks is None:
+            continue
+        for callback in callbacks if isinstance(callbacks, list) else (callbacks,):
             if type(callback) is Ticket:
                 groups.setdefault((id(callback.ledger), id(callback.listeners)), []).append(callback)
                 continue
@@ -77,7 +89,7 @@ def _deliver(tickets: list[Ticket]) -> None:
     batch: list[Settled] = []
     for ticket, share in zip(tickets, shares, strict=True):
         try:
-            batch.append(Settled(ticket.grade(share), ticket.outcome, ticket.status, ticket.t))
+            batch.append(Settled(ticket.grader.grade_settled(share), ticket.outcome, ticket.status, ticket.t))
         except Exception:
             log.exception("grading a settled figure failed")
     if batch:
@@ -87,4 +99,4 @@ def _deliver(tickets: list[Ticket]) -> None:
             log.exception("a listener of settled figures failed")
 
 
-__all__ = ["Ticket", "fire"]
+__all__ = ["Grader", "Ticket", "fire"]

@@ -185,7 +185,8 @@ class Window:
         self.rules: str | None = None
         self.error: str | None = None
         self.first: First | None = None
-        self.callbacks: list[Callable[[], None]] | None = None
+        #: What runs once it settles: one callable as it is, more in a list (:func:`waiting_on`).
+        self.callbacks: Callable[[], None] | list[Callable[[], None]] | None = None
 
     @property
     def seconds(self) -> float:
@@ -227,3 +228,15 @@ def spread(window: Window, a: float, b: float, value: float, into: list[float]) 
 
 
 __all__ = ["First", "Split", "TimeSplit", "TokenSplit", "Waiting", "Window", "spread"]
+
+
+def waiting_on(window: Window, callback: Callable[[], None]) -> None:
+    """Add ``callback`` to what runs once ``window`` settles: the first one as it is (a list
+    for every request would be one more object for the cyclic collector), more in a list."""
+    callbacks = window.callbacks
+    if callbacks is None:
+        window.callbacks = callback
+    elif isinstance(callbacks, list):
+        callbacks.append(callback)
+    else:
+        window.callbacks = [callbacks, callback]
