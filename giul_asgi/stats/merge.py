@@ -71,8 +71,7 @@ def _merge_other(merged: EnergyStats, folder: ServerFolder | None, other: Other,
     samples.append(nodes)
     merged.merge_cells([(k, at, c.copy()) for g in other.gens for (k, at), c in g.cells.items()])
     if not other.alive:
-        cut = state.get("cut") if isinstance(state.get("cut"), dict) else {}
-        merged.merge_cells(_unsettled(cut.get("pending"), other.gens, merged.step_s))
+        merged.merge_cells(_unsettled(data.get("pending"), other.gens, merged.step_s))
     return True
 
 
