@@ -201,7 +201,8 @@ class Ring:
         """The id prefixes this ring holds records of (see :class:`Prefix`)."""
         out = []
         for i in range(ROWS):
-            raw, high, dropped, evicted = _ROW.unpack_from(self.mm, ROWS_AT + i * _ROW.size)
+            at = ROWS_AT + i * _ROW.size  # the row copied whole: its counters as _raise wrote them
+            raw, high, dropped, evicted = _ROW.unpack(self.mm[at: at + _ROW.size])
             name = raw.rstrip(b"\0")
             if name:
                 out.append(Prefix(name.decode("ascii", "replace"), high, dropped, evicted, i))
@@ -312,7 +313,7 @@ class Ring:
         if known is None:
             known = _Q.unpack_from(self.mm, at)[0]
         if counter > known:
-            _Q.pack_into(self.mm, at, counter)
+            _store(self.mm, at, counter)  # one 8-byte copy: another process reads it whole
             known = counter
         self._counts[(row, field)] = known
 
