@@ -633,3 +633,37 @@ def test_a_read_that_hangs_is_booked_as_failed_by_the_watchdog() -> None:
     # Never measured: unknown, or an estimate from the card's first readings that says why.
     assert e.settled and e.method in ("unknown", "estimated") and "blocked" in (e.error or "")
     ledger.stop(timeout=0.2)
+
+
+def test_a_report_after_its_window_settled_but_before_the_hand_over_keeps_the_callbacks() -> None:
+    # On a server the reader hands settled windows to their listeners between reads
+    # (Ledger._handing). A report taken from the tray meanwhile threw the window's waiting
+    # callbacks away as "run already": an on_settled never ran (a hostile review).
+    class Later:  # a poller that never runs: the hand-over waits for deliver() below
+        def __getattr__(self, name: str) -> object:
+            return lambda *args, **kwargs: None
+
+    class Listener:
+        got = 0
+
+        def settled(self, batch: list[object]) -> None:
+            Listener.got += len(batch)
+
+    run = Run()
+    run.ledger._poller = Later()  # type: ignore[assignment]
+    called: list[float | None] = []
+    meter = Meter(run.ledger)
+    meter.open()
+    job = run.card.start_job(150.0)
+    meter.on_settled(lambda energy: called.append(energy.joules))
+    run.advance(0.05)
+    run.card.stop_job(job)
+    meter.close()
+    while not meter.settled_now:
+        run.advance(0.01)
+    meter.report(Listener(), "ok", 200)  # into the tray, after the settle
+    assert meter.window is not None
+    run.ledger.share(meter.window)  # a request-path call takes the tray: the report now
+    run.ledger.deliver(float("inf"))
+    assert len(called) == 1 and called[0] is not None
+    assert Listener.got == 1

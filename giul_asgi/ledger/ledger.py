@@ -336,8 +336,11 @@ class Ledger:
                 if note is not None:
                     note(("c", t, id(window), tokens, about))
             else:  # a report
-                if window.settled:
-                    window.callbacks = None  # run already
+                if window.settled and window.callbacks is None:
+                    # Handed over already (or nothing waited on it): delivered now. A window
+                    # settled whose callbacks are still there waits in ``_handing`` for the
+                    # reader, which delivers them and this ticket together (it threw them away
+                    # here once: an ``on_settled`` never ran, a hostile review).
                     fired.append(window)
                 waiting_on(window, item[2])
         if settled and note is not None:
