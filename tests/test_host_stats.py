@@ -501,3 +501,50 @@ def test_the_sharing_workers_say_whose_requests_they_miss(tmp_path: Path) -> Non
     finally:
         alone.close()
         shared.close()
+
+
+def test_answers_waiting_at_the_cut_go_in_the_row_as_strict_json_whatever_their_labels(
+    tmp_path: Path,
+) -> None:
+    """The answers waiting for their figure are joined into the row as they were written (not
+    encoded again at each cut). A label JSON cannot carry (a NaN status, an object) is null:
+    spliced in as NaN it made every other worker refuse the whole row (a hostile review)."""
+    from giul_asgi.hostshare.rows import load_json
+
+    stats = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("labels"))
+    stats.wait_ready()
+    try:
+        odd = ['q"uote', "back\\slash", "uni\u00e9\u2603", "ctrl\x01\n", ""]
+        for i, text in enumerate(odd):
+            stats.answered(f"w{i}", text, text, text, "ok", 200, text)
+        stats.answered("nan", "/r", "gpu", None, "ok", float("nan"), None)  # type: ignore[arg-type]
+        stats.answered("obj", "/r", "gpu", None, "ok", object(), None)  # type: ignore[arg-type]
+        stats.record(Energy(1.0, "measured", route="/r"), outcome="ok", status=200)  # a row is due
+        stats.flush()
+        assert stats.folder is not None
+        row = load_json(stats.folder.rows.path.read_bytes())  # strict: no NaN, no Infinity
+        pending = row["pending"]
+        assert sorted(pending) == sorted([f"w{i}" for i in range(len(odd))] + ["nan", "obj"])
+        for i, text in enumerate(odd):
+            assert pending[f"w{i}"][1:] == [text, text, text, "ok", 200, text]
+        assert pending["nan"][5] is None and isinstance(pending["obj"][5], str)
+        assert stats.shared and stats.write_errors == 0
+    finally:
+        stats.close()
+
+
+def test_a_dead_worker_s_waiting_answers_count_from_either_layout_of_its_row() -> None:
+    """Rows carry the answers waiting for their figure at their top level since 2026-12-06,
+    in their state's cut before: a reload that keeps the server's socket has workers of both."""
+    from giul_asgi.stats.folder import Other
+    from giul_asgi.stats.merge import merge_server
+
+    own = EnergyStats()
+    answer = [1_000_000.0, "/r", "gpu", None, "ok", 200, None]
+    state = EnergyStats().state()
+    new = Other("1-new.json", {"state": state, "pending": {"a": answer}}, [], alive=False)
+    old = Other("2-old.json", {"state": {**state, "cut": {"gen": 1, "pending": {"b": answer}}}}, [],
+                alive=False)
+    for other in (new, old):
+        merged, _, _ = merge_server(own, None, None, [other], None)
+        assert merged.snapshot("all")["methods"]["unknown"]["requests"] == 1, other.name

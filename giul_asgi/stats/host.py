@@ -331,7 +331,8 @@ class HostStats:
         encoded = self._encoded
         if len(encoded) >= 4096:
             encoded.clear()
-        part = encoded[labels] = json.dumps(list(labels), separators=(",", ":"))[1:-1].encode()
+        part = encoded[labels] = json.dumps([_label(x) for x in labels], separators=(",", ":"),
+                                            allow_nan=False)[1:-1].encode()
         return part
 
     def _cut(self) -> dict[str, Any]:
@@ -396,6 +397,8 @@ class HostStats:
                     self.write_errors += 1
                     self._unshare(f"cannot write this worker's row in {folder.folder}: {exc}", exc)
                     return
+                finally:
+                    self._cut_pending = b""  # in the row now (up to 100,000 members: megabytes)
                 if not self._write(folder, data):
                     return
                 self._written = changes
@@ -536,6 +539,17 @@ def _id_json(id: str | None) -> bytes:
     if _SAFE_ID.fullmatch(id):
         return b'"%b"' % id.encode()
     return json.dumps(id).encode()
+
+
+def _label(value: Any) -> Any:
+    """A label as a row and the tail carry it: a string, a whole number, a finite number, a
+    truth value or null (a NaN status, spliced in as it was, made every reader refuse the
+    whole row: a hostile review)."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return str(value)
 
 
 def _number(value: Any) -> bytes:

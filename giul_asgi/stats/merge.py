@@ -71,7 +71,11 @@ def _merge_other(merged: EnergyStats, folder: ServerFolder | None, other: Other,
     samples.append(nodes)
     merged.merge_cells([(k, at, c.copy()) for g in other.gens for (k, at), c in g.cells.items()])
     if not other.alive:
-        merged.merge_cells(_unsettled(data.get("pending"), other.gens, merged.step_s))
+        # At the row's top level; in its state's cut where the worker ran the code before
+        # 2026-12-06 (a reload that keeps the server's socket has old workers and new).
+        cut = state.get("cut")
+        pending = data.get("pending", cut.get("pending") if isinstance(cut, dict) else None)
+        merged.merge_cells(_unsettled(pending, other.gens, merged.step_s))
     return True
 
 
