@@ -174,10 +174,9 @@ class RecordStore:
     def settled(self, batch: Sequence[Settled]) -> None:
         """Settled figures (a :class:`~giul_asgi.listeners.Listener`): kept and written for
         the other workers at once (the reader thread)."""
-        shared = self._journal is not None
         for item in batch:
             energy = item.energy
-            data = _json(energy) if shared else None
+            data = _json(energy)
             if self._keep(energy, data):
                 self._file(energy, data)
 
@@ -207,7 +206,9 @@ class RecordStore:
             key = energy.id
             if not isinstance(key, str) or not key:
                 return False
-            record = energy if data is None else data
+            # As its JSON has it (nine significant digits), as another worker reads it; the
+            # Energy itself only where its JSON could not be made.
+            record = data if data is not None else _json(energy) or energy
             now = self._clock()
             with self._lock:
                 items = self._items
@@ -479,10 +480,17 @@ for _name in _FIELDS:
     _CHECKS[_name], _KINDS[_name] = _checker(_HINTS[_name])
 
 
+#: Fields that hold a float (or None): JSON writes a whole one as ``5``, read back as 5.0.
+_FLOATS = frozenset(name for name in _FIELDS
+                    if float in {_HINTS[name], *typing.get_args(_HINTS[name])}
+                    and int not in {_HINTS[name], *typing.get_args(_HINTS[name])})
+
+
 def energy_from_dict(data: Mapping[str, Any]) -> Energy | None:
-    """An :class:`Energy` from its ``as_dict()`` (another worker's record); None if it is not one."""
+    """An :class:`Energy` from its ``as_dict()`` (a record read back); None if it is not one."""
     try:
-        values = {k: v for k, v in data.items() if k in _FIELDS}
+        values: dict[str, Any] = {k: float(v) if type(v) is int and k in _FLOATS else v
+                                  for k, v in data.items() if k in _FIELDS}
         stages = values.pop("stages", None) or {}
         energy = Energy(**values)
         energy.stages = {str(name): stage for name, raw in stages.items()

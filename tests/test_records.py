@@ -488,3 +488,28 @@ def test_an_evicted_ids_counter_is_what_the_general_parse_says(tail: str) -> Non
     parts = split_id(key)
     assert _counter(key) == (parts[1] if parts is not None and parts[0] == id_prefix() else 0)
     assert _counter("1a2b-3c4d-" + (tail or "0")) == 0
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_record_reads_back_here_as_any_other_worker_reads_it(place: Path, share: bool) -> None:
+    """Records are kept as their JSON (the answer's block, the ring's copy), not as Energy
+    objects a full collection walks: read back here, a record is what another worker reads,
+    shared or not, first figure or settled; a whole float stays a float."""
+    store = RecordStore(share=place if share else False)
+    key = f"{id_prefix()}{1:x}"
+    first = Energy(5.0, "estimated", node="gpu0", backend="nvml_counter", source="local", id=key,
+                   seconds=0.123456789123, carbon_g_per_kwh=400.0, tenant="t\u00e9", tokens=7)
+    store.put(first, energy_json(first))
+    got = store.lookup(key).energy
+    assert got is not None and got == parse_record(energy_json(first))[0]
+    assert type(got.joules) is float and got.joules == 5.0 and got.seconds == 0.123456789
+    assert type(got.carbon_g_per_kwh) is float and got.tokens == 7 and got.tenant == "t\u00e9"
+    settled = Energy(5.5, "measured", node="gpu0", backend="nvml_counter", source="local", id=key,
+                     seconds=0.25, settled=True, stages={"prefill": Energy(1.0, "measured", id=None)})
+    store.settled([Settled(settled, "ok", 200, 0.0)])
+    got = store.lookup(key).energy
+    assert got is not None and got.settled and got == parse_record(energy_json(settled))[0]
+    assert type(got.joules) is float and got.stages["prefill"].joules == 1.0
+    if share:  # and another worker of the server finds the same
+        other = RecordStore(share=place)
+        assert other.lookup(key).energy == got
