@@ -186,6 +186,39 @@ def test_a_reader_starts_at_the_starting_interval_and_reads_at_the_steady_one() 
     assert meanwhile.value == pytest.approx(0.01) and switch.lowered is None
 
 
+def test_another_thread_s_run_of_hand_overs_is_hurried_and_the_steady_interval_comes_back() -> None:
+    # The statistics' row writer: woken and its run of system calls hurried (each a hand-over
+    # of the GIL beside a loop running Python flat out), then the reader's steady interval.
+    interval = Interval()
+    switch = Switch(interval.get, interval.put, env={})
+    switch.join("a")
+    switch.started()
+    assert interval.value == pytest.approx(INTERVAL_S)
+    switch.hurry()  # the tail asked for a row
+    assert interval.value == pytest.approx(STARTING_S)
+    with switch.hurried():  # the row written
+        assert interval.value == pytest.approx(STARTING_S)
+    assert interval.value == pytest.approx(STARTING_S)  # the wake-up's hurry still holds
+    switch.started()
+    assert interval.value == pytest.approx(INTERVAL_S)
+    with pytest.raises(RuntimeError), switch.hurried():
+        raise RuntimeError("a row that failed")
+    assert interval.value == pytest.approx(INTERVAL_S)
+    switch.leave()
+    assert interval.value == pytest.approx(CPYTHON_S)
+    # No reader, or an interval the operator gave: nothing is changed.
+    alone = Interval()
+    with Switch(alone.get, alone.put, env={}).hurried():
+        pass
+    given = Interval()
+    switch = Switch(given.get, given.put, env={ENV: "0.002"})
+    switch.join("a")
+    switch.started()
+    with switch.hurried():
+        assert given.value == pytest.approx(0.002)
+    assert alone.puts == [] and given.puts == [0.002]
+
+
 def test_a_change_meanwhile_is_not_undone() -> None:
     interval = Interval()
     switch = Switch(interval.get, interval.put, env={ENV: "0.002"})

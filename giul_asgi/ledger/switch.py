@@ -31,12 +31,13 @@ hands every 1 ms rather than 5; a thread alone with the GIL is never asked to le
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from ..errors import ConfigError
 
@@ -51,7 +52,8 @@ INTERVAL_S = 0.001
 #: place resolved, files made, mapped and locked), each a wait of up to the interval beside
 #: a loop running Python flat out. At 1 ms the table alone took 125 ms (2 ms beside a quiet
 #: loop) and a fresh process's first 333 ms request was unknown at its close in 2 runs of 4;
-#: at 0.2 ms, 3-8 ms and 4 of 4 (benchmarks/results/attribution-2026-12-06f-start.md).
+#: at 0.2 ms, 3-8 ms and 4 of 4 (benchmarks/results/attribution-2026-12-06f-start.md). The
+#: same while another of our threads makes such a run of hand-overs (:meth:`Switch.hurried`).
 STARTING_S = 0.0002
 #: CPython's own: an interval other than this is the application's choice, and is kept.
 CPYTHON_S = 0.005
@@ -103,7 +105,7 @@ class Switch:
         self._get, self._put, self._env = get, put, env
         self._lock = threading.Lock()
         self._readers = 0
-        self._starting = 0  # reader threads that have not read yet
+        self._starting = 0  # reader threads that have not read yet, and threads hurried
         self._set: float | None = None  # the interval this set
         self._was: float | None = None  # the interval before it
         self._steady: float | None = None  # the interval once every reader has read
@@ -155,6 +157,27 @@ class Switch:
                 self._set = self._steady
             else:  # the application's choice since: left as it is
                 self._set = self._was = self._steady = None
+
+    def hurry(self) -> None:
+        """One of our threads has a run of hand-overs of the GIL to make now (a wake-up, a
+        run of system calls): the starting interval, where the default is set, until as many
+        :meth:`started` as calls here."""
+        with self._lock:
+            self._starting += 1
+            if self._set is not None:
+                self._hurry()
+
+    @contextlib.contextmanager
+    def hurried(self) -> Iterator[None]:
+        """:meth:`hurry` while the calling thread makes a run of system calls (the
+        statistics' row written and the dead workers looked for); the steady interval after.
+        Beside a loop running Python flat out the row writer's 25 calls took 50-460 ms at
+        1 ms (5-30 ms of CPU), and the tail the row frees filled meanwhile."""
+        self.hurry()
+        try:
+            yield
+        finally:
+            self.started()
 
     def _hurry(self) -> None:
         """The starting interval while a reader starts: only where the default is set (an
