@@ -496,6 +496,7 @@ def test_a_record_reads_back_here_as_any_other_worker_reads_it(place: Path, shar
     objects a full collection walks: read back here, a record is what another worker reads,
     shared or not, first figure or settled; a whole float stays a float."""
     store = RecordStore(share=place if share else False)
+    assert store.shared is share  # waits for the ring (made on the store's own thread)
     key = f"{id_prefix()}{1:x}"
     first = Energy(5.0, "estimated", node="gpu0", backend="nvml_counter", source="local", id=key,
                    seconds=0.123456789123, carbon_g_per_kwh=400.0, tenant="t\u00e9", tokens=7)
