@@ -667,3 +667,58 @@ def test_a_report_after_its_window_settled_but_before_the_hand_over_keeps_the_ca
     run.ledger.deliver(float("inf"))
     assert len(called) == 1 and called[0] is not None
     assert Listener.got == 1
+
+
+def test_a_report_taken_while_the_reader_hands_its_window_over_is_delivered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reader took the window's callbacks (handing it over) between the report's look at
+    # them and its add: the ticket landed on a window nobody fires again (a hostile review).
+    # The callbacks are taken under the ledger's lock now, as the report looks and adds.
+    import threading
+
+    from giul_asgi.ledger import ledger as ledger_module
+
+    class Later:
+        def __getattr__(self, name: str) -> object:
+            return lambda *args, **kwargs: None
+
+    class Listener:
+        got = 0
+
+        def settled(self, batch: list[object]) -> None:
+            Listener.got += len(batch)
+
+    run = Run()
+    run.ledger._poller = Later()  # type: ignore[assignment]
+    called: list[float | None] = []
+    meter = Meter(run.ledger)
+    meter.open()
+    job = run.card.start_job(150.0)
+    meter.on_settled(lambda energy: called.append(energy.joules))
+    run.advance(0.05)
+    run.card.stop_job(job)
+    meter.close()
+    while not meter.settled_now:
+        run.advance(0.01)
+    paused, resume = threading.Event(), threading.Event()
+    real = ledger_module.waiting_on
+
+    def preempted(window: object, callback: object) -> None:
+        paused.set()
+        resume.wait(0.5)  # the reader's hand-over cannot take the lock meanwhile: it waits
+        real(window, callback)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ledger_module, "waiting_on", preempted)
+    meter.report(Listener(), "ok", 200)
+    assert meter.window is not None
+    request = threading.Thread(target=run.ledger.share, args=(meter.window,))
+    request.start()
+    assert paused.wait(5)
+    reader = threading.Thread(target=run.ledger.deliver, args=(float("inf"),))
+    reader.start()
+    resume.set()
+    request.join(5)
+    reader.join(5)
+    run.ledger.deliver(float("inf"))
+    assert len(called) == 1 and Listener.got == 1

@@ -249,7 +249,7 @@ class Ledger:
             if self._note is not None:
                 self._note(("m", t, id(window), name))
                 self._noted(marked)
-        _fire(settled)
+        self._fire(settled)
 
     @property
     def weighs_phases(self) -> bool:
@@ -299,7 +299,7 @@ class Ledger:
             if self._note is not None:
                 self._note(("a", t, id(window)))
                 self._noted(settled)
-        _fire(settled)
+        self._fire(settled)
 
     def _deferring(self) -> bool:
         """Whether the tray may wait for the reader thread: one is running and measuring.
@@ -309,7 +309,7 @@ class Ledger:
     def _take_tray(self) -> None:
         with self._lock:
             settled = self._tray_locked()
-        _fire(settled)
+        self._fire(settled)
 
     def _tray_locked(self) -> list[Window]:
         """The book takes what the request path recorded, in order (under the lock): opens,
@@ -353,7 +353,7 @@ class Ledger:
         with self._lock:
             settled = self._tray_locked()
             share = self.book.share(window)
-        _fire(settled)
+        self._fire(settled)
         return share
 
     def share_unlocked(self, window: Window) -> Share:
@@ -364,7 +364,7 @@ class Ledger:
         with self._lock:
             settled = self._tray_locked()
             values = self.book.stage_values(window)
-        _fire(settled)
+        self._fire(settled)
         return values
 
     def when_settled(self, window: Window, callback: Callable[[], None]) -> None:
@@ -374,7 +374,7 @@ class Ledger:
             waits = not window.settled
             if waits:
                 waiting_on(window, callback)
-        _fire(settled)
+        self._fire(settled)
         if not waits:
             callback()
 
@@ -417,7 +417,7 @@ class Ledger:
                 settled += self.book.force_settle()
             else:
                 self.book.error = None
-        _fire(settled)
+        self._fire(settled)
 
     def failed(self, error: BaseException) -> None:
         """The reader could not be built: figures on this node are unknown or estimated."""
@@ -430,7 +430,7 @@ class Ledger:
             settled += self.book.force_settle()
             if self._note is not None:
                 self._note(("f", reason))
-        _fire(settled)
+        self._fire(settled)
 
     def ingest(self, reading: Reading) -> None:
         """Book one reading: the spans it closes are decided for the host (this process holds
@@ -507,9 +507,15 @@ class Ledger:
         if not settled:
             return
         if self._poller is None:
-            _fire(settled)
+            self._fire(settled)
             return
         self._handing.extend(settled)
+
+    def _fire(self, windows: list[Window]) -> None:
+        """Run what waited on ``windows`` (just settled; called without the lock): tickets in
+        one batch per ledger and listeners, plain callbacks one by one."""
+        if windows:
+            fire(windows, lock=self._lock)
 
     def deliver(self, budget_s: float) -> None:
         """Reader thread, between reads: hand settled figures to their listeners, chunks of
@@ -521,7 +527,7 @@ class Ledger:
             with contextlib.suppress(IndexError):  # another thread drained it (stop)
                 for _ in range(min(HAND_OVER_CHUNK, len(handing))):
                     chunk.append(handing.popleft())
-            _fire(chunk)
+            self._fire(chunk)
             if time.perf_counter() >= deadline:
                 return
 
@@ -638,7 +644,7 @@ class Ledger:
             self.table = table
             settled = self._tray_locked()
             table.adopt([(window.seq, window.t_open) for window in self.book.open_windows()])
-        _fire(settled)
+        self._fire(settled)
 
     def _recall(self, place: Path, reader: Reader | None) -> None:
         """Start from the prior this server's workers kept (gunicorn's recycled worker answered
@@ -683,7 +689,7 @@ class Ledger:
                              book.windows_open, book.idle_received_j,
                              high("idle_charged", book.idle_charged_j),
                              high("idle_forfeit", book.idle_forfeit_j), book.idle_in_flight_j)
-        _fire(settled)
+        self._fire(settled)
         return seat
 
     def _high(self, name: str, value: float) -> float:
@@ -738,7 +744,7 @@ class Ledger:
             self.book.note_processes(foreign)
             if self._note is not None:
                 self._note(("p", foreign))
-        _fire(settled)
+        self._fire(settled)
 
     def _chores(self) -> list[tuple[float, Callable[[], None]]]:
         """What the poller does beside reading the card: the load nobody here can see, the
@@ -788,7 +794,7 @@ class Ledger:
         with self._lock:
             settled = self._tray_locked()
             load = self.book.load_at(self.clock())
-        _fire(settled)
+        self._fire(settled)
         return load
 
     def card_load(self) -> tuple[float, int]:
@@ -821,7 +827,7 @@ class Ledger:
             self.book.note_upstream(t, running, others)
             if self._note is not None:
                 self._note(("up", t, running))
-        _fire(settled)
+        self._fire(settled)
 
     def note_phases(self, prompt_tokens: float | None, generation_tokens: float | None,
                     prefill_s: float | None, decode_s: float | None) -> None:
@@ -950,7 +956,7 @@ class Ledger:
                 self.table = None
             table.close()
         self.deliver(math.inf)
-        _fire(settled)
+        self._fire(settled)
 
     async def aclose(self, timeout: float | None = None) -> None:
         """:meth:`stop` without blocking the event loop."""
@@ -1006,7 +1012,7 @@ class Ledger:
                 idle_in_flight_j=book.idle_in_flight_j,
                 idle_unattributed_j=high("idle_unattributed", book.idle_unattributed_j),
             )
-        _fire(settled)
+        self._fire(settled)
         return totals
 
 
@@ -1033,10 +1039,6 @@ def _target(node: Node) -> str:
     return f"GPUs {list(node.gpus)}" if node.gpus else "every GPU"
 
 
-def _fire(windows: list[Window]) -> None:
-    # Tickets in one batch per ledger and listeners; plain callbacks one by one.
-    if windows:
-        fire(windows)
 
 
 def _waker() -> tuple[Callable[[], Awaitable[object]], Callable[[], None]]:

@@ -17,8 +17,10 @@ than a bound method of it, and a window holds one waiting callable as it is, not
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,16 +62,24 @@ class Ticket:
         fire([self.window], [self])
 
 
-def fire(windows: list[Window], tickets: list[Ticket] | None = None) -> None:
+def fire(
+    windows: list[Window], tickets: list[Ticket] | None = None, lock: threading.Lock | None = None,
+) -> None:
     """Run what waited on ``windows`` (just settled): plain callbacks one by one, tickets
-    in one batch per ledger and listeners."""
+    in one batch per ledger and listeners. ``lock`` (the ledger's) is held while they are
+    taken from the windows, not while they run: a report the ledger takes meanwhile finds
+    them there or gone, never half taken (its ticket was lost between the two once)."""
     groups: dict[tuple[int, int], list[Ticket]] = {}
     for ticket in tickets or ():
         groups.setdefault((id(ticket.ledger), id(ticket.listeners)), []).append(ticket)
-    for window in windows if tickets is None else ():
-        callbacks, window.callbacks = window.callbacks, None
-        if callbacks is None:
-            continue
+    waiting: list[Callable[[], None] | list[Callable[[], None]]] = []
+    if tickets is None:
+        with lock if lock is not None else contextlib.nullcontext():
+            for window in windows:
+                if window.callbacks is not None:
+                    waiting.append(window.callbacks)
+                    window.callbacks = None
+    for callbacks in waiting:
         for callback in callbacks if isinstance(callbacks, list) else (callbacks,):
             if type(callback) is Ticket:
                 groups.setdefault((id(callback.ledger), id(callback.listeners)), []).append(callback)
