@@ -217,6 +217,30 @@ def test_another_thread_s_run_of_hand_overs_is_hurried_and_the_steady_interval_c
     with switch.hurried():
         assert given.value == pytest.approx(0.002)
     assert alone.puts == [] and given.puts == [0.002]
+    # The operator's 0.001 is theirs too, though it is the default's value (a hostile review).
+    same = Interval()
+    switch = Switch(same.get, same.put, env={ENV: "0.001"})
+    switch.join("a")
+    with switch.hurried():
+        assert same.value == pytest.approx(0.001)
+    assert same.puts == [0.001]
+
+
+def test_a_forked_child_starts_from_cpython_s_interval_with_no_counts() -> None:
+    # A child forked while the parent's reader ran (or its row writer hurried) has none of
+    # the parent's threads: it stayed at 0.2 ms for good (a hostile review), and at 1 ms.
+    interval = Interval()
+    switch = Switch(interval.get, interval.put, env={})
+    switch.join("a")
+    switch.hurry()
+    assert interval.value == pytest.approx(STARTING_S)
+    switch.after_fork()  # what os.register_at_fork runs in the child
+    assert interval.value == pytest.approx(CPYTHON_S) and switch.lowered is None
+    switch.join("child")
+    switch.started()
+    assert interval.value == pytest.approx(INTERVAL_S)
+    switch.leave()
+    assert interval.value == pytest.approx(CPYTHON_S)
 
 
 def test_a_change_meanwhile_is_not_undone() -> None:

@@ -109,6 +109,7 @@ class Switch:
         self._set: float | None = None  # the interval this set
         self._was: float | None = None  # the interval before it
         self._steady: float | None = None  # the interval once every reader has read
+        self._default = False  # the steady interval is the default (not the environment's)
         self._said = False
 
     @property
@@ -137,6 +138,7 @@ class Switch:
                 return
             self._was, self._set = now, wanted
             self._steady = wanted
+            self._default = not (self._env.get(ENV) or "").strip()
             self._put(wanted)
             self._hurry()
             said, self._said = self._said, True
@@ -183,7 +185,7 @@ class Switch:
         """The starting interval while a reader starts: only where the default is set (an
         interval the operator gave is kept throughout)."""
         current = self._set
-        if self._starting and self._steady == INTERVAL_S and current is not None \
+        if self._starting and self._default and current is not None \
                 and current != STARTING_S and _same(self._get(), current):
             self._set = STARTING_S
             self._put(STARTING_S)
@@ -198,6 +200,18 @@ class Switch:
                 self._put(self._was)
             self._set = self._was = self._steady = None
 
+    def after_fork(self) -> None:
+        """In a forked child (gunicorn --preload): no reader thread of the parent's runs
+        here, so the parent's counts go and its interval is put back; the child's own readers
+        set it again when they start (a child forked while the parent hurried stayed at 0.2
+        ms for good, a hostile review)."""
+        self._lock = threading.Lock()
+        self._readers = self._starting = 0
+        if self._set is not None and self._was is not None and _same(self._get(), self._set):
+            self._put(self._was)
+        self._set = self._was = self._steady = None
+        self._default = False
+
 
 def _same(a: float, b: float) -> bool:
     """Whether two intervals are one: CPython keeps it in whole microseconds, so 0.0002 set
@@ -207,6 +221,7 @@ def _same(a: float, b: float) -> bool:
 
 #: The process's one: the interval is the process's.
 SWITCH = Switch()
+os.register_at_fork(after_in_child=SWITCH.after_fork)
 
 __all__ = [
     "CPYTHON_S", "ENV", "INTERVAL_S", "STARTING_S", "SWITCH", "Switch", "check_environment", "configured",

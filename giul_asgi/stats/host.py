@@ -322,20 +322,23 @@ class HostStats:
             self._overflowed()
 
     def _half_full(self, tail: Any) -> bool:
-        """Under the tail's lock: whether the tail has just passed half full (a row is due)."""
-        if self._hurrying or tail.fill() <= 0.5:
+        """Under the tail's lock: whether the tail has just passed half full, so that a row is
+        due; if so the GIL's hand-overs hurry until the row writer has written it (released
+        under the same lock: :meth:`_flush`). Beside a loop running Python flat out the
+        writer woke 0-220 ms after being asked (its wake-up is a few hand-overs, each a race
+        it mostly lost), and at 7,000 requests a second the tail filled meanwhile in some
+        runs. Not while no row can be written (a full place: the tail is not cut, and it
+        would hurry for as long) nor once the writer is stopped."""
+        if self._hurrying or self._unwritten is not None or self._stop.is_set() or tail.fill() <= 0.5:
             return False
+        from ..ledger.switch import SWITCH  # here: the ledger's package imports the statistics'
+
         self._hurrying = True
+        SWITCH.hurry()
         return True
 
     def _row_due(self) -> None:
-        """Wake the row writer, and hurry the GIL's hand-overs until its row is written: beside
-        a loop running Python flat out it woke 0-220 ms after being asked (its wake-up is a
-        few hand-overs, each a race it mostly lost), and at 7,000 requests a second the tail
-        filled meanwhile in some runs."""
-        from ..ledger.switch import SWITCH  # here: the ledger's package imports the statistics'
-
-        SWITCH.hurry()
+        """Wake the row writer (hurried: :meth:`_half_full`)."""
         self._due.set()
 
     def _overflowed(self) -> None:
@@ -404,10 +407,10 @@ class HostStats:
             with self._flush_lock, SWITCH.hurried():
                 self._flush_now()
         finally:
-            with self._tail_lock:
-                hurried, self._hurrying = self._hurrying, False
-            if hurried:
-                SWITCH.started()
+            with self._tail_lock:  # paired with _half_full's hurry under the same lock
+                if self._hurrying:
+                    self._hurrying = False
+                    SWITCH.started()
 
     def _flush_now(self) -> None:
         """The row cut and written (the writer thread's, or a flush asked for)."""
@@ -471,7 +474,14 @@ class HostStats:
             if self._stop.is_set():
                 return
             spent = time.thread_time()
-            self._flush()
+            try:
+                self._flush()
+            except Exception:  # the writer goes on: a tail past half with no writer stays so
+                log.exception("writing this worker's statistics row failed")
+            if self._unwritten is not None:
+                # No room for the row: tried again every wait, not at every answer (the
+                # writer spun on the due flag, 2.5 s of CPU in 3, while the place was full).
+                self._due.clear()
             # A write costs what the state holds (about 0.5 s of CPU at 1e6 records over
             # 200 keys): the next waits FLUSH_SHARE times as long, so sharing the statistics
             # costs a worker at most 1/FLUSH_SHARE of a core; the tail keeps every request
