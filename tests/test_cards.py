@@ -555,3 +555,34 @@ def test_a_figure_counts_the_windows_of_every_process_on_the_card_as_in_flight()
     # The card's draw over the window, all requests together: 300 J of 600 above idle
     # plus idle, whatever this book's share of it.
     assert settled.mean_watts == pytest.approx(600.0 + 70.0)
+
+
+def test_workers_sweeping_at_once_never_fail_a_join(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four workers starting together swept the same stale folder together: one found it gone
+    under it (FileNotFoundError out of its table's join), read the card alone, and the four
+    charged it 1.75x (the suite's test_four_workers_on_one_card, once in four runs)."""
+    import contextlib
+    import os
+    import shutil
+    import time
+    from collections.abc import Iterator
+
+    from giul_asgi.hostshare import cards
+    from giul_asgi.hostshare.cards import sweep
+
+    place = tmp_path / "place"
+    place.mkdir(mode=0o700)
+    CardTable(place, "card:stale", "stale").close()
+    stale = place / "cards" / folder_name("card:stale")
+    for seat in stale.glob("p-*"):
+        seat.rename(stale / "p-999999999-1-0")  # its process gone
+    old = time.time() - 2 * cards.FORGET_CARD_S
+    os.utime(stale, (old, old))
+
+    @contextlib.contextmanager
+    def swept_meanwhile(path: Path) -> Iterator[bool]:
+        shutil.rmtree(path.parent)  # another worker's sweep, between our look and our lock
+        yield True
+
+    monkeypatch.setattr(sweep, "held_if_free", swept_meanwhile)
+    assert cards.sweep_cards(place) == 0  # nothing removed by this one, and no error

@@ -38,7 +38,7 @@ from ..config import Node
 from ..deferred import raise_kept
 from ..energy import Carbon, Provenance, Share
 from ..errors import GiulError, ReaderUnavailable
-from ..hostshare import CardTable, SeatBooks, Unusable, card_key, log_unshared, resolve, server_identity
+from ..hostshare import CardTable, SeatBooks, card_key, log_unshared, resolve, server_identity
 from ..hostshare.place import remedy
 from ..hostshare.priors import KeptPrior, prior_name
 from ..readers.base import Continuing, Process, Reader, Reading
@@ -631,7 +631,7 @@ class Ledger:
             return
         try:
             table = CardTable(place.path, key, self.node.name, ramp_s=self.node.ramp_s, clock=self.clock)
-        except Unusable as exc:
+        except OSError as exc:  # Unusable, or one the table did not foresee: said alike, not alone unsaid
             self.unshared = f"per process: {exc}; other processes on this card are not seen"
             cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
             log.warning("node %r: the card cannot be shared with the host's other processes: %s. "

@@ -35,32 +35,44 @@ def sweep_cards(directory: Path, keep: Path | None = None) -> int:
     """Remove the folders of cards nobody reads any more: no process holds the lock, every
     seat's process is gone, nothing changed for :data:`FORGET_CARD_S` (a demo's card named
     for its port, a fake GPU's: each 1.5 MB that a hostile tester saw pile up to 650 MB).
-    Runs when a ledger joins a table, on its reader thread; returns how many went."""
+    Runs when a ledger joins a table, on its reader thread; returns how many went. Never
+    raises: workers that start together sweep together, and one found a folder another had
+    just removed (FileNotFoundError out of its join: that worker read the card alone, and
+    four workers charged it 1.75x, the suite's test_four_workers_on_one_card)."""
     removed = 0
-    for entry, info in own_entries(directory / "cards"):
+    try:
+        entries = list(own_entries(directory / "cards"))
+    except OSError:
+        return 0
+    for entry, info in entries:
         folder = Path(entry.path)
         if folder == keep or not stat.S_ISDIR(info.st_mode) or time.time() - info.st_mtime < FORGET_CARD_S:
             continue
         try:
-            names = os.listdir(folder)
-            if any(n.startswith("p-") and _seat_alive(n) for n in names):
-                continue
-        except OSError:
+            removed += _sweep(folder)
+        except OSError:  # swept by another process meanwhile, or not ours to sweep
             continue
-        with held_if_free(folder / "lock") as free:
-            if not free:
-                continue  # somebody holds the card (it is read), or its lock cannot be opened
-            if time.time() - os.stat(folder, follow_symlinks=False).st_mtime < FORGET_CARD_S:
-                continue  # a ledger sat down meanwhile
-            for name in os.listdir(folder):
-                if name != "lock":
-                    with contextlib.suppress(OSError):
-                        os.unlink(folder / name)
-            with contextlib.suppress(OSError):
-                os.unlink(folder / "lock")
-                os.rmdir(folder)
-                removed += 1
     return removed
+
+
+def _sweep(folder: Path) -> int:
+    """Remove one card's folder if nobody reads it; 1 if removed. Raises OSError."""
+    names = os.listdir(folder)
+    if any(n.startswith("p-") and _seat_alive(n) for n in names):
+        return 0
+    with held_if_free(folder / "lock") as free:
+        if not free:
+            return 0  # somebody holds the card (it is read), or its lock cannot be opened
+        if time.time() - os.stat(folder, follow_symlinks=False).st_mtime < FORGET_CARD_S:
+            return 0  # a ledger sat down meanwhile
+        for name in os.listdir(folder):
+            if name != "lock":
+                with contextlib.suppress(OSError):
+                    os.unlink(folder / name)
+        with contextlib.suppress(OSError):
+            os.unlink(folder / "lock")
+        os.rmdir(folder)
+    return 1
 
 
 def ledgers_on(directory: Path, key: str) -> Iterable[str]:
