@@ -631,7 +631,7 @@ class Ledger:
             return
         try:
             table = CardTable(place.path, key, self.node.name, ramp_s=self.node.ramp_s, clock=self.clock)
-        except OSError as exc:  # Unusable, or one the table did not foresee: said alike, not alone unsaid
+        except OSError as exc:  # Unusable, or one the table did not foresee: per process, said
             self.unshared = f"per process: {exc}; other processes on this card are not seen"
             cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
             log.warning("node %r: the card cannot be shared with the host's other processes: %s. "
@@ -1037,8 +1037,6 @@ def _target(node: Node) -> str:
     if node.reader == "simulated":
         return "an in-process simulated card loaded by this node's windows"
     return f"GPUs {list(node.gpus)}" if node.gpus else "every GPU"
-
-
 
 
 def _waker() -> tuple[Callable[[], Awaitable[object]], Callable[[], None]]:

@@ -288,7 +288,7 @@ class HostStats:
             kept = folder.tail.append_json(data)
             full = self._half_full(folder.tail)
         if full:
-            self._row_due()
+            self._due.set()
         if not kept:
             self._overflowed()
 
@@ -317,7 +317,7 @@ class HostStats:
                 kept = tail.append_json(data) and kept
             full = self._half_full(tail)
         if full:
-            self._row_due()
+            self._due.set()
         if not kept:
             self._overflowed()
 
@@ -336,10 +336,6 @@ class HostStats:
         self._hurrying = True
         SWITCH.hurry()
         return True
-
-    def _row_due(self) -> None:
-        """Wake the row writer (hurried: :meth:`_half_full`)."""
-        self._due.set()
 
     def _overflowed(self) -> None:
         if self._overflow_said:
