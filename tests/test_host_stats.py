@@ -551,24 +551,33 @@ def test_a_dead_worker_s_waiting_answers_count_from_either_layout_of_its_row() -
         assert merged.snapshot("all")["methods"]["unknown"]["requests"] == 1, other.name
 
 
+def reading_switch(monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, float], Any]:
+    """The process's switch interval, faked, as a running reader has set it (1 ms), in place
+    of the real one for the statistics: (its value, the Switch)."""
+    from giul_asgi.ledger import switch as switch_module
+    from giul_asgi.ledger.switch import CPYTHON_S, Switch
+
+    interval = {"value": CPYTHON_S}
+
+    def put(value: float) -> None:
+        interval["value"] = round(value * 1e6) * 1e-6  # as CPython keeps it: whole microseconds
+
+    switch = Switch(lambda: interval["value"], put, env={})
+    monkeypatch.setattr(switch_module, "SWITCH", switch)
+    switch.join("reader")
+    switch.started()
+    return interval, switch
+
+
 def test_a_tail_past_half_wakes_its_row_writer_hurried_and_lets_go_once_the_row_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Beside a loop running Python flat out the row writer woke 0-220 ms after its tail asked
     (a few hand-overs of the GIL, each a race it mostly lost), and the tail filled meanwhile in
     4 runs of 8 at 8,000 requests a second: the hand-overs hurry from the ask to the row."""
-    from giul_asgi.ledger import switch as switch_module
-    from giul_asgi.ledger.switch import CPYTHON_S, INTERVAL_S, STARTING_S, Switch
+    from giul_asgi.ledger.switch import INTERVAL_S, STARTING_S
 
-    interval = {"value": CPYTHON_S}
-
-    def put(value: float) -> None:
-        interval["value"] = round(value * 1e6) * 1e-6
-
-    switch = Switch(lambda: interval["value"], put, env={})
-    monkeypatch.setattr(switch_module, "SWITCH", switch)
-    switch.join("reader")
-    switch.started()
+    interval, switch = reading_switch(monkeypatch)
     stats = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("hurry"), area=64 * 1024)
     stats.wait_ready()
     try:
@@ -600,17 +609,9 @@ def test_a_full_place_neither_spins_the_row_writer_nor_hurries_the_gil(
     anew (a hostile review). Tried again every wait now, and no hurry while it cannot be cut;
     a writer's failure other than the place's is logged, and the writer goes on."""
     from giul_asgi.ledger import switch as switch_module
-    from giul_asgi.ledger.switch import CPYTHON_S, INTERVAL_S, Switch
+    from giul_asgi.ledger.switch import CPYTHON_S, INTERVAL_S
 
-    interval = {"value": CPYTHON_S}
-
-    def put(value: float) -> None:
-        interval["value"] = round(value * 1e6) * 1e-6
-
-    switch = Switch(lambda: interval["value"], put, env={})
-    monkeypatch.setattr(switch_module, "SWITCH", switch)
-    switch.join("reader")
-    switch.started()
+    interval, switch = reading_switch(monkeypatch)
     stats = HostStats(EnergyStats(), tmp_path, flush_s=0.2, server=server("full"), area=64 * 1024)
     stats.wait_ready()
     assert stats.folder is not None

@@ -635,22 +635,26 @@ def test_a_read_that_hangs_is_booked_as_failed_by_the_watchdog() -> None:
     ledger.stop(timeout=0.2)
 
 
-def test_a_report_after_its_window_settled_but_before_the_hand_over_keeps_the_callbacks() -> None:
-    # On a server the reader hands settled windows to their listeners between reads
-    # (Ledger._handing). A report taken from the tray meanwhile threw the window's waiting
-    # callbacks away as "run already": an on_settled never ran (a hostile review).
-    class Later:  # a poller that never runs: the hand-over waits for deliver() below
-        def __getattr__(self, name: str) -> object:
-            return lambda *args, **kwargs: None
+class _Later:
+    """A poller that never runs: settled windows wait in ``Ledger._handing`` for deliver()."""
 
-    class Listener:
-        got = 0
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: None
 
-        def settled(self, batch: list[object]) -> None:
-            Listener.got += len(batch)
 
+class _Listener:
+    def __init__(self) -> None:
+        self.got = 0
+
+    def settled(self, batch: list[object]) -> None:
+        self.got += len(batch)
+
+
+def _settled_before_its_hand_over() -> tuple[Run, Meter, list[float | None]]:
+    """A window with an on_settled, settled by a reading and not handed over yet (as on a
+    server between two reads), and what its on_settled got."""
     run = Run()
-    run.ledger._poller = Later()  # type: ignore[assignment]
+    run.ledger._poller = _Later()  # type: ignore[assignment]
     called: list[float | None] = []
     meter = Meter(run.ledger)
     meter.open()
@@ -661,12 +665,20 @@ def test_a_report_after_its_window_settled_but_before_the_hand_over_keeps_the_ca
     meter.close()
     while not meter.settled_now:
         run.advance(0.01)
-    meter.report(Listener(), "ok", 200)  # into the tray, after the settle
+    return run, meter, called
+
+
+def test_a_report_after_its_window_settled_but_before_the_hand_over_keeps_the_callbacks() -> None:
+    # A report taken from the tray meanwhile threw the window's waiting callbacks away as
+    # "run already": an on_settled never ran (a hostile review).
+    run, meter, called = _settled_before_its_hand_over()
+    listener = _Listener()
+    meter.report(listener, "ok", 200)  # into the tray, after the settle
     assert meter.window is not None
     run.ledger.share(meter.window)  # a request-path call takes the tray: the report now
     run.ledger.deliver(float("inf"))
     assert len(called) == 1 and called[0] is not None
-    assert Listener.got == 1
+    assert listener.got == 1
 
 
 def test_a_report_taken_while_the_reader_hands_its_window_over_is_delivered(
@@ -679,28 +691,7 @@ def test_a_report_taken_while_the_reader_hands_its_window_over_is_delivered(
 
     from giul_asgi.ledger import ledger as ledger_module
 
-    class Later:
-        def __getattr__(self, name: str) -> object:
-            return lambda *args, **kwargs: None
-
-    class Listener:
-        got = 0
-
-        def settled(self, batch: list[object]) -> None:
-            Listener.got += len(batch)
-
-    run = Run()
-    run.ledger._poller = Later()  # type: ignore[assignment]
-    called: list[float | None] = []
-    meter = Meter(run.ledger)
-    meter.open()
-    job = run.card.start_job(150.0)
-    meter.on_settled(lambda energy: called.append(energy.joules))
-    run.advance(0.05)
-    run.card.stop_job(job)
-    meter.close()
-    while not meter.settled_now:
-        run.advance(0.01)
+    run, meter, called = _settled_before_its_hand_over()
     paused, resume = threading.Event(), threading.Event()
     real = ledger_module.waiting_on
 
@@ -710,7 +701,8 @@ def test_a_report_taken_while_the_reader_hands_its_window_over_is_delivered(
         real(window, callback)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ledger_module, "waiting_on", preempted)
-    meter.report(Listener(), "ok", 200)
+    listener = _Listener()
+    meter.report(listener, "ok", 200)
     assert meter.window is not None
     request = threading.Thread(target=run.ledger.share, args=(meter.window,))
     request.start()
@@ -721,4 +713,4 @@ def test_a_report_taken_while_the_reader_hands_its_window_over_is_delivered(
     request.join(5)
     reader.join(5)
     run.ledger.deliver(float("inf"))
-    assert len(called) == 1 and Listener.got == 1
+    assert len(called) == 1 and listener.got == 1
