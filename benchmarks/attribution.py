@@ -47,7 +47,7 @@ flagged contended; readings per 100 ms period.
 (``uniform``: ten reads a counter period at random phases, the GIL's switch interval left
 alone, as before issue 22; ``steps``: two reads around each step once the tape knows them,
 giul_asgi.ledger.pace, and the switch interval lowered where the reader is kept waiting,
-giul_asgi.ledger.switch; ``steps-only``: the steps' pace alone; ``main``: whatever the tree
+giul_asgi.switch; ``steps-only``: the steps' pace alone; ``main``: whatever the tree
 at ``--main-root`` does, a checkout of main, say: its giul_asgi, this tree's benchmarks).
 """
 

@@ -3,7 +3,7 @@
 Two variables change a default for every middleware of the process: ``GIUL_ASGI_LOAD_DIR``
 (where the host's processes share, :mod:`giul_asgi.hostshare.place`) and
 ``GIUL_ASGI_SWITCH_INTERVAL`` (the GIL's switch interval while readers run,
-:mod:`giul_asgi.ledger.switch`). Each module checks its own value; this one checks the names:
+:mod:`giul_asgi.switch`). Each module checks its own value; this one checks the names:
 a ``GIUL_ASGI_`` variable that is neither (``GIUL_ASGI_LOADDIR=off``) is a setting that would
 silently do nothing, so it stops the startup too, with the name it nearly is.
 """
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from .errors import ConfigError
 from .hostshare.place import ENV as LOAD_DIR
 from .hostshare.place import check_environment as check_load_dir
-from .ledger.switch import ENV as SWITCH_INTERVAL
-from .ledger.switch import check_environment as check_switch_interval
+from .switch import ENV as SWITCH_INTERVAL
+from .switch import check_environment as check_switch_interval
 
 PREFIX = "GIUL_ASGI_"
 #: Every variable the package reads.

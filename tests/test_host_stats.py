@@ -554,8 +554,8 @@ def test_a_dead_worker_s_waiting_answers_count_from_either_layout_of_its_row() -
 def reading_switch(monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, float], Any]:
     """The process's switch interval, faked, as a running reader has set it (1 ms), in place
     of the real one for the statistics: (its value, the Switch)."""
-    from giul_asgi.ledger import switch as switch_module
-    from giul_asgi.ledger.switch import CPYTHON_S, Switch
+    from giul_asgi.stats import host as host_module
+    from giul_asgi.switch import CPYTHON_S, Switch
 
     interval = {"value": CPYTHON_S}
 
@@ -563,7 +563,7 @@ def reading_switch(monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, float], A
         interval["value"] = round(value * 1e6) * 1e-6  # as CPython keeps it: whole microseconds
 
     switch = Switch(lambda: interval["value"], put, env={})
-    monkeypatch.setattr(switch_module, "SWITCH", switch)
+    monkeypatch.setattr(host_module, "SWITCH", switch)
     switch.join("reader")
     switch.started()
     return interval, switch
@@ -575,7 +575,7 @@ def test_a_tail_past_half_wakes_its_row_writer_hurried_and_lets_go_once_the_row_
     """Beside a loop running Python flat out the row writer woke 0-220 ms after its tail asked
     (a few hand-overs of the GIL, each a race it mostly lost), and the tail filled meanwhile in
     4 runs of 8 at 8,000 requests a second: the hand-overs hurry from the ask to the row."""
-    from giul_asgi.ledger.switch import INTERVAL_S, STARTING_S
+    from giul_asgi.switch import INTERVAL_S, STARTING_S
 
     interval, switch = reading_switch(monkeypatch)
     stats = HostStats(EnergyStats(), tmp_path, flush_s=3600, server=server("hurry"), area=64 * 1024)
@@ -608,8 +608,8 @@ def test_a_full_place_neither_spins_the_row_writer_nor_hurries_the_gil(
     370,000-740,000 times in 3 s (2.5 s of CPU), and every answer past half hurried the GIL
     anew (a hostile review). Tried again every wait now, and no hurry while it cannot be cut;
     a writer's failure other than the place's is logged, and the writer goes on."""
-    from giul_asgi.ledger import switch as switch_module
-    from giul_asgi.ledger.switch import CPYTHON_S, INTERVAL_S
+    from giul_asgi.stats import host as host_module
+    from giul_asgi.switch import CPYTHON_S, INTERVAL_S
 
     interval, switch = reading_switch(monkeypatch)
     stats = HostStats(EnergyStats(), tmp_path, flush_s=0.2, server=server("full"), area=64 * 1024)
@@ -636,7 +636,7 @@ def test_a_full_place_neither_spins_the_row_writer_nor_hurries_the_gil(
         assert stats.folder.tail.fill() > 0.5 and tries[0] < 40, tries  # every 0.2 s, not at once
         # A failure of another kind: logged, and the writer goes on writing rows.
         monkeypatch.undo()
-        monkeypatch.setattr(switch_module, "SWITCH", switch)
+        monkeypatch.setattr(host_module, "SWITCH", switch)
         broken = [True]
         real = stats._flush_now
 

@@ -238,7 +238,7 @@ def test_a_reader_thread_leaves_the_starting_switch_interval_after_its_first_lap
     # The starting interval (0.2 ms) is for the thread's start; a process that reads the card
     # leaves it at its first read, one whose card another process reads at its first lap.
     from giul_asgi.ledger import poller as poller_module
-    from giul_asgi.ledger.switch import CPYTHON_S, INTERVAL_S, STARTING_S, Switch
+    from giul_asgi.switch import CPYTHON_S, INTERVAL_S, STARTING_S, Switch
 
     interval = {"value": CPYTHON_S}
     puts: list[float] = []

@@ -24,10 +24,10 @@ import pytest
 from giul_asgi.config import Node
 from giul_asgi.energy import Energy
 from giul_asgi.ledger import Ledger
-from giul_asgi.ledger.switch import CPYTHON_S, ENV, INTERVAL_S, STARTING_S, Switch, configured
 from giul_asgi.meter import Meter
 from giul_asgi.readers.base import Reading
 from giul_asgi.readers.nvml import NvmlReader
+from giul_asgi.switch import CPYTHON_S, ENV, INTERVAL_S, STARTING_S, Switch, configured
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_nvml import FakeGpu, FakeNvml, LiveGpu
@@ -260,7 +260,7 @@ def test_the_setting_reads_off_seconds_or_the_default() -> None:
     assert configured({ENV: "fast"}) == INTERVAL_S
     # The middleware's build refuses what configured() warns of (test_startup: a real uvicorn).
     from giul_asgi.errors import ConfigError
-    from giul_asgi.ledger.switch import check_environment
+    from giul_asgi.switch import check_environment
 
     for bad in ("fast", "2", "-0.1"):
         with pytest.raises(ConfigError, match="neither off nor seconds"):

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..readers.base import LoadDriven, Process, ProcessLister, Reader, Reading
+from ..switch import SWITCH
 from .pace import StepPace
-from .switch import SWITCH
 
 log = logging.getLogger("giul_asgi.poller")
 

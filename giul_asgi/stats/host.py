@@ -50,6 +50,7 @@ from ..hostshare import ENV, ServerId, log_unshared, resolve, server_identity
 from ..hostshare.place import remedy, room
 from ..hostshare.rows import say_unshared, unshared_in
 from ..listeners import Settled
+from ..switch import SWITCH
 from .folder import Other, ServerFolder, dump, remove_dead_servers
 from .labels import Key
 from .merge import merge_samples, merge_server, samples_of
@@ -331,8 +332,6 @@ class HostStats:
         would hurry for as long) nor once the writer is stopped."""
         if self._hurrying or self._unwritten is not None or self._stop.is_set() or tail.fill() <= 0.5:
             return False
-        from ..ledger.switch import SWITCH  # here: the ledger's package imports the statistics'
-
         self._hurrying = True
         SWITCH.hurry()
         return True
@@ -397,8 +396,6 @@ class HostStats:
         self._flush()
 
     def _flush(self) -> None:
-        from ..ledger.switch import SWITCH  # here: the ledger's package imports the statistics'
-
         try:
             with self._flush_lock, SWITCH.hurried():
                 self._flush_now()

@@ -12,7 +12,7 @@ ctypes lets the GIL go for it), and building the reader a dozen more. Beside a l
 attribution-2026-12-02-reads.md), the reader went unread for up to 14 s at a time: 0-96% of
 300 ms windows got a first figure and charged/caused was 0.17-1.97 (main's reader, no run in
 ten within the targets), 0-100% and 0.19-1.03 with reads paced on the counter's steps alone
-(:mod:`.pace`: 3 runs in ten); with the interval at 1 ms as well, the reader had the GIL back
+(:mod:`giul_asgi.ledger.pace`: 3 runs in ten); with the interval at 1 ms as well, the reader had the GIL back
 within 2 ms at p90 and 10 ms at worst, and every window had its figures, 1.00 of what was
 caused charged, ten runs in ten. Reading fewer times makes fewer such waits; only the
 interval bounds each.
@@ -39,7 +39,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 log = logging.getLogger("giul_asgi.poller")
 
