@@ -168,6 +168,8 @@ class RecordStore:
         """Keep ``energy`` under ``energy.id`` (ignored without an id): the request's first
         figure, before its answer goes. ``data`` is its JSON (``energy_json``) where the caller
         made it already. A copy into memory on the calling thread; never raises."""
+        if data is None:
+            data = _json(energy)
         if self._keep(energy, data):
             self._file(energy, data)
 
@@ -208,7 +210,7 @@ class RecordStore:
                 return False
             # As its JSON has it (nine significant digits), as another worker reads it; the
             # Energy itself only where its JSON could not be made.
-            record = data if data is not None else _json(energy) or energy
+            record = data if data is not None else energy
             now = self._clock()
             with self._lock:
                 items = self._items
@@ -365,8 +367,8 @@ def _run(ref: weakref.ref[RecordStore], stop: threading.Event) -> None:
 
 
 def _json(energy: Energy) -> bytes | None:
-    """A settled figure's JSON, kept and written (None where it cannot be made: its writing
-    says why, and the figure is kept as it is)."""
+    """A figure's JSON, kept and written (None where it cannot be made: its writing says
+    why, and the figure is kept as it is)."""
     try:
         return energy_json(energy)
     except Exception:
@@ -482,8 +484,8 @@ for _name in _FIELDS:
 
 #: Fields that hold a float (or None): JSON writes a whole one as ``5``, read back as 5.0.
 _FLOATS = frozenset(name for name in _FIELDS
-                    if float in {_HINTS[name], *typing.get_args(_HINTS[name])}
-                    and int not in {_HINTS[name], *typing.get_args(_HINTS[name])})
+                    if float in (kinds := {_HINTS[name], *typing.get_args(_HINTS[name])})
+                    and int not in kinds)
 
 
 def energy_from_dict(data: Mapping[str, Any]) -> Energy | None:
