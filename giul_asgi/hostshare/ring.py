@@ -311,7 +311,7 @@ class Ring:
         known = self._counts.get((row, field))
         at = ROWS_AT + row * _ROW.size + field
         if known is None:
-            known = _Q.unpack_from(self.mm, at)[0]
+            known = _load(self.mm, at)
         if counter > known:
             _store(self.mm, at, counter)  # one 8-byte copy: another process reads it whole
             known = counter
