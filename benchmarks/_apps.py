@@ -199,7 +199,7 @@ def sim_node(package: str = "giul_asgi") -> Node:
     return node
 
 
-def nvml_node(package: str = "giul_asgi", *, unshared: bool = False) -> Node:
+def nvml_node(package: str = "giul_asgi", *, unshared: bool = False, name: str = "gpu") -> Node:
     """The production path: ``Node(reader="nvml")``, whose reader imports ``pynvml`` on its
     own thread and finds benchmarks/fake_pynvml there (every call a ctypes call into C with
     the GIL released, over a truth card drawing 150 W above its 70 W idle). One fake card a
@@ -212,7 +212,7 @@ def nvml_node(package: str = "giul_asgi", *, unshared: bool = False) -> Node:
     if unshared:  # the same card, nothing shared with other processes: what sharing costs
         node: Node = pkg.Node("gpu-unshared", gpus=(0,), idle_w=70.0, reader="nvml", workers_dir=False)
     elif package == "giul_asgi":
-        node = pkg.Node("gpu", gpus=(0,), idle_w=70.0, reader="nvml")
+        node = pkg.Node(name, gpus=(0,), idle_w=70.0, reader="nvml")
     else:
         node = pkg.Node("gpu-before", gpus=(0,), idle_w=70.0, reader="nvml",
                         workers_dir=tempfile.mkdtemp(prefix="giul-bench-"))
@@ -238,16 +238,36 @@ def before_on_path() -> None:
         sys.path.insert(0, folder)
 
 
+def worker_server() -> Any:
+    """A server of several processes, as a worker of ``uvicorn --workers N`` finds its own (an
+    inherited listener): its statistics and records are written in the place, for the others.
+    This process alone is a server of its own, and keeps them in its memory."""
+    from giul_asgi.hostshare.rows import process_start
+    from giul_asgi.hostshare.server import ServerId
+
+    pid = os.getpid()
+    return ServerId(f"lbench{pid}", "the benchmark's workers", (pid, process_start(pid)))
+
+
 def our_middleware(package: str = "giul_asgi", *, nvml: bool = False, unshared: bool = False,
-                   **options: Any) -> Middleware:
+                   worker: bool = False, **options: Any) -> Middleware:
     """Our middleware as every benchmark runs it: its ledger live on the busy card, the
     simulated one or (``nvml``) the NVML reader over fake_pynvml. ``unshared``: the NVML
-    node, its statistics and records kept in this process alone (``workers_dir=False``)."""
+    node, its statistics and records kept in this process alone (``workers_dir=False``).
+    ``worker``: the NVML node as one worker of a server of several (:func:`worker_server`);
+    otherwise this process is a server of its own, as a single-process uvicorn is."""
     pkg = importlib.import_module(package)
     if unshared:
         records = importlib.import_module(f"{package}.records").RecordStore(share=False)
         options = {"stats": pkg.EnergyStats(), "records": records, **options}
-    node = nvml_node(package, unshared=unshared) if nvml or unshared else sim_node(package)
+    if worker:  # what each worker of a server of several pays: written in the place
+        server = worker_server()
+        records = importlib.import_module(f"{package}.records").RecordStore(server=server)
+        stats = importlib.import_module(f"{package}.stats").HostStats(server=server)
+        options = {"stats": stats, "records": records, **options}
+        node = nvml_node(package, name="gpu-workers")
+    else:
+        node = nvml_node(package, unshared=unshared) if nvml or unshared else sim_node(package)
     return Middleware(pkg.EnergyMiddleware, nodes=[node],
                       tiers=[pkg.Tier("8b", 300.0)], ledgers=pkg.Ledgers(), **options)
 
@@ -301,6 +321,8 @@ def build(variant: str) -> Starlette:
         middleware = [our_middleware(nvml=True)]
     elif variant == "giul-asgi-nvml-unshared":  # the same, sharing nothing between processes
         middleware = [our_middleware(unshared=True)]
+    elif variant == "giul-asgi-nvml-workers":  # the same as one worker of a server of several
+        middleware = [our_middleware(worker=True)]
     elif variant in ("giul-asgi-before", "giul-asgi-nvml-before"):  # an earlier copy of ours
         before_on_path()
         middleware = [our_middleware(BEFORE, nvml=variant == "giul-asgi-nvml-before")]
@@ -314,7 +336,7 @@ def build(variant: str) -> Starlette:
 VARIANTS: tuple[str, ...] = (
     "bare", "passthrough", "static-headers", "floor", "starlette-exporter",
     "prometheus-fastapi-instrumentator", "opentelemetry", "giul-asgi", "giul-asgi-nvml",
-    "giul-asgi-nvml-unshared", "giul-asgi-headers",
+    "giul-asgi-nvml-unshared", "giul-asgi-nvml-workers", "giul-asgi-headers",
 )
 #: An earlier commit's copy of ours (``prepare_before`` first).
 BEFORE_VARIANTS: tuple[str, ...] = ("giul-asgi-before", "giul-asgi-nvml-before")

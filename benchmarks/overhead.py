@@ -17,7 +17,11 @@
 Ours runs twice, with its ledger live on a busy card and the energy block injected into
 every JSON body: ``giul-asgi`` on the simulated reader, ``giul-asgi-nvml`` on the production
 path (``Node(reader="nvml")`` over benchmarks/fake_pynvml: every NVML call a ctypes call
-into C with the GIL released, tens of microseconds). ``floor`` writes the same output
+into C with the GIL released, tens of microseconds). This process is a server of its own,
+as a single-process uvicorn is: its statistics and records stay in its memory.
+``giul-asgi-nvml-workers`` is the same as one worker of a server of several (``uvicorn
+--workers N``), writing them in the place for the others; ``giul-asgi-nvml-unshared``
+shares nothing, not even the card's table. ``floor`` writes the same output
 (eleven per-request headers and a block) without metering anything: the lean reference.
 ``--before DIR`` adds ``giul-asgi-nvml-before``: an earlier commit's package (``git archive
 REV giul_asgi | tar -x -C DIR``) on the same path, in the same run, interleaved.
@@ -102,15 +106,16 @@ async def run_requests(app: Any, path: str, n: int) -> float:
 #: Variants timed; the reference rows first, then the peers, then ours.
 TIMED: tuple[str, ...] = (
     "bare", "passthrough", "floor", "starlette-exporter", "prometheus-fastapi-instrumentator",
-    "giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-unshared",
+    "giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-workers", "giul-asgi-nvml-unshared",
 )
 PEERS: tuple[str, ...] = ("starlette-exporter", "prometheus-fastapi-instrumentator")
-OURS: tuple[str, ...] = ("giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-unshared")
+OURS: tuple[str, ...] = ("giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-workers", "giul-asgi-nvml-unshared")
 BEFORE = "giul-asgi-nvml-before"
 #: Our variants' reader threads (the node each reads: Thread name giul-reader-NODE).
 READERS: dict[str, str] = {
     "giul-asgi": "giul-reader-sim", "giul-asgi-nvml": "giul-reader-gpu",
     BEFORE: "giul-reader-gpu-before", "giul-asgi-nvml-unshared": "giul-reader-gpu-unshared",
+    "giul-asgi-nvml-workers": "giul-reader-gpu-workers",
 }
 #: Seconds the loop idles after our variants' requests (uncounted): longer than the reader's
 #: busy linger (0.5 s), so it never runs into the next variant's measurement.

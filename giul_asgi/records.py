@@ -11,6 +11,8 @@ default every record is also written, in place and before the answer goes, into 
 ring in its server's folder (:mod:`giul_asgi.hostshare.journal`: a copy into shared memory,
 no system call, nothing lost to ``kill -9``), and a lookup that misses here reads the rings of
 the server's other processes. A record that is truly gone says why (:meth:`RecordStore.lookup`).
+A process that is a server of its own (:attr:`~giul_asgi.hostshare.server.ServerId.alone`: a
+single-process uvicorn) holds every record of its server in its memory: no ring is made.
 
 Nothing here touches a file on the thread that builds the store or on the request's path:
 the place is found and the ring made by the store's own thread (it then folds the rings of
@@ -112,6 +114,9 @@ class RecordStore:
         self._write_lock = threading.Lock()
         self._journal: Journal | None = None
         self._reason: str | None = None
+        #: A server of one process (:attr:`ServerId.alone`): every record of the server is
+        #: in this memory, and no ring is made.
+        self._alone = False
         self._pending: deque[tuple[Any, bytes | None]] = deque(maxlen=self.max_records)
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -132,12 +137,17 @@ class RecordStore:
         """Find the place and make the ring (the store's thread); write what waited."""
         journal = None
         try:
+            server = self._server if self._server is not None else server_identity()
+            if server.alone:
+                # No other process will look a record up: a ring would be written for nobody
+                # (the first figure's write was 12 us of a JSON request's 100 in process).
+                self._alone = True
+                return None
             place = resolve(self._share)
             log_unshared(place)
             if place.path is None:
                 self._reason = place.reason
                 return None
-            server = self._server if self._server is not None else server_identity()
             sweep(place.path)  # dead servers' folders, at each start
             try:
                 journal = Journal(place.path, server, max_age_s=self.max_age_s,
@@ -258,16 +268,18 @@ class RecordStore:
 
     @property
     def shared(self) -> bool:
-        """Whether another worker process of this server can find these records by id
-        (waits for the ring to be made: ask off the event loop)."""
+        """Whether every worker process of this server can find these records by id (this
+        one alone where it is its whole server); waits for the ring to be made: ask off the
+        event loop."""
         self.wait_ready()
-        return self._journal is not None
+        return self._journal is not None or self._alone
 
     @property
     def reason(self) -> str | None:
-        """Why records are this process's alone (``None`` while shared): for ``/energy``."""
+        """Why records are this process's alone (``None`` while shared, or where this
+        process is its whole server): for ``/energy``."""
         self.wait_ready()
-        if self._journal is not None:
+        if self._journal is not None or self._alone:
             return None
         return self._reason or "the records' journal is still being made"
 
@@ -293,9 +305,12 @@ class RecordStore:
     def _lookup(self, key: str) -> Lookup:
         if not isinstance(key, str) or not key:
             return Lookup(None, f"{UNKNOWN}: empty")
-        with self._lock:
-            self._expire(self._clock())
-            item = self._items.get(key)
+        item = self._kept(key)
+        if item is None:
+            self.wait_ready()
+            if self._alone:  # the server's other stores are this process's (two middlewares)
+                item = next((found for other in list(_stores) if other is not self and other._alone
+                             for found in (other._kept(key),) if found is not None), None)
         if isinstance(item, bytes):
             energy, nonsense = parse_record(item)
             if energy is None:
@@ -304,7 +319,6 @@ class RecordStore:
         if item is not None:
             return Lookup(item)
         parts = split_id(key)
-        self.wait_ready()
         journal = self._journal
         if journal is not None:
             found = journal.find(key)
@@ -331,10 +345,20 @@ class RecordStore:
                 return Lookup(None, f"expired after max_age_s ({self.max_age_s:g} s)")
             return Lookup(None, f"{UNKNOWN}: this process has kept no record under it (is its "
                                 "request still running?)")
+        if self._alone:
+            return Lookup(None, f"{UNKNOWN}: another server's (this process is a server of its own)")
         if journal is None:
             return Lookup(None, "its process's journal was not shared: records here are this "
                                 f"process's alone ({self.reason})")
         return Lookup(None, journal.why(prefix, counter))
+
+    def _kept(self, key: str) -> bytes | Energy | None:
+        """The record this process's memory keeps under ``key`` (its JSON, or the figure where
+        none could be made); None where it keeps none, young enough."""
+        with self._lock:
+            self._expire(self._clock())
+            item: bytes | Energy | None = self._items.get(key)
+            return item
 
     def __len__(self) -> int:
         """Records kept in this process."""

@@ -302,7 +302,7 @@ async def test_two_middlewares_in_one_process_never_share_a_file(
         await send({"type": "http.response.body", "body": b'{"ok": true}'})
 
     node, _ = busy_node()
-    stores = [RecordStore(max_records=4, share=place) for _ in range(2)]
+    stores = [RecordStore(max_records=4, share=place, server=one_server()) for _ in range(2)]
     apps = [fresh(hello, node, records=store) for store in stores]
     ids: list[list[str]] = [[], []]
     # Far past max_records (the old journal rotated here, under the other), and within what
@@ -495,7 +495,7 @@ def test_a_record_reads_back_here_as_any_other_worker_reads_it(place: Path, shar
     """Records are kept as their JSON (the answer's block, the ring's copy), not as Energy
     objects a full collection walks: read back here, a record is what another worker reads,
     shared or not, first figure or settled; a whole float stays a float."""
-    store = RecordStore(share=place if share else False)
+    store = RecordStore(share=place if share else False, server=one_server())
     assert store.shared is share  # waits for the ring (made on the store's own thread)
     key = f"{id_prefix()}{1:x}"
     first = Energy(5.0, "estimated", node="gpu0", backend="nvml_counter", source="local", id=key,
@@ -512,5 +512,40 @@ def test_a_record_reads_back_here_as_any_other_worker_reads_it(place: Path, shar
     assert got is not None and got.settled and got == parse_record(energy_json(settled))[0]
     assert type(got.joules) is float and got.stages["prefill"].joules == 1.0
     if share:  # and another worker of the server finds the same
-        other = RecordStore(share=place)
+        other = RecordStore(share=place, server=one_server())
         assert other.lookup(key).energy == got
+
+
+@pytest.mark.anyio
+async def test_a_process_of_its_own_keeps_every_record_in_memory_and_writes_no_file(
+    place: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A single-process server is its whole server: no other process will look a record
+    up, so no ring is made; two middlewares of the process still find each other's records
+    (in memory), and an id of another process is another server's."""
+    from apps import busy_node, drive, fresh
+
+    caplog.set_level(logging.WARNING, logger="giul_asgi")
+
+    async def hello(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+    node, _ = busy_node()
+    alone = ServerId("p1-1", "own process 1-1", (os.getpid(), process_start(os.getpid())))
+    assert alone.alone and not one_server().alone
+    stores = [RecordStore(max_records=50, share=place, server=alone) for _ in range(2)]
+    apps = [fresh(hello, node, records=store) for store in stores]
+    ids = []
+    for app in apps:
+        sent = await drive(app)
+        ids.append(dict(sent[0]["headers"])[b"x-energy-id"].decode())
+    for app in apps:
+        await app.aclose()
+    assert all(s.shared and s.reason is None and s.journal is None for s in stores)
+    assert not (place / "records").exists() or not list((place / "records").iterdir())
+    assert stores[0].lookup(ids[1]).energy is not None and stores[1].lookup(ids[0]).energy is not None
+    foreign = stores[0].lookup("7fff-1-1")
+    assert foreign.energy is None and (foreign.reason or "").startswith("unknown id: another server")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -19,7 +19,7 @@ from server import free_port
 
 from giul_asgi.energy import Energy
 from giul_asgi.errors import ConfigError
-from giul_asgi.hostshare import process_start
+from giul_asgi.hostshare import ServerId, process_start
 from giul_asgi.stats import EnergyStats, HostStats, clear_directory
 
 APP = textwrap.dedent('''
@@ -124,9 +124,14 @@ def test_any_of_four_uvicorn_workers_reports_the_whole_host_with_no_setting(tmp_
         other.close()
 
 
+def worker_server() -> ServerId:
+    """A server of several processes (this one a worker of it, as under ``--workers``)."""
+    return ServerId("ltest-workers", "a test's server", (os.getpid(), process_start(os.getpid())))
+
+
 def test_a_worker_merges_rows_and_skips_a_damaged_one(tmp_path: Path) -> None:
-    a = HostStats(EnergyStats(), tmp_path, flush_s=60)
-    b = HostStats(EnergyStats(), tmp_path, flush_s=60)
+    a = HostStats(EnergyStats(), tmp_path, flush_s=60, server=worker_server())
+    b = HostStats(EnergyStats(), tmp_path, flush_s=60, server=worker_server())
     try:
         assert a.shared and a.rows is not None
         a.record(Energy(3.0, "measured", route="/a"), outcome="ok", status=200)
@@ -153,7 +158,8 @@ def test_no_place_means_this_workers_statistics_and_no_crash(tmp_path: Path) -> 
     blocker = tmp_path / "file"
     blocker.write_text("")
     for where in (blocker / "sub", "off"):
-        stats = HostStats(EnergyStats(), where)  # the worker serves; its figures are its own
+        # the worker serves; its figures are its own
+        stats = HostStats(EnergyStats(), where, server=worker_server())
         stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
         snap = stats.snapshot("all")
         assert not stats.shared and snap["workers"] == 1 and snap["shared"] is False
@@ -161,3 +167,24 @@ def test_no_place_means_this_workers_statistics_and_no_crash(tmp_path: Path) -> 
         stats.close()
     with pytest.raises(ConfigError):
         HostStats(EnergyStats(), tmp_path, flush_s=0)
+
+
+def test_a_process_of_its_own_keeps_its_statistics_in_memory(tmp_path: Path) -> None:
+    """A single-process server is its whole server: its statistics are shared (the server's,
+    one worker), nothing is written in the place, and an unusable place makes no difference."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for where in (tmp_path / "place", blocker / "sub"):
+        stats = HostStats(EnergyStats(), where, flush_s=0.05)  # this test process: its own server
+        try:
+            assert stats.wait_ready(10) and stats.alone and stats.folder is None
+            stats.answered("a-1-1", "/a", "gpu0", None, "ok", 200, None)
+            stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
+            stats.flush()
+            snap = stats.snapshot("all")
+            assert snap["shared"] is True and snap["shared_reason"] is None and snap["workers"] == 1
+            assert snap["totals"]["requests"] == 1 and snap["server"].startswith("p")
+        finally:
+            stats.close()
+    assert not (tmp_path / "place").exists() or not any((tmp_path / "place").rglob("*.json"))
+

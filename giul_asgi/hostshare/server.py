@@ -55,6 +55,14 @@ class ServerId:
         return alive(*self.keeper)
 
     @property
+    def alone(self) -> bool:
+        """A process of its own: no other process is of this server, and none will be (the
+        same program restarted is another server, named by its own pid and start). Its
+        statistics and records are the whole server's in its memory: written in the place,
+        they would be written for nobody."""
+        return self.key.startswith("p")
+
+    @property
     def folder(self) -> str:
         """The name of the server's folders in the place (statistics, records, budgets): its
         key and its keeper, so that a dead server is known by its folder's name alone (a

@@ -22,7 +22,9 @@ on shared memory, no setting):
 
 The statistics are one *server's* (:mod:`giul_asgi.hostshare.server`): the workers that
 inherited one listening socket, or a process of its own; another server's, and an earlier
-run's, are never counted, and a dead server's folder is removed at the next start. Where
+run's, are never counted, and a dead server's folder is removed at the next start. A process
+of its own is its whole server: its statistics stay in its memory, nothing is written in the
+place (``shared: true``, ``workers: 1``). Where
 nothing can be shared (``GIUL_ASGI_LOAD_DIR=off``, no usable place, a place full or
 read-only: then said once as a WARNING with the reason) the statistics are this worker's
 and say so: ``workers: 1``, ``shared: false`` and ``shared_reason``.
@@ -112,6 +114,9 @@ class HostStats:
         self.server: ServerId | None = server
         #: Why nothing is shared (None while shared).
         self.shared_reason: str | None = None
+        #: A server of one process (:attr:`ServerId.alone`): its statistics are the whole
+        #: server's in memory, and nothing is written in the place.
+        self.alone = False
         self.folder: ServerFolder | None = None
         #: Answered, not settled yet: id -> its member of the row's ``pending`` object, as
         #: JSON (``"id":[t,route,node,tier,outcome,status,tenant]``). Bytes: a row joins them
@@ -161,6 +166,7 @@ class HostStats:
                 return
             self._forked = False
             self.server, self.folder, self.shared_reason = self._given, None, None
+            self.alone = False
             self._unwritten = None
             self.stats.journal = None
             self._pending, self._written, self._live = {}, -1, 0
@@ -180,6 +186,13 @@ class HostStats:
     def _join(self, directory: str | os.PathLike[str] | None, area: int) -> None:
         if self.server is None:
             self.server = server_identity()
+        if self.server.alone:
+            # Rows and a tail in the place would be read by nobody: the answers a killed
+            # process gave die with its server (a restart is another). Writing them cost
+            # 20 us of a JSON request's 100 in process (benchmarks/results/overhead-2026-12-07).
+            with self._tail_lock:
+                self.alone, self._early = True, []
+            return
         place = resolve(directory)
         log_unshared(place)
         if place.path is None:
@@ -215,7 +228,7 @@ class HostStats:
     def shared(self) -> bool:
         """Whether the other workers' statistics are merged into this one's answers."""
         self._ready.wait(JOIN_WAIT_S)
-        return self.folder is not None
+        return self.folder is not None or self.alone
 
     @property
     def rows(self) -> Any:
@@ -541,7 +554,7 @@ class HostStats:
     def snapshot(self, window: str | None = None, **kwargs: Any) -> dict[str, Any]:
         out = self.view().snapshot(window, **kwargs)
         out["workers"] = 1 + self._live if self.folder is not None else 1
-        out["shared"] = self.folder is not None
+        out["shared"] = self.folder is not None or self.alone
         out["shared_reason"] = "; ".join([self.shared_reason, *self._stuck] if self.shared_reason
                                          else self._stuck) or None
         out["server"] = self.server.key if self.server is not None else None
