@@ -7,7 +7,9 @@ httptools and uvloop, one process per variant, load from wrk or autocannon
 (benchmarks/loadgen.py), the upstream in a process of its own. Variants: two bare gateways (the
 second is the noise control: how far two identical processes differ), ours on the simulated
 reader (``giul-asgi``) and on the production path (``giul-asgi-nvml``: ``Node(reader="nvml")``
-over benchmarks/fake_pynvml, every NVML call a ctypes call with the GIL released),
+over benchmarks/fake_pynvml, every NVML call a ctypes call with the GIL released; a gateway
+of one process, a server of its own; ``giul-asgi-nvml-workers``: the same as one worker of a
+server of several, writing its statistics and records in the place for the others),
 starlette-exporter and prometheus-fastapi-instrumentator (bench extra); with ``--before DIR``,
 an earlier commit's package on the production path too (``giul-asgi-nvml-before``, from ``git
 archive REV giul_asgi | tar -x -C DIR``). Every repeat starts fresh gateway processes, in turn,
@@ -125,13 +127,12 @@ MIDDLEWARE = {
         "m = our_middleware(nvml=True)\n"
         "app.add_middleware(m.cls, *m.args, **m.kwargs)"
     ),
-    # The same, leaving CPython's GIL switch interval (5 ms) as it is: what our 1 ms while
-    # readers run (reads on time under a busy loop) costs a gateway's I/O-bound requests.
-    "giul-asgi-nvml-switch-off": (
-        "import os\n"
-        "os.environ['GIUL_ASGI_SWITCH_INTERVAL'] = 'off'\n"
+    # The same gateway as one worker of a server of several (uvicorn --workers N): its
+    # statistics and records written in the place for the other workers. (A gateway of one
+    # process, as above, is a server of its own and keeps them in its memory.)
+    "giul-asgi-nvml-workers": (
         "from _apps import our_middleware\n"
-        "m = our_middleware(nvml=True)\n"
+        "m = our_middleware(worker=True)\n"
         "app.add_middleware(m.cls, *m.args, **m.kwargs)"
     ),
     "giul-asgi-nvml-before": (

@@ -140,7 +140,7 @@ class RecordStore:
             server = self._server if self._server is not None else server_identity()
             if server.alone:
                 # No other process will look a record up: a ring would be written for nobody
-                # (the first figure's write was 12 us of a JSON request's 100 in process).
+                # (with the statistics' tail, 141.5 us a JSON request against 89.2: 06h).
                 self._alone = True
                 return None
             place = resolve(self._share)
