@@ -17,7 +17,7 @@ function is on its stack, in the order of :data:`PARTS`; on the loop, what is un
 middleware and in no part of ours is the app (and Starlette) inside it; what is outside the
 middleware is the loop and the server's side, as in the bare app.
 
-    python benchmarks/gil_parts.py            # ours on the NVML path, shared and unshared
+    python benchmarks/gil_parts.py            # ours on the NVML path: a worker of several, a process of its own, unshared
     python benchmarks/gil_parts.py --variant giul-asgi-nvml-unshared
     python benchmarks/gil_parts.py --variant bare --variant prometheus-fastapi-instrumentator
 
@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="unprofiled runs of each variant, interleaved (their median is the wall)")
     args = parser.parse_args()
-    variants = args.variant or ["giul-asgi-nvml", "giul-asgi-nvml-unshared"]
+    variants = args.variant or ["giul-asgi-nvml-workers", "giul-asgi-nvml", "giul-asgi-nvml-unshared"]
     print(f"# gil_parts: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}\n")
     print(f"    python benchmarks/gil_parts.py {' '.join(sys.argv[1:])}".rstrip() + "\n")
