@@ -17,7 +17,7 @@ function is on its stack, in the order of :data:`PARTS`; on the loop, what is un
 middleware and in no part of ours is the app (and Starlette) inside it; what is outside the
 middleware is the loop and the server's side, as in the bare app.
 
-    python benchmarks/gil_parts.py            # ours on the NVML path: a worker of several, a process of its own, unshared
+    python benchmarks/gil_parts.py   # ours, NVML path: a worker of several, a process of its own, unshared
     python benchmarks/gil_parts.py --variant giul-asgi-nvml-unshared
     python benchmarks/gil_parts.py --variant bare --variant prometheus-fastapi-instrumentator
 

@@ -137,18 +137,18 @@ class RecordStore:
         """Find the place and make the ring (the store's thread); write what waited."""
         journal = None
         try:
-            server = self._server if self._server is not None else server_identity()
-            if server.alone:
-                # No other process will look a record up: a ring would be written for nobody
-                # (with the statistics' tail, 141.5 us a JSON request against 89.2: 06h).
-                self._alone = True
-                return None
             place = resolve(self._share)
             log_unshared(place)
             if place.path is None:
                 self._reason = place.reason
                 return None
+            server = self._server if self._server is not None else server_identity()
             sweep(place.path)  # dead servers' folders, at each start
+            if server.alone:
+                # No other process will look a record up: a ring would be written for nobody
+                # (with the statistics' tail, 141.5 us a JSON request against 89.2: 06h).
+                self._alone = True
+                return None
             try:
                 journal = Journal(place.path, server, max_age_s=self.max_age_s,
                                   capacity=ring_bytes(self.max_records, room(place.path)), tag=self._tag,

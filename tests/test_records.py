@@ -532,6 +532,9 @@ async def test_a_process_of_its_own_keeps_every_record_in_memory_and_writes_no_f
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": b'{"ok": true}'})
 
+    dead = place / "records" / "l999.4000000-1"  # a dead server's folder: it still goes
+    dead.mkdir(parents=True, mode=0o700)
+    (dead / "4000001-1.ring").write_bytes(b"")
     node, _ = busy_node()
     alone = ServerId("p1-1", "own process 1-1", (os.getpid(), process_start(os.getpid())))
     assert alone.alone and not one_server().alone
@@ -544,8 +547,25 @@ async def test_a_process_of_its_own_keeps_every_record_in_memory_and_writes_no_f
     for app in apps:
         await app.aclose()
     assert all(s.shared and s.reason is None and s.journal is None for s in stores)
-    assert not (place / "records").exists() or not list((place / "records").iterdir())
+    assert not dead.exists() and not list((place / "records").iterdir())
     assert stores[0].lookup(ids[1]).energy is not None and stores[1].lookup(ids[0]).energy is not None
     foreign = stores[0].lookup("7fff-1-1")
     assert foreign.energy is None and (foreign.reason or "").startswith("unknown id: another server")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_sharing_off_says_so_for_a_process_of_its_own_too(
+    place: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A hostile review: with GIUL_ASGI_LOAD_DIR=off a single process said records_shared
+    # false and shared true. Off is off, for the statistics and the records alike.
+    from giul_asgi.stats import EnergyStats, HostStats
+
+    monkeypatch.setenv("GIUL_ASGI_LOAD_DIR", "off")
+    store = RecordStore()
+    stats = HostStats(EnergyStats())
+    try:
+        assert not store.shared and store.reason and not stats.shared and stats.shared_reason
+    finally:
+        stats.close()
+        store.close()

@@ -171,20 +171,31 @@ def test_no_place_means_this_workers_statistics_and_no_crash(tmp_path: Path) -> 
 
 def test_a_process_of_its_own_keeps_its_statistics_in_memory(tmp_path: Path) -> None:
     """A single-process server is its whole server: its statistics are shared (the server's,
-    one worker), nothing is written in the place, and an unusable place makes no difference."""
+    one worker), nothing of them is written in the place, and a dead server's folder left
+    there still goes at its start (a hostile review: it stayed). Where the place cannot be
+    used, it says so, as any worker does."""
+    place = tmp_path / "place"
+    dead = place / "stats" / "l999.4000000-1"  # a server whose keeper is long gone
+    dead.mkdir(parents=True, mode=0o700)
+    place.chmod(0o700)
+    (dead / "server.json").write_text("{}")
+    stats = HostStats(EnergyStats(), place, flush_s=0.05)  # this test process: its own server
+    try:
+        assert stats.wait_ready(10) and stats.alone and stats.folder is None
+        stats.answered("a-1-1", "/a", "gpu0", None, "ok", 200, None)
+        stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
+        stats.flush()
+        snap = stats.snapshot("all")
+        assert snap["shared"] is True and snap["shared_reason"] is None and snap["workers"] == 1
+        assert snap["totals"]["requests"] == 1 and snap["server"].startswith("p")
+    finally:
+        stats.close()
+    assert not dead.exists() and os.listdir(place / "stats") == []
     blocker = tmp_path / "file"
     blocker.write_text("")
-    for where in (tmp_path / "place", blocker / "sub"):
-        stats = HostStats(EnergyStats(), where, flush_s=0.05)  # this test process: its own server
-        try:
-            assert stats.wait_ready(10) and stats.alone and stats.folder is None
-            stats.answered("a-1-1", "/a", "gpu0", None, "ok", 200, None)
-            stats.record(Energy(2.0, "measured", route="/a"), outcome="ok", status=200)
-            stats.flush()
-            snap = stats.snapshot("all")
-            assert snap["shared"] is True and snap["shared_reason"] is None and snap["workers"] == 1
-            assert snap["totals"]["requests"] == 1 and snap["server"].startswith("p")
-        finally:
-            stats.close()
-    assert not (tmp_path / "place").exists() or not any((tmp_path / "place").rglob("*.json"))
-
+    unusable = HostStats(EnergyStats(), blocker / "sub")
+    try:
+        snap = unusable.snapshot("all")
+        assert snap["shared"] is False and snap["shared_reason"] and not unusable.alone
+    finally:
+        unusable.close()

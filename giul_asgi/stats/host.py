@@ -33,6 +33,7 @@ and say so: ``workers: 1``, ``shared: false`` and ``shared_reason``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import json
 import logging
@@ -186,19 +187,22 @@ class HostStats:
     def _join(self, directory: str | os.PathLike[str] | None, area: int) -> None:
         if self.server is None:
             self.server = server_identity()
-        if self.server.alone:
-            # Rows and a tail in the place would be read by nobody: the answers a killed
-            # process gave die with its server (a restart is another). With the records' ring
-            # they made a JSON request 141.5 us added against 89.2 (overhead-2026-12-06h).
-            with self._tail_lock:
-                self.alone, self._early = True, []
-            return
         place = resolve(directory)
         log_unshared(place)
         if place.path is None:
             self.shared_reason = place.reason
             return
         self._place = place.path
+        if self.server.alone:
+            # Rows and a tail in the place would be read by nobody: the answers a killed
+            # process gave die with its server (a restart is another). With the records' ring
+            # they made a JSON request 141.5 us added against 89.2 (overhead-2026-12-06h). Dead
+            # servers' folders still go at its start, as at any server's.
+            with self._tail_lock:
+                self.alone, self._early = True, []
+            with contextlib.suppress(OSError, ValueError):
+                remove_dead_servers(place.path / "stats", self.server.folder)
+            return
         try:
             root = place.path / "stats"
             folder = ServerFolder(root, self.server, tag=self._tag, place=place.path,
