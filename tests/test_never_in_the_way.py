@@ -225,6 +225,14 @@ def test_a_bad_setting_fails_when_the_middleware_is_built(setting: str, value: A
     assert caught.value.remedy  # it says what to do
 
 
+def test_a_misspelt_token_kind_says_which_was_meant() -> None:
+    # A stranger's trial: token_kind="outputs" said the allowed values only, unlike the others.
+    with pytest.raises(ConfigError) as caught:
+        EnergyMiddleware(lambda *a: None, nodes=[Node("n", reader="none")], ledgers=Ledgers(),
+                         token_kind="outputs")
+    assert "did you mean token_kind='output'?" in str(caught.value.remedy)
+
+
 # 10 ----------------------------------------------------------------------------------------
 async def test_an_apps_own_event_stream_gets_nothing_added() -> None:
     """Every event stream got a closing ``event: energy``: consumers that count events, resume

@@ -95,10 +95,8 @@ class Options:
             check_choice("energy_format", values["energy_format"], FORMATS,
                          remedy="giul (ours, the default) or neuralwatt (what Neuralwatt's client "
                                 "plugins read)")
-        kind = values.get("token_kind", defaults["token_kind"])
-        if kind not in TOKEN_KINDS:
-            raise ConfigError(f"token_kind must be one of {TOKEN_KINDS}, got {kind!r}",
-                              remedy="use output (generated tokens), input or total")
+        check_choice("token_kind", values.get("token_kind", defaults["token_kind"]), TOKEN_KINDS,
+                     remedy="output (generated tokens), input or total")
         energy, metrics = values.get("energy_path", defaults["energy_path"]), values.get("metrics_path")
         for name, other in (("energy_path", metrics), ("metrics_path", energy)):
             if name in values:
