@@ -65,7 +65,7 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
     assert int(answer.headers["content-length"]) == len(answer.content)
     assert stream.text.count("data: ") >= 9 and "data: [DONE]" in stream.text
 
-    blocks = ("floor", "giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-unshared")
+    blocks = ("floor", "giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-workers", "giul-asgi-nvml-unshared")
     writes_energy = variant in (*blocks, "giul-asgi-headers")
     assert (set(answer.headers) >= ENERGY_HEADERS) is writes_energy
     assert (energy is not None) is (variant in blocks)
