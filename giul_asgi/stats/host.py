@@ -230,7 +230,8 @@ class HostStats:
 
     @property
     def shared(self) -> bool:
-        """Whether the other workers' statistics are merged into this one's answers."""
+        """Whether the other workers' statistics are merged into this one's answers (or this
+        process is its whole server: :attr:`alone`)."""
         self._ready.wait(JOIN_WAIT_S)
         return self.folder is not None or self.alone
 
@@ -279,7 +280,7 @@ class HostStats:
             if self.folder is None:
                 if not self._ready.is_set():  # still joining: written in place once joined
                     with self._tail_lock:
-                        if self.folder is None and len(self._early) < MAX_PENDING:
+                        if self.folder is None and not self.alone and len(self._early) < MAX_PENDING:
                             self._early.append((id, t, six))
                             return
                 if self.folder is None:
