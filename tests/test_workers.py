@@ -3,6 +3,7 @@ reports the host, and a dead worker is not counted as one."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -148,6 +149,14 @@ def test_a_worker_merges_rows_and_skips_a_damaged_one(tmp_path: Path) -> None:
         snap = a.snapshot("all")
         assert snap["totals"]["joules"]["sum"] == 7.0 and set(snap["routes"]) == {"/a", "/b"}
         assert snap["workers"] == 2
+        # That process runs a second middleware (an app imported twice): one worker still, its
+        # second row counted (a hostile review read workers: 3 for two processes).
+        second = b.stats.empty_like()
+        second.record(Energy(5.0, "measured", route="/c"), outcome="ok", status=200)
+        (folder / f"{other}-{process_start(other) or 'x'}-2.json").write_text(
+            json.dumps({"server": a.server.key, "state": second.state()}))
+        snap = a.snapshot("all")
+        assert snap["totals"]["joules"]["sum"] == 12.0 and snap["workers"] == 2 and a.workers() == 2
     finally:
         a.close()
         b.close()

@@ -56,7 +56,7 @@ from ..listeners import Settled
 from ..switch import SWITCH
 from .folder import Other, ServerFolder, dump, remove_dead_servers
 from .labels import Key
-from .merge import merge_samples, merge_server, samples_of
+from .merge import merge_samples, merge_server, process_of, samples_of
 from .stats import EnergyStats
 from .tail import AREA, tail_area
 
@@ -520,7 +520,7 @@ class HostStats:
         folder = self.folder
         if folder is None:
             return 1
-        return 1 + sum(1 for o in folder.find().others if o.alive)
+        return 1 + len({process_of(o) for o in folder.find().others if o.alive})
 
     def _fold(self, dead: dict[str, Any] | None, others: list[Other]) -> dict[str, Any]:
         """The new dead row: the last one and ``others`` (dead workers) merged."""

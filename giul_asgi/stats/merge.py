@@ -43,16 +43,23 @@ def merge_server(stats: EnergyStats, folder: ServerFolder | None, dead: dict[str
     samples: list[Samples] = []
     _merge_dead(merged, folder, dead, samples)
     mine = folder.rows.name if folder is not None else ""
-    live = 0
+    live: set[str] = set()
     for other in sorted(others, key=lambda o: o.name):
         if own is not None and mine < other.name:
             merged.merge_state(own)
             own = None
         if _merge_other(merged, folder, other, samples) and other.alive:
-            live += 1
+            live.add(process_of(other))
     if own is not None:
         merged.merge_state(own)
-    return merged, samples, live
+    return merged, samples, len(live)
+
+
+def process_of(other: Other) -> str:
+    """The process another row is of (its pid): a worker that runs two middlewares (an app
+    imported twice, as ``__mp_main__`` and ``main``) writes two rows, and is one worker (a
+    hostile review read ``workers: 3`` for two)."""
+    return other.name.split("-", 1)[0]
 
 
 def _merge_other(merged: EnergyStats, folder: ServerFolder | None, other: Other,
@@ -161,4 +168,4 @@ def merge_samples(per_worker: list[dict[str, list[Sample]]], step: float) -> dic
     return {name: [slots[k] for k in sorted(slots)] for name, slots in merged.items()}
 
 
-__all__ = ["NONSENSE", "Samples", "merge_samples", "merge_server", "samples_of"]
+__all__ = ["NONSENSE", "Samples", "merge_samples", "merge_server", "process_of", "samples_of"]
