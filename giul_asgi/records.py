@@ -308,9 +308,8 @@ class RecordStore:
         item = self._kept(key)
         if item is None:
             self.wait_ready()
-            if self._alone:  # the server's other stores are this process's (two middlewares)
-                item = next((found for other in list(_stores) if other is not self and other._alone
-                             for found in (other._kept(key),) if found is not None), None)
+            if self._alone:
+                item = self._kept_by_another(key)
         if isinstance(item, bytes):
             energy, nonsense = parse_record(item)
             if energy is None:
@@ -359,6 +358,16 @@ class RecordStore:
             self._expire(self._clock())
             item: bytes | Energy | None = self._items.get(key)
             return item
+
+    def _kept_by_another(self, key: str) -> bytes | Energy | None:
+        """The record another store of this process keeps under ``key`` (two middlewares):
+        where the process is its whole server, they are the server's other stores."""
+        for other in list(_stores):
+            if other is not self and other._alone:
+                item = other._kept(key)
+                if item is not None:
+                    return item
+        return None
 
     def __len__(self) -> int:
         """Records kept in this process."""

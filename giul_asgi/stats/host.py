@@ -546,7 +546,7 @@ class HostStats:
             mine = folder.mine()
             if mine is not None:
                 others, own = [*others, mine], None
-        self._stuck = [f"worker {o.name.split('-')[0]}: {g.stuck}" for o in found.others if o.alive
+        self._stuck = [f"worker {process_of(o)}: {g.stuck}" for o in found.others if o.alive
                        for g in o.gens[-1:] if g.stuck]
         self._stuck += [f"worker {pid}: its statistics are its own ({why or 'see its log'}); its requests "
                         "are not counted here" for pid, why in unshared_in(folder.folder)]
