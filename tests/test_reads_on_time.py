@@ -119,10 +119,14 @@ class Interval:
         self.value = round(value * 1e6) * 1e-6  # as CPython keeps it: whole microseconds
         self.puts.append(value)
 
+    def switch(self, env: dict[str, str] | None = None) -> Switch:
+        """A switch over this interval, with ``env`` as the process's environment."""
+        return Switch(self.get, self.put, env=env if env is not None else {})
+
 
 def test_the_switch_interval_is_lowered_while_readers_run_and_said(caplog: pytest.LogCaptureFixture) -> None:
     interval = Interval()
-    switch = Switch(interval.get, interval.put, env={})
+    switch = interval.switch()
     with caplog.at_level(logging.INFO, logger="giul_asgi.poller"):
         switch.join("a")
         switch.join("b")
@@ -142,12 +146,12 @@ def test_the_switch_interval_is_lowered_while_readers_run_and_said(caplog: pytes
 
 def test_the_switch_interval_is_left_alone_when_off_or_the_applications_own() -> None:
     interval = Interval()
-    switch = Switch(interval.get, interval.put, env={ENV: "off"})
+    switch = interval.switch({ENV: "off"})
     switch.join("a")
     switch.leave()
     assert interval.puts == []
     chosen = Interval(0.01)  # the application chose its own
-    switch = Switch(chosen.get, chosen.put, env={})
+    switch = chosen.switch()
     switch.join("a")
     switch.leave()
     assert chosen.puts == []
@@ -157,7 +161,7 @@ def test_a_reader_starts_at_the_starting_interval_and_reads_at_the_steady_one() 
     # A reader's start is a hundred hand-overs of the GIL (NVML's, the card's table): beside a
     # loop running Python flat out, each waits up to the interval.
     interval = Interval()
-    switch = Switch(interval.get, interval.put, env={})
+    switch = interval.switch()
     switch.join("a")
     assert interval.value == pytest.approx(STARTING_S)
     switch.started()
@@ -172,13 +176,13 @@ def test_a_reader_starts_at_the_starting_interval_and_reads_at_the_steady_one() 
     # An interval the operator gave is kept throughout; one the application sets during the
     # start is left as it is.
     given = Interval()
-    switch = Switch(given.get, given.put, env={ENV: "0.002"})
+    switch = given.switch({ENV: "0.002"})
     switch.join("a")
     switch.started()
     assert given.puts == [0.002]
     switch.leave()
     meanwhile = Interval()
-    switch = Switch(meanwhile.get, meanwhile.put, env={})
+    switch = meanwhile.switch()
     switch.join("a")
     meanwhile.value = 0.01
     switch.started()
@@ -190,7 +194,7 @@ def test_another_thread_s_run_of_hand_overs_is_hurried_and_the_steady_interval_c
     # The statistics' row writer: woken and its run of system calls hurried (each a hand-over
     # of the GIL beside a loop running Python flat out), then the reader's steady interval.
     interval = Interval()
-    switch = Switch(interval.get, interval.put, env={})
+    switch = interval.switch()
     switch.join("a")
     switch.started()
     assert interval.value == pytest.approx(INTERVAL_S)
@@ -208,10 +212,10 @@ def test_another_thread_s_run_of_hand_overs_is_hurried_and_the_steady_interval_c
     assert interval.value == pytest.approx(CPYTHON_S)
     # No reader, or an interval the operator gave: nothing is changed.
     alone = Interval()
-    with Switch(alone.get, alone.put, env={}).hurried():
+    with alone.switch().hurried():
         pass
     given = Interval()
-    switch = Switch(given.get, given.put, env={ENV: "0.002"})
+    switch = given.switch({ENV: "0.002"})
     switch.join("a")
     switch.started()
     with switch.hurried():
@@ -219,7 +223,7 @@ def test_another_thread_s_run_of_hand_overs_is_hurried_and_the_steady_interval_c
     assert alone.puts == [] and given.puts == [0.002]
     # The operator's 0.001 is theirs too, though it is the default's value (a hostile review).
     same = Interval()
-    switch = Switch(same.get, same.put, env={ENV: "0.001"})
+    switch = same.switch({ENV: "0.001"})
     switch.join("a")
     with switch.hurried():
         assert same.value == pytest.approx(0.001)
@@ -230,7 +234,7 @@ def test_a_forked_child_starts_from_cpython_s_interval_with_no_counts() -> None:
     # A child forked while the parent's reader ran (or its row writer hurried) has none of
     # the parent's threads: it stayed at 0.2 ms for good (a hostile review), and at 1 ms.
     interval = Interval()
-    switch = Switch(interval.get, interval.put, env={})
+    switch = interval.switch()
     switch.join("a")
     switch.hurry()
     assert interval.value == pytest.approx(STARTING_S)
@@ -245,7 +249,7 @@ def test_a_forked_child_starts_from_cpython_s_interval_with_no_counts() -> None:
 
 def test_a_change_meanwhile_is_not_undone() -> None:
     interval = Interval()
-    switch = Switch(interval.get, interval.put, env={ENV: "0.002"})
+    switch = interval.switch({ENV: "0.002"})
     switch.join("a")
     assert interval.value == pytest.approx(0.002)
     interval.value = 0.01  # the application set its own meanwhile

@@ -288,6 +288,13 @@ def test_a_real_full_tmpfs_is_the_same_loud_fallback(tmp_path: Path) -> None:
 
 # -- two stores in one process -----------------------------------------------------------------------
 
+async def hello(scope: Any, receive: Any, send: Any) -> None:
+    """A plain JSON app, metered by the tests' middlewares."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+
 @pytest.mark.anyio
 async def test_two_middlewares_in_one_process_never_share_a_file(
     place: Path, caplog: pytest.LogCaptureFixture,
@@ -295,11 +302,6 @@ async def test_two_middlewares_in_one_process_never_share_a_file(
     from apps import busy_node, drive, fresh
 
     caplog.set_level(logging.WARNING, logger="giul_asgi")
-
-    async def hello(scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": b'{"ok": true}'})
 
     node, _ = busy_node()
     stores = [RecordStore(max_records=4, share=place, server=one_server()) for _ in range(2)]
@@ -526,11 +528,6 @@ async def test_a_process_of_its_own_keeps_every_record_in_memory_and_writes_no_f
     from apps import busy_node, drive, fresh
 
     caplog.set_level(logging.WARNING, logger="giul_asgi")
-
-    async def hello(scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": b'{"ok": true}'})
 
     dead = place / "records" / "l999.4000000-1"  # a dead server's folder: it still goes
     dead.mkdir(parents=True, mode=0o700)
