@@ -18,6 +18,8 @@ from giul_asgi.config import Node
 from giul_asgi.errors import ReaderUnavailable
 from giul_asgi.ledger import Ledger
 from giul_asgi.ledger.poller import Poller
+from giul_asgi.listeners import Listeners
+from giul_asgi.meter import Meter
 from giul_asgi.readers.base import Kind, Process, Reader, Reading
 
 WAIT_S = 20.0  # the bound on any wait for something that should happen at once
@@ -259,3 +261,71 @@ def test_a_reader_thread_leaves_the_starting_switch_interval_after_its_first_lap
     finally:
         poller.stop(WAIT_S)
     assert interval["value"] == CPYTHON_S, puts
+
+
+class Pauses:
+    """The poller's pause of the loop's thread, recorded rather than made."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+def test_the_request_path_gives_way_only_where_a_thread_of_ours_wants_the_gil(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A loop that polls its selector more often than the switch interval starves a thread
+    # waiting for the GIL (the module's docstring). After an answer the request path lets it
+    # go for GIVE_WAY_S, where the reader thread or its watchdog wants it now, at most once a
+    # GIVE_EVERY_S; never where both wait on, nor for a driver call past IN_DRIVER_S.
+    from giul_asgi.ledger import poller as poller_module
+
+    clock = Pauses()
+    monkeypatch.setattr(poller_module, "_let_go", clock)
+    poller = Poller("n", Counter, Sink(), read_timeout=1.0)  # not started: its fields set here
+    later = time.monotonic() + 600.0
+    poller._wants_at, poller._watch_at = later, later  # both wait (a doze, the watchdog's)
+    poller.give_way()
+    assert clock.slept == []
+    poller._wants_at = 0.0  # the reader's wait is over: it wants the GIL
+    poller.give_way()
+    poller.give_way()  # within GIVE_EVERY_S of the last: not again
+    assert clock.slept == [poller_module.GIVE_WAY_S]
+    poller._gave_at -= poller_module.GIVE_EVERY_S
+    poller._busy_since = time.monotonic() - 0.002  # a driver call's return waits for the GIL too
+    poller.give_way()
+    assert len(clock.slept) == 2
+    poller._gave_at -= poller_module.GIVE_EVERY_S
+    poller._busy_since = time.monotonic() - 1.0  # ten turns on: it waits on the card, not the GIL
+    poller.give_way()
+    assert len(clock.slept) == 2
+    poller._watch_at = 0.0  # ... and once the watchdog wants the GIL, it is given way to
+    poller.give_way()
+    assert len(clock.slept) == 3
+
+
+def test_a_stopped_reader_is_never_given_way_and_an_answer_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from giul_asgi.ledger import poller as poller_module
+
+    asked: list[Poller] = []
+    monkeypatch.setattr(Poller, "give_way", lambda self: asked.append(self))
+    reader = Counter()
+    ledger = Ledger(Node("n", reader="none", idle_w=10.0), reader)
+    ledger.ensure_started()
+    try:
+        meter = Meter(ledger)
+        meter.open()
+        meter.close()
+        meter.report(Listeners([]))
+        assert asked == [ledger._poller]  # the answer is out: the reader may have its turn
+    finally:
+        ledger.stop(WAIT_S)
+    monkeypatch.undo()
+    poller = asked[0]
+    assert not poller._thread.is_alive() and not poller._watch.is_alive()
+    clock = Pauses()
+    monkeypatch.setattr(poller_module, "_let_go", clock)
+    poller.give_way()
+    assert clock.slept == []  # both threads ended: nothing of ours wants the GIL

@@ -287,6 +287,9 @@ class Ledger:
         self._tray.append((_REPORT, window, ticket))
         if not self._deferring():
             self._take_tray()
+        poller = self._poller
+        if poller is not None:  # the answer is out: the reader thread may want the GIL
+            poller.give_way()
 
     def abandon(self, window: Window) -> None:
         with self._lock:
