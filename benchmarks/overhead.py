@@ -188,6 +188,43 @@ async def until_settled(app: Any, limit: float) -> None:
         await asyncio.sleep(0.005)
 
 
+async def alone_here(variant: str, n: int, tail: float = TAIL_S) -> tuple[float, float]:
+    """In this process, ``variant`` alone: (wall, process CPU) seconds per JSON request over
+    ``n`` requests, the CPU until ours has settled their last windows (as in_process counts)."""
+    app = BUILDERS[variant]()
+    path = PATHS["json"]
+    await run_requests(app, path, max(3, n // 4))  # builds the stack, starts the reader
+    await asyncio.sleep(tail)
+    cpu0 = time.process_time()
+    wall = await run_requests(app, path, n)
+    if variant in READERS:
+        await until_settled(app, tail)
+    return wall, (time.process_time() - cpu0) / n
+
+
+def alone(variants: tuple[str, ...], repeats: int, n: int) -> tuple[Results, Results]:
+    """JSON wall and CPU seconds per request, each variant in a fresh process of its own (no
+    other variant's reader beside it), ``repeats`` times, interleaved (the order turned each
+    repeat). In part (a) every variant shares one process: our nodes' readers, idle between
+    their turns, read beside the peers' requests, and a thread of ours waiting for the GIL
+    costs the loop a futex wake at every poll of its selector (giul_asgi.ledger.poller), so
+    the peers' figures there carry some of ours."""
+    wall: Results = {"json": {}}
+    cpu: Results = {"json": {}}
+    order = list(variants)
+    for r in range(repeats):
+        for v in order if r % 2 == 0 else reversed(order):
+            out = subprocess.run(
+                [sys.executable, __file__, "--alone", v, "--parts-n", str(n)],
+                capture_output=True, text=True, check=True,
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+            )
+            w, c = json.loads(out.stdout.strip().splitlines()[-1])
+            wall["json"].setdefault(v, []).append(w)
+            cpu["json"].setdefault(v, []).append(c)
+    return wall, cpu
+
+
 def fit(lengths: list[int], added: list[float]) -> tuple[float, float]:
     """(fixed us, us per chunk): least squares of added time against the chunk count."""
     mx, my = statistics.fmean(lengths), statistics.fmean(added)
@@ -519,10 +556,16 @@ def main() -> None:
     parser.add_argument("--no-breakdown", action="store_true", help="skip the breakdowns")
     parser.add_argument("--server-only", action="store_true", help="part (b) alone")
     parser.add_argument("--breakdown", help=argparse.SUPPRESS)
+    parser.add_argument("--alone", help=argparse.SUPPRESS)
+    parser.add_argument("--no-alone", action="store_true",
+                        help="skip the JSON timings with each variant in a process of its own")
     parser.add_argument("--parts-n", type=int, default=20000, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.breakdown:
         print(json.dumps(asyncio.run(breakdown_here(args.breakdown, args.parts_n))))
+        return
+    if args.alone:  # (an earlier copy is found as the parent's prepare_before() left it)
+        print(json.dumps(asyncio.run(alone_here(args.alone, args.parts_n))))
         return
     repeats, scale = (3, 3000) if args.quick else (9, 20000)
     variants, ours = TIMED, OURS
@@ -603,6 +646,30 @@ def main() -> None:
             print(f"  {name}: {per:.3f} us a chunk wall, {cpu_fits[v][name][1]:.3f} CPU (target <= 0.25), "
                   f"fixed {fixed:.1f} us (target <= the cheapest peer's, {cheapest_fixed:.1f}), whole "
                   f"1000-chunk stream {whole:.0f} us vs starlette-exporter's {exporter:.0f}.")
+
+    if not args.no_alone:
+        alone_repeats, alone_n = (3, 3000) if args.quick else (repeats, 10000)
+        a_wall, a_cpu = alone(variants, alone_repeats, alone_n)
+        a_med, a_cpu_med = added_medians(a_wall)["json"], added_medians(a_cpu)["json"]
+        print(f"\n## (a') JSON, each variant in a fresh process of its own, {alone_n} requests, "
+              f"median of {alone_repeats} interleaved repeats\n")
+        print("No other variant's reader runs beside it (see benchmarks/overhead.py's alone()).\n")
+        print("| variant | added wall us | added CPU us (every thread) |")
+        print("|---|---:|---:|")
+        for v in variants:
+            if v == "bare":
+                print(f"| bare | ({statistics.median(a_wall['json']['bare']) * 1e6:.1f}) "
+                      f"| ({statistics.median(a_cpu['json']['bare']) * 1e6:.1f}) |")
+            else:
+                print(f"| {v} | {a_med[v]:.1f} | {a_cpu_med[v]:.1f} |")
+        alone_peer = min(a_med[p] for p in PEERS)
+        alone_peer_cpu = min(a_cpu_med[p] for p in PEERS)
+        print()
+        for v in ours:
+            print(f"JSON alone, {v}: adds {a_med[v]:.1f} us wall, {a_cpu_med[v]:.1f} us CPU; the "
+                  f"cheapest peer {alone_peer:.1f} / {alone_peer_cpu:.1f}: ratio "
+                  f"{a_med[v] / alone_peer:.2f} wall, {a_cpu_med[v] / alone_peer_cpu:.2f} CPU "
+                  "(target <= 1.0).")
 
     n_parts = 3000 if args.quick else 20000
     for variant in () if args.no_breakdown else ours:
