@@ -8,6 +8,8 @@ reads less), so they hold on a busy 2-core machine.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
 from typing import Literal
@@ -278,54 +280,79 @@ def test_the_request_path_gives_way_only_where_a_thread_of_ours_wants_the_gil(
 ) -> None:
     # A loop that polls its selector more often than the switch interval starves a thread
     # waiting for the GIL (the module's docstring). After an answer the request path lets it
-    # go for GIVE_WAY_S, where the reader thread or its watchdog wants it now, at most once a
+    # go for GIVE_WAY_S, where a reader thread or its watchdog wants it now, at most once a
     # GIVE_EVERY_S; never where both wait on, nor for a driver call past IN_DRIVER_S.
     from giul_asgi.ledger import poller as poller_module
 
-    clock = Pauses()
-    monkeypatch.setattr(poller_module, "_let_go", clock)
+    pauses = Pauses()
+    monkeypatch.setattr(poller_module, "_let_go", pauses)
     poller = Poller("n", Counter, Sink(), read_timeout=1.0)  # not started: its fields set here
+    monkeypatch.setattr(poller_module, "_RUNNING", [poller])
+
+    def give_way_later() -> None:  # past the last turn's GIVE_EVERY_S
+        monkeypatch.setattr(poller_module, "_gave_at", -math.inf)
+        poller_module.give_way()
+
     later = time.monotonic() + 600.0
     poller._wants_at, poller._watch_at = later, later  # both wait (a doze, the watchdog's)
-    poller.give_way()
-    assert clock.slept == []
+    give_way_later()
+    assert pauses.slept == []
     poller._wants_at = 0.0  # the reader's wait is over: it wants the GIL
-    poller.give_way()
-    poller.give_way()  # within GIVE_EVERY_S of the last: not again
-    assert clock.slept == [poller_module.GIVE_WAY_S]
-    poller._gave_at -= poller_module.GIVE_EVERY_S
+    give_way_later()
+    poller_module.give_way()  # within GIVE_EVERY_S of the last: not again
+    assert pauses.slept == [poller_module.GIVE_WAY_S]
     poller._busy_since = time.monotonic() - 0.002  # a driver call's return waits for the GIL too
-    poller.give_way()
-    assert len(clock.slept) == 2
-    poller._gave_at -= poller_module.GIVE_EVERY_S
+    give_way_later()
+    assert len(pauses.slept) == 2
     poller._busy_since = time.monotonic() - 1.0  # ten turns on: it waits on the card, not the GIL
-    poller.give_way()
-    assert len(clock.slept) == 2
+    give_way_later()
+    assert len(pauses.slept) == 2
     poller._watch_at = 0.0  # ... and once the watchdog wants the GIL, it is given way to
-    poller.give_way()
-    assert len(clock.slept) == 3
+    give_way_later()
+    assert len(pauses.slept) == 3
 
 
-def test_a_stopped_reader_is_never_given_way_and_an_answer_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_answer_on_any_node_gives_way_and_an_ended_reader_is_never_given_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from giul_asgi.ledger import poller as poller_module
 
-    asked: list[Poller] = []
-    monkeypatch.setattr(Poller, "give_way", lambda self: asked.append(self))
-    reader = Counter()
-    ledger = Ledger(Node("n", reader="none", idle_w=10.0), reader)
-    ledger.ensure_started()
+    pauses = Pauses()
+    monkeypatch.setattr(poller_module, "_let_go", pauses)
+    monkeypatch.setattr(poller_module, "_gave_at", -math.inf)
+    ledgers = [Ledger(Node(name, reader="none", idle_w=10.0), Counter()) for name in ("a", "b")]
+    for ledger in ledgers:
+        ledger.ensure_started()
     try:
-        meter = Meter(ledger)
+        a, b = (ledger._poller for ledger in ledgers)
+        assert a is not None and b is not None and {a, b} <= set(poller_module._RUNNING)
+        monkeypatch.setattr(a, "wants_gil", lambda now: False)
+        monkeypatch.setattr(b, "wants_gil", lambda now: True)  # node b's reader waits for the GIL
+        meter = Meter(ledgers[0])
         meter.open()
         meter.close()
-        meter.report(Listeners([]))
-        assert asked == [ledger._poller]  # the answer is out: the reader may have its turn
+        meter.report(Listeners([]))  # an answer on node a: the GIL is let go for b's reader
+        assert pauses.slept == [poller_module.GIVE_WAY_S]
     finally:
-        ledger.stop(WAIT_S)
-    monkeypatch.undo()
-    poller = asked[0]
-    assert not poller._thread.is_alive() and not poller._watch.is_alive()
-    clock = Pauses()
-    monkeypatch.setattr(poller_module, "_let_go", clock)
-    poller.give_way()
-    assert clock.slept == []  # both threads ended: nothing of ours wants the GIL
+        for ledger in ledgers:
+            ledger.stop(WAIT_S)
+    assert not {a, b} & set(poller_module._RUNNING)  # their threads ended: nobody to give way to
+
+
+def test_a_forked_child_gives_way_to_none_of_its_parent_s_readers() -> None:
+    from giul_asgi.ledger import poller as poller_module
+
+    reader = Counter()
+    poller = Poller("n", lambda: reader, Sink(), busy=lambda: True)
+    poller.start()
+    try:
+        assert poller in poller_module._RUNNING
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: none of the parent's threads run here
+            os.write(write, b"%d" % len(poller_module._RUNNING))
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(read, 16) == b"0"
+    finally:
+        poller.stop(WAIT_S)
