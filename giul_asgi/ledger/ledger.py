@@ -48,7 +48,7 @@ from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .chores import UPSTREAM_EVERY_S, Upstream
 from .history import LOOK_EVERY_S, History
 from .phases import PREFILL, PhaseSplit, split_for
-from .poller import IDLE_S, Health, Poller, give_way
+from .poller import IDLE_S, TURNS, Health, Poller
 from .sources import explicit, reader_factory
 from .tape import Tape
 from .tickets import Ticket, fire
@@ -287,7 +287,7 @@ class Ledger:
         self._tray.append((_REPORT, window, ticket))
         if not self._deferring():
             self._take_tray()
-        give_way()  # the answer is out: a reader thread of ours may want the GIL
+        TURNS.give_way()  # the answer is out: a reader thread of ours may want the GIL
 
     def abandon(self, window: Window) -> None:
         with self._lock:
