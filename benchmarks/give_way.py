@@ -48,7 +48,8 @@ async def one(n: int) -> dict[str, float]:
     import giul_asgi
     from giul_asgi.ledger import poller
 
-    assert os.environ["GIVE_WAY_TREE"] in giul_asgi.__file__, (giul_asgi.__file__, os.environ["GIVE_WAY_TREE"])
+    tree = os.environ["GIVE_WAY_TREE"]
+    assert tree in giul_asgi.__file__, f"{giul_asgi.__file__} is not {tree}'s"
 
     given = {"pauses": 0.0, "s": 0.0}
     turns = getattr(poller, "TURNS", None)
@@ -80,7 +81,8 @@ async def one(n: int) -> dict[str, float]:
     return {
         "wall_us": wall / n * 1e6, "main_cpu_us": main.cpu_s / n * 1e6,
         "main_kernel_us": (_kernel_us(main_tid) - kernel0) / n, "reader_cpu_us": reader.cpu_s / n * 1e6,
-        "reader_switches": reader.voluntary / n, "reads_per_s": (driver.calls().get("counter", 0) - reads0) / wall,
+        "reader_switches": reader.voluntary / n,
+        "reads_per_s": (driver.calls().get("counter", 0) - reads0) / wall,
         "pauses_per_s": given["pauses"] / wall, "given_share": given["s"] / wall,
     }
 
@@ -113,10 +115,11 @@ def main() -> None:
         for label, folder in trees if r % 2 == 0 else reversed(trees):
             code = ("import sys, runpy; sys.path.insert(0, sys.argv[1]); sys.argv = sys.argv[2:]; "
                     "runpy.run_path(sys.argv[0], run_name='__main__')")
+            where = str(Path(folder).resolve())
             out = subprocess.run(
-                [sys.executable, "-c", code, str(Path(folder).resolve()), __file__, "--one", "--n", str(args.n)],
+                [sys.executable, "-c", code, where, __file__, "--one", "--n", str(args.n)],
                 capture_output=True, text=True, check=True,
-                env={**os.environ, "GIVE_WAY_TREE": str(Path(folder).resolve())},
+                env={**os.environ, "GIVE_WAY_TREE": where},
             )
             results[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"# give_way: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cores, "
