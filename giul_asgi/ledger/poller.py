@@ -39,8 +39,9 @@ the woken thread runs: a futex wake on the loop's thread and a wasted wake-up on
 time, for as long as ours waits (and the wait never reaches the switch interval, which each
 such wake starts again). Beside JSON requests back to back on one loop (benchmarks/
 path_profile.py, 11,000 a second), the reader waited about 150 ms for each hand-over and
-woke 0.8 times a request for nothing; the loop's thread spent 12 us a request in the kernel
-on the wakes, and the thread read 15 times a second instead of its 30. So after each answer
+woke 0.8 times a request for nothing; the loop's thread spent 12-14 us a request in the
+kernel on the wakes, and the thread read the counter 2-4 times a second where its pace asks
+for about 30 (benchmarks/give_way.py). So after each answer
 the request path asks :meth:`Turns.give_way`: where a reader thread of the process (any
 node's) wants the GIL now (its wait is over, or it is between a driver call and its return),
 the loop's thread pauses ``GIVE_WAY_S`` (the GIL let go, and nothing racing for it back); the
@@ -48,10 +49,12 @@ thread takes it and works its turn, its switch interval (1 ms), before the loop 
 about 1 ms a pause (a hostile review measured 1.1 ms at p50 and 6 ms at p99 on a loaded
 machine, where the thread holding the GIL may wait for a core). At most once a
 ``GIVE_EVERY_S``, and no more than ``GIVE_SHARE`` of the loop's time in a second. Measured
-the same way on a quiet machine, the loop's thread's CPU fell from 90 to 69 us a request, the
-reader's from 22-25 to 20 us, its needless wake-ups from 0.73 to 0.05 a request, and it read
-33-50 times a second; on a loaded one the starvation hides (the reader's wake-ups find a
-core busy, and the loop's polls less often hand the GIL to nobody) and the gain with it.
+the same way on a quiet machine, the loop's thread's CPU fell from 100 to 78-82 us a request
+(its kernel time from 14 to 1.5), the reader's needless wake-ups from 0.9 to 0.06 a request,
+and it read 28-36 times a second; on a loaded one the starvation hides (the reader's wake-ups
+find a core busy, and the loop's polls less often hand the GIL to nobody) and the gain with
+it. Through uvicorn, whose loop (uvloop) lets the GIL go less often a request, it changed
+nothing measurable (benchmarks/results/overhead-2026-12-07-server.md).
 """
 
 from __future__ import annotations
