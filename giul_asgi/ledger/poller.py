@@ -53,8 +53,8 @@ the same way on a quiet machine, the loop's thread's CPU fell from 100 to 78-82 
 (its kernel time from 14 to 1.5), the reader's needless wake-ups from 0.9 to 0.06 a request,
 and it read 28-36 times a second; on a loaded one the starvation hides (the reader's wake-ups
 find a core busy, and the loop's polls less often hand the GIL to nobody) and the gain with
-it. Through uvicorn (uvloop, which may let the GIL go less often a request) it changed
-nothing measurable (benchmarks/results/overhead-2026-12-07-server.md).
+it. Through uvicorn (uvloop, where the reader blocked 0.13 times a request before, not 0.9)
+it changed nothing measurable (benchmarks/results/overhead-2026-12-07-server.md).
 """
 
 from __future__ import annotations
