@@ -214,12 +214,7 @@ def alone(variants: tuple[str, ...], repeats: int, n: int) -> tuple[Results, Res
     order = list(variants)
     for r in range(repeats):
         for v in order if r % 2 == 0 else reversed(order):
-            out = subprocess.run(
-                [sys.executable, __file__, "--alone", v, "--parts-n", str(n)],
-                capture_output=True, text=True, check=True,
-                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
-            )
-            w, c = json.loads(out.stdout.strip().splitlines()[-1])
+            w, c = in_a_child("--alone", v, n)
             wall["json"].setdefault(v, []).append(w)
             cpu["json"].setdefault(v, []).append(c)
     return wall, cpu
@@ -535,13 +530,19 @@ async def breakdown_here(variant: str, n: int) -> tuple[Parts, Rows]:
 
 def breakdown(variant: str, n: int) -> tuple[Parts, Rows]:
     """:func:`breakdown_here` in a fresh process, so no other node's reader runs beside it."""
+    parts, rows = in_a_child("--breakdown", variant, n)
+    return [tuple(p) for p in parts], [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def in_a_child(flag: str, variant: str, n: int) -> Any:
+    """This script run again in a fresh process with ``flag variant`` and ``n``: what its last
+    line of output says (JSON)."""
     out = subprocess.run(
-        [sys.executable, __file__, "--breakdown", variant, "--parts-n", str(n)],
+        [sys.executable, __file__, flag, variant, "--parts-n", str(n)],
         capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
     )
-    parts, rows = json.loads(out.stdout.strip().splitlines()[-1])
-    return [tuple(p) for p in parts], [tuple(r) for r in rows]  # type: ignore[misc]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
