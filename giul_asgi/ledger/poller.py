@@ -392,7 +392,9 @@ class Poller:
                 self._read(reader)
             if self._busy is None or not self._busy() or self._clock() >= deadline:
                 return
+            self._wants_at = time.monotonic() + poll_s  # (as every wait of the thread says)
             time.sleep(poll_s)
+            self._wants_at = 0.0
 
     def _pause(self, busy_wait: float, idle_wait: float, linger: float) -> None:
         """Wait for the next read: the busy pace while windows need it, else doze."""
