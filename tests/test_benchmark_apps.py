@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from asgi_lifespan import LifespanManager
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
 from _apps import PAYLOAD, VARIANTS, build
@@ -53,8 +54,10 @@ def _installed(module: str) -> bool:
 async def test_every_stack_serves_the_same_answers(variant: str) -> None:
     if variant in NEEDS and not _installed(NEEDS[variant]):
         pytest.skip(f"{variant} needs the bench extra")
-    app = build(variant)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b") as c:
+    # Started and shut down as a server would: without its lifespan the app's reader and row
+    # writer outlived the test, and a later test that fakes the GIL's switch saw them hurry it.
+    async with LifespanManager(build(variant)) as served, \
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=served.app), base_url="http://b") as c:
         answer = await c.get("/v1/chat/completions")
         stream = await c.get("/v1/stream/8")
         usage_stream = await c.get("/v1/stream-usage/8")
