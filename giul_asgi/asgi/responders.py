@@ -194,11 +194,11 @@ class Responder:
             )
             if self.trailers:
                 message["trailers"] = True
-        base = headers if headers is not None else message.get("headers", ())
+        base = list(headers if headers is not None else message.get("headers", ()))
+        if self.vary:  # the app's headers alone: ours never say Vary (252 -> 40 opcodes a JSON answer)
+            with_vary(base, b"Prefer")
         message["headers"] = [*base, *extra, *self.applied, *self.exchange.also]
         self.started = True
-        if self.vary:
-            with_vary(message["headers"], b"Prefer")
         await self.downstream(message)
 
     async def end(self, message: Message) -> None:
