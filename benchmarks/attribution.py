@@ -33,9 +33,11 @@ and decode time sums). A table sets the three side by side.
 Per scenario: the share of requests with a figure; the median and p90 of |error| / truth for
 the first figure (what headers and the JSON block carry) and the settled one; the share of
 truths inside +-uncertainty_joules for each; the median uncertainty / joules for each (the
-width); charged / caused (all requests' settled figures over their truths); the
-conservation error |measured - charged - unattributed - in flight| / measured; the share
-flagged contended; readings per 100 ms period.
+width); the p90 of how far each first figure fell from its own settled figure, and the share
+of settled figures inside the first's +-uncertainty (the first figure's sharpness with the
+split's convention set apart, which the settled figure shares); charged / caused (all
+requests' settled figures over their truths); the conservation error |measured - charged -
+unattributed - in flight| / measured; the share flagged contended; readings per 100 ms period.
 
     python benchmarks/attribution.py                     # the whole matrix, both paths
     python benchmarks/attribution.py --quick             # fewer requests per scenario
@@ -168,6 +170,17 @@ class Row:
                 out.append(abs(e.joules - o.truth) / o.truth)
         return out
 
+    def _to_settled(self) -> list[float]:
+        """How far each first figure fell from its own settled figure: the first figure's
+        sharpness apart from the split's convention, which the settled one shares."""
+        return [abs(o.first.joules - o.settled.joules) / o.settled.joules for o in self.outcomes
+                if o.first.joules is not None and o.settled.joules]
+
+    def _covers_settled(self) -> float | None:
+        hits = [abs(o.first.joules - o.settled.joules) <= (o.first.uncertainty_joules or 0.0)
+                for o in self.outcomes if o.first.joules is not None and o.settled.joules is not None]
+        return sum(hits) / len(hits) if hits else None
+
     def _covered(self, which: str) -> float | None:
         hits = [
             abs(e.joules - o.truth) <= (e.uncertainty_joules or 0.0)
@@ -196,6 +209,8 @@ class Row:
             "settled with figure": sum(1 for o in self.outcomes if o.settled.joules is not None) / n,
             "first med": _q(first, 0.5), "first p90": _q(first, 0.9),
             "settled med": _q(settled, 0.5), "settled p90": _q(settled, 0.9),
+            "first to settled p90": _q(self._to_settled(), 0.9),
+            "settled in +-unc first": self._covers_settled(),
             "in +-unc first": self._covered("first"), "in +-unc settled": self._covered("settled"),
             "unc/J first": self._width("first"), "unc/J settled": self._width("settled"),
             "unc/J first, warm": self._width("first", skip=WARM),
@@ -501,7 +516,8 @@ def fmt(value: float | None, pct: bool = True) -> str:
 COLS = [
     "with figure", "settled with figure", "first med", "first p90", "settled med", "settled p90",
     "in +-unc first", "in +-unc settled", "unc/J first", "unc/J settled",
-    "charged/caused", "conservation", "contended", "reads/period",
+    "first to settled p90", "settled in +-unc first", "charged/caused", "conservation", "contended",
+    "reads/period",
 ]
 
 
@@ -705,6 +721,13 @@ def targets(results: list[dict[str, Any]]) -> str:
                 f"({worst_p90['name']}), worst width {share(worst_w['cells']['unc/J first'])} "
                 f"({worst_w['name']}), least inside {share(worst_in['cells']['in +-unc first'])} "
                 f"({worst_in['name']}) |")
+        if held:  # the same figures against their own settled ones: the split's convention apart
+            worst_to = max(held, key=lambda r: r["cells"]["first to settled p90"] or 0.0)
+            worst_cov = min(held, key=lambda r: r["cells"]["settled in +-unc first"] or 0.0)
+            lines.append(
+                f"| (the same, against their own settled figure) | p90 <= 15%, >= 90% inside | {path} | "
+                f"worst p90 {share(worst_to['cells']['first to settled p90'])} ({worst_to['name']}), "
+                f"least inside {share(worst_cov['cells']['settled in +-unc first'])} ({worst_cov['name']}) |")
         short = [r for r in mine if r["name"].startswith("isolated 30 ms")]
         for r in short:
             lines.append(f"| first figures at 30 ms | p90 <= 30%, width <= 60% | {path} | "

@@ -183,6 +183,9 @@ class Prior:
         self._card_w: float | None = None  # above-idle watts of spans no window was in
         self._host_rate = _Rate()  # spans only other processes' windows were in
         self._line = _Line()  # settled windows' share against their seconds
+        #: Closed windows' mean weight per second (the split's: 1 by time, tokens a second
+        #: by tokens), to scale a guess by how a window's weight stands to theirs.
+        self._weights = _Rate()
         self._settled = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
         self._growth: deque[float] = deque(maxlen=RESIDUALS)  # settled doubt added after close
@@ -326,6 +329,10 @@ class Prior:
         if window.seconds < MIN_GUESS_S and window.measured_s <= 0:
             return None  # shorter than any work a card shows: only the card can say (at settling)
         unshared = max(0.0, window.seconds - window.measured_s - window.lost_s - window.filled_s)
+        weight = window.weight
+        if weight is not None and weight > 0:
+            self._weights.add(weight * window.seconds, window.seconds)
+        weighs = self._relative_weight(weight)
         line = self._line.fit()
         if line is not None:
             # What settled windows like it were charged: the rest of its run at the running
@@ -349,17 +356,28 @@ class Prior:
                     offset = max(offset, run * self._tail(window, alone))
                 guess = max(0.0, run * unshared + offset)
             # The residual's unit is the guess (a millisecond's worth at least).
-            return First(window.share, guess, max(guess, run * MIN_GUESS_S), measured_unc,
-                         window.filled_s, "the node's prior")
+            return First(window.share, guess * weighs, max(guess, run * MIN_GUESS_S) * weighs,
+                         measured_unc, window.filled_s, "the node's prior")
         rate, tail, basis = self.rate(window, alone)
         if rate is None or rate <= 0:
             return None
+        rate *= weighs
         # The residual's unit is the guess itself, with at least a quarter period of time
         # in it: a window closing just after a step still waits on how the next one falls.
         return First(
             window.share, rate * (unshared + tail), rate * max(unshared + tail, self.period() / 4),
             measured_unc, window.filled_s, basis,
         )
+
+    def _relative_weight(self, weight: float | None) -> float:
+        """How a window's weight stands to the closed windows' mean (within 10x either way):
+        a split by tokens gives a window twice as many tokens a second twice the share of a
+        span, and the prior's rate is its windows' mean. 1 by time (every weight 1), and
+        while either is unknown."""
+        mean = self._weights.value
+        if weight is None or mean is None or not (weight > 0 and mean > 0):
+            return 1.0
+        return min(10.0, max(0.1, weight / mean))
 
     def fill(self, window: Window, alone: bool, *, settling: bool = False) -> Fill | None:
         """The window's time no reading will cover (``filled_s``), at the prior, with the
