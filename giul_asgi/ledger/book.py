@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
@@ -217,16 +217,18 @@ class Book:
             # Its ramp-down tail is to come, whoever's time it falls in: on a busy card the
             # others' tails fall in its time as much, on average (until settled windows tell).
             self._price(window)
-            window.first = self.prior.first_guess(window, True, _measured_unc(window))
-            if window.first is not None and self._spans is None:
-                ahead = self._ahead(window, window.first.guess)
+            # The prior's First is this window's own, made now: completed in place (two
+            # dataclasses.replace calls cost a close 2-3 us: benchmarks/results/first_in_place-2026-12-07.md).
+            first = window.first = self.prior.first_guess(window, True, _measured_unc(window))
+            if first is not None and self._spans is None:
+                ahead = self._ahead(window, first.guess)
                 if ahead > 0:
-                    window.first = replace(window.first, unc=_measured_unc(window, ahead))
-            if window.first is not None and (self.windows.n + 1) < DRAINING * (window.concurrency or 1.0):
-                window.first = replace(window.first, draining=True)
+                    first.unc = _measured_unc(window, ahead)
+            if first is not None and (self.windows.n + 1) < DRAINING * (window.concurrency or 1.0):
+                first.draining = True
             spans = self._spans
-            if window.first is not None and spans is not None:
-                window.first = spans.first(window, window.first)
+            if first is not None and spans is not None:
+                window.first = spans.first(window, first)
         if self.stopped:
             self._settle_uncovered(window, settled)
         self._try_settle(window, settled)
