@@ -106,11 +106,13 @@ def test_first_figures_split_by_tokens_follow_each_requests_own_rate() -> None:
     # ledger's, says what each caused). Guessed at the mean window's rate, the part of a
     # window not shared at close came out 28% off the truth at the median and 127% at p90
     # (20 trials); scaled by the window's weight against the closed windows' mean, 10% and
-    # 35-41%, and the first figure's doubt still covers its settled figure.
+    # 35-41%; with the prior learning settled windows as if of the mean weight too (its line
+    # through their shares had their rates in its slope), 8% and 20-22%. The first figure's
+    # doubt still covers its settled figure.
     figures = [f for seed in range(10) for f in cold_start.token_trial(seed)]
     both = [f for f in figures if f.first is not None and f.settled and f.truth]
     assert len(both) >= 0.9 * len(figures)
     off = sorted(abs(f.first - f.truth) / f.truth for f in both)
-    assert statistics.median(off) <= 0.18 and off[int(0.9 * len(off))] <= 0.75, off[-5:]
+    assert statistics.median(off) <= 0.15 and off[int(0.9 * len(off))] <= 0.30, off[-5:]
     covered = [f for f in both if abs(f.first - f.settled) <= f.first_unc]
     assert len(covered) >= 0.9 * len(both)
