@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import os
@@ -44,6 +45,14 @@ CHUNK = b"data: " + json.dumps({
 
 
 async def chat(request: Any) -> JSONResponse:
+    return JSONResponse(PAYLOAD)
+
+
+async def chat_after(request: Any) -> JSONResponse:
+    """The same answer after ``us`` microseconds of waiting (an upstream's answer): a window
+    of a millisecond or more gets a guessed first figure, as every LLM request's does, where
+    one of microseconds says unknown (giul_asgi.ledger.prior.MIN_GUESS_S)."""
+    await asyncio.sleep(int(request.path_params["us"]) / 1e6)
     return JSONResponse(PAYLOAD)
 
 
@@ -276,6 +285,7 @@ def our_middleware(package: str = "giul_asgi", *, nvml: bool = False, unshared: 
 #: usage (``{n}``: the number of content chunks).
 PATHS: dict[str, str] = {
     "json": "/v1/chat/completions", "stream": "/v1/stream/{n}", "usage": "/v1/stream-usage/{n}",
+    "json-after": "/v1/chat/completions-after/{n}",
 }
 
 
@@ -285,7 +295,8 @@ def bench_app(middleware: list[Middleware]) -> Starlette:
     return Starlette(
         routes=[StarletteRoute(PATHS["json"], chat, methods=["GET", "POST"]),
                 StarletteRoute(PATHS["stream"], stream),
-                StarletteRoute(PATHS["usage"], stream_usage)],
+                StarletteRoute(PATHS["usage"], stream_usage),
+                StarletteRoute(PATHS["json-after"].replace("{n}", "{us:int}"), chat_after)],
         middleware=middleware,
     )
 

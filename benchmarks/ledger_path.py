@@ -85,9 +85,31 @@ def run(n: int, gap_s: float, seconds_s: float, package: str = "giul_asgi") -> f
     return elapsed / n
 
 
+class _Lasting:
+    """Inside the meter: the request lasts ``seconds`` of the virtual clock, the reader
+    booking its readings meanwhile (one every :data:`READ_EVERY_S`), as an upstream's answer
+    of that length would. A window shorter than a millisecond gets no guessed first figure
+    (giul_asgi.ledger.prior.MIN_GUESS_S): a benchmark's answer of microseconds takes a path
+    no LLM request takes."""
+
+    def __init__(self, app: Any, clock: Any, reader: Any, ledger: Any, seconds: float) -> None:
+        self.app, self.clock, self.reader, self.ledger, self.seconds = app, clock, reader, ledger, seconds
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            left = self.seconds
+            while left > 0:
+                step = min(left, READ_EVERY_S)
+                self.clock.advance(step)
+                self.ledger.ingest(self.reader.read())
+                left -= step
+        await self.app(scope, receive, send)
+
+
 async def run_asgi(variant: str, n: int, gap_s: float, package: str = "giul_asgi",
-                   kind: str = "json", chunks: int = 1000) -> float:
-    """Seconds of real time per request, for ``n`` requests of ``kind`` through ``variant``."""
+                   kind: str = "json", chunks: int = 1000, seconds_s: float = 0.0) -> float:
+    """Seconds of real time per request, for ``n`` requests of ``kind`` through ``variant``
+    (ours: each lasting ``seconds_s`` of the virtual clock, see :class:`_Lasting`)."""
     from _apps import PATHS, bench_app, build
     from overhead import run_requests
     from starlette.middleware import Middleware
@@ -99,8 +121,10 @@ async def run_asgi(variant: str, n: int, gap_s: float, package: str = "giul_asgi
         ledgers = pkg.Ledgers()
         ledgers._by_name[ledger.node.name] = ledger  # this one, nothing polls it
         records = importlib.import_module(f"{package}.records").RecordStore(share=False, clock=clock)
+        lasting = [Middleware(_Lasting, clock=clock, reader=reader, ledger=ledger, seconds=seconds_s)]
         app = bench_app([Middleware(pkg.EnergyMiddleware, nodes=[ledger.node], tiers=[pkg.Tier("8b", 300.0)],
-                                    ledgers=ledgers, stats=pkg.EnergyStats(clock=clock), records=records)])
+                                    ledgers=ledgers, stats=pkg.EnergyStats(clock=clock), records=records),
+                         *(lasting if seconds_s > 0 else [])])
     else:
         app = build(variant)
     path = PATHS[kind].replace("{n}", str(chunks))
@@ -126,15 +150,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("n", type=int)
     parser.add_argument("--gap-us", type=float, default=60.0, help="virtual time between requests")
-    parser.add_argument("--seconds-us", type=float, default=50.0, help="virtual time a window is open")
+    parser.add_argument("--seconds-us", type=float, default=50.0,
+                        help="virtual time a window is open (with --asgi: 0, the app's own instant)")
     parser.add_argument("--asgi", metavar="VARIANT", help="through this stack of benchmarks/_apps.py")
     parser.add_argument("--kind", default="json", choices=("json", "stream", "usage"))
     parser.add_argument("--chunks", type=int, default=1000, help="a stream's chunks")
     parser.add_argument("--package", default="giul_asgi", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.asgi:
+        seconds = args.seconds_us / 1e6 if "--seconds-us" in sys.argv else 0.0
         per = asyncio.run(run_asgi(args.asgi, args.n, args.gap_us / 1e6, args.package,
-                                   args.kind, args.chunks))
+                                   args.kind, args.chunks, seconds))
     else:
         per = run(args.n, args.gap_us / 1e6, args.seconds_us / 1e6, args.package)
     print(f"{args.n} requests: {per * 1e6:.2f} us each (loop and reader work, one thread)")

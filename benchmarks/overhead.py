@@ -6,6 +6,12 @@
     run interleaved, several repeats; "added" is over the bare app in the same repeat, and
     medians are reported. A stream's added cost is split by least squares over the three
     lengths into a fixed part and a part per chunk.
+(a') The JSON answer, each variant in a fresh process of its own (no other variant's reader
+    beside it): the comparison of (a) to quote.
+(a'') The JSON answer after 2 ms of waiting (an upstream's), 16 in flight, each variant in a
+    fresh process of its own: CPU per request. A window of a millisecond or more gets a
+    guessed first figure, as every LLM request's does; (a) and (a')'s of microseconds say
+    unknown at once, a cheaper path than production's (``--waited-only`` runs this alone).
 (b) Through uvicorn (httptools, uvloop) on 127.0.0.1: the trivial JSON app's requests/s
     each stack keeps, as a ratio of the bare app's, and server CPU per request, under wrk
     or autocannon (benchmarks/loadgen.py) where one is installed. Streams through a server are
@@ -200,6 +206,43 @@ async def alone_here(variant: str, n: int, tail: float = TAIL_S) -> tuple[float,
     if variant in READERS:
         await until_settled(app, tail)
     return wall, (time.process_time() - cpu0) / n
+
+
+#: (a''): what an answer waits for (its upstream), and how many are in flight at once.
+WAITED_S = 0.002
+IN_FLIGHT = 16
+
+
+async def waited_here(variant: str, n: int, tail: float = TAIL_S) -> float:
+    """In this process, ``variant`` alone: process CPU seconds per JSON request over ``n``
+    answered each after :data:`WAITED_S` (an upstream's wait), :data:`IN_FLIGHT` at a time,
+    ours until their last windows settled. A window that long gets a guessed first figure,
+    as every LLM request's does; one of microseconds (part (a), (a')) says unknown, and is
+    cheaper (benchmarks/opcodes.py: 4,842 against 5,882 opcodes on the request's path)."""
+    app = BUILDERS[variant]()
+    path = PATHS["json-after"].replace("{n}", str(round(WAITED_S * 1e6)))
+
+    async def in_flight(total: int) -> None:
+        await asyncio.gather(*(run_requests(app, path, total // IN_FLIGHT) for _ in range(IN_FLIGHT)))
+
+    await in_flight(max(IN_FLIGHT * 4, n // 4))  # builds the stack, starts the reader, teaches it
+    await asyncio.sleep(tail)
+    cpu0 = time.process_time()
+    await in_flight(n)
+    if variant in READERS:
+        await until_settled(app, tail)
+    return (time.process_time() - cpu0) / (n // IN_FLIGHT * IN_FLIGHT)
+
+
+def waited(variants: tuple[str, ...], repeats: int, n: int) -> Results:
+    """:func:`waited_here`'s CPU per request, each variant in a fresh process of its own,
+    ``repeats`` times, interleaved (the order turned each repeat)."""
+    cpu: Results = {"json": {}}
+    order = list(variants)
+    for r in range(repeats):
+        for v in order if r % 2 == 0 else reversed(order):
+            cpu["json"].setdefault(v, []).append(in_a_child("--waited", v, n))
+    return cpu
 
 
 def alone(variants: tuple[str, ...], repeats: int, n: int) -> tuple[Results, Results]:
@@ -558,6 +601,9 @@ def main() -> None:
     parser.add_argument("--server-only", action="store_true", help="part (b) alone")
     parser.add_argument("--breakdown", help=argparse.SUPPRESS)
     parser.add_argument("--alone", help=argparse.SUPPRESS)
+    parser.add_argument("--waited", help=argparse.SUPPRESS)
+    parser.add_argument("--waited-only", action="store_true",
+                        help="part (a'') alone: JSON answered after an upstream's wait")
     parser.add_argument("--no-alone", action="store_true",
                         help="skip the JSON timings with each variant in a process of its own")
     parser.add_argument("--parts-n", type=int, default=20000, help=argparse.SUPPRESS)
@@ -567,6 +613,9 @@ def main() -> None:
         return
     if args.alone:  # (an earlier copy is found as the parent's prepare_before() left it)
         print(json.dumps(asyncio.run(alone_here(args.alone, args.parts_n))))
+        return
+    if args.waited:
+        print(json.dumps(asyncio.run(waited_here(args.waited, args.parts_n))))
         return
     repeats, scale = (3, 3000) if args.quick else (9, 20000)
     variants, ours = TIMED, OURS
@@ -584,6 +633,10 @@ def main() -> None:
     print(f"\nLoad average at start: {_load()}")
     if args.server_only:
         server_part(variants, ours, args.quick)
+        print(f"\nLoad average at end: {_load()}")
+        return
+    if args.waited_only:
+        waited_part(variants, ours, args.quick)
         print(f"\nLoad average at end: {_load()}")
         return
     print(f"\n## (a) in process, median of {repeats} interleaved repeats\n")
@@ -672,6 +725,9 @@ def main() -> None:
                   f"{a_med[v] / alone_peer:.2f} wall, {a_cpu_med[v] / alone_peer_cpu:.2f} CPU "
                   "(target <= 1.0).")
 
+    if not args.no_alone:
+        waited_part(variants, ours, args.quick)
+
     n_parts = 3000 if args.quick else 20000
     for variant in () if args.no_breakdown else ours:
         parts, rows = breakdown(variant, n_parts)
@@ -717,6 +773,30 @@ def server_part(variants: tuple[str, ...], ours: tuple[str, ...], quick: bool) -
               f"{statistics.median(ratios):.2f} | {statistics.median(cpu['json'][v]):.0f} | "
               f"{'' if v not in ours else f'{mine:.1f}'} |")
     print("\nTarget: ours keeps at least the cheapest peer's share of the bare app's req/s.")
+
+
+def waited_part(variants: tuple[str, ...], ours: tuple[str, ...], quick: bool) -> None:
+    """Part (a''): JSON answered after an upstream's wait, :func:`waited`, printed."""
+    repeats, n = (3, 1600) if quick else (7, 8000)
+    cpu = waited(variants, repeats, n)
+    med = added_medians(cpu)["json"]
+    print(f"\n## (a'') JSON answered after {WAITED_S * 1e3:g} ms (an upstream's wait), {IN_FLIGHT} in "
+          f"flight, each variant in a fresh process of its own, {n} requests, median of {repeats} "
+          "interleaved repeats\n")
+    print("Every window lasts long enough for a guessed first figure, as an LLM request's does: the "
+          "production path.\n")
+    print("| variant | added CPU us (every thread) |")
+    print("|---|---:|")
+    for v in variants:
+        if v == "bare":
+            print(f"| bare | ({statistics.median(cpu['json']['bare']) * 1e6:.1f}) |")
+        else:
+            print(f"| {v} | {med[v]:.1f} |")
+    peer = min(med[p] for p in PEERS)
+    print()
+    for v in ours:
+        print(f"JSON after a wait, {v}: adds {med[v]:.1f} us CPU; the cheapest peer {peer:.1f}: ratio "
+              f"{med[v] / peer:.2f} (target <= 1.0).")
 
 
 def _load() -> str:

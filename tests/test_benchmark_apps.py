@@ -18,7 +18,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-from _apps import PAYLOAD, VARIANTS, build
+from _apps import PATHS, PAYLOAD, VARIANTS, build
 
 pytestmark = pytest.mark.anyio
 
@@ -61,11 +61,14 @@ async def test_every_stack_serves_the_same_answers(variant: str) -> None:
         answer = await c.get("/v1/chat/completions")
         stream = await c.get("/v1/stream/8")
         usage_stream = await c.get("/v1/stream-usage/8")
+        after = await c.get(PATHS["json-after"].replace("{n}", "1500"))  # an upstream's 1.5 ms
     assert answer.status_code == 200 and stream.status_code == 200
     body = answer.json()
     energy = body.pop("energy", None)
     assert body == json.loads(json.dumps(PAYLOAD))
     assert int(answer.headers["content-length"]) == len(answer.content)
+    waited = after.json()
+    assert (waited.pop("energy", None) is None) is (energy is None) and waited == body
     assert stream.text.count("data: ") >= 9 and "data: [DONE]" in stream.text
 
     blocks = ("floor", "giul-asgi", "giul-asgi-nvml", "giul-asgi-nvml-workers", "giul-asgi-nvml-unshared")
