@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from giul_asgi.ledger import Split, TimeSplit, TokenSplit, Window
 from giul_asgi.ledger import window as window_module
+from giul_asgi.ledger.members import Windows
 from giul_asgi.ledger.window import spread
 
 
@@ -30,10 +33,20 @@ def test_token_split_knows_a_weight_only_at_close_with_a_real_count() -> None:
 
 
 def test_a_window_without_time_is_alone_and_has_no_concurrency_while_open() -> None:
-    w = Window(5.0, 10.0)
+    members = Windows(ramp_s=0.1)
+    w = members.enter(Window(5.0, 0.0))
     assert w.seconds == 0.0 and w.concurrency is None
-    w.t_close, w.busy_close = 5.0, 10.0
+    assert members.shut(w, 5.0)
     assert w.concurrency == 1.0
+
+
+def test_a_windows_concurrency_is_the_windows_in_flight_over_its_time() -> None:
+    members = Windows(ramp_s=0.1)
+    a = members.enter(Window(0.0, 0.0))
+    b = members.enter(Window(1.0, 0.0))  # beside a for 1 s of a's 2
+    members.shut(b, 2.0)
+    members.shut(a, 2.0)
+    assert a.concurrency == pytest.approx(1.5) and b.concurrency == pytest.approx(2.0)
 
 
 def test_a_value_is_spread_over_stages_by_time() -> None:

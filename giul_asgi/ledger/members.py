@@ -70,9 +70,11 @@ class Windows:
         it was not open here."""
         if window.t_close is not None or self.open.pop(id(window), None) is None:
             return False
-        window.busy_close = self._advance(t)
+        window.busy_close = busy = self._advance(t)
         self._n -= 1
         window.t_close = t_close = max(t, window.t_open)
+        span = t_close - window.t_open
+        window.concurrency = (busy - window.busy_open) / span if span > 0 else 1.0
         self.last_close = max(self.last_close, t_close)
         self._closes.append(t_close)
         closing = self.closing

@@ -89,6 +89,7 @@ class Window:
         "busy_close",
         "busy_open",
         "callbacks",
+        "concurrency",
         "edge_sq",
         "error",
         "fill_j",
@@ -134,6 +135,10 @@ class Window:
         self.busy_open = busy_open
         self.t_close: float | None = None
         self.busy_close = 0.0
+        #: The windows in flight beside it on average over its time (its own book's), known
+        #: at its close (:meth:`~giul_asgi.ledger.members.Members.shut`); None while open.
+        #: Kept, not recomputed: a first figure asked for it five times.
+        self.concurrency: float | None = None
         self.tokens: int | None = None
         #: The request's (prompt, completion) token counts, from ``usage``, given at close.
         self.usage: tuple[int, int] | None = None
@@ -192,12 +197,6 @@ class Window:
     def seconds(self) -> float:
         return (self.t_close if self.t_close is not None else self.t_open) - self.t_open
 
-    @property
-    def concurrency(self) -> float | None:
-        if self.t_close is None:
-            return None
-        span = self.t_close - self.t_open
-        return (self.busy_close - self.busy_open) / span if span > 0 else 1.0
 
 
 @dataclass(eq=False, slots=True)
