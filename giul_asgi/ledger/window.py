@@ -136,7 +136,7 @@ class Window:
         self.t_close: float | None = None
         self.busy_close = 0.0
         #: The windows in flight beside it on average over its time (its own book's), known
-        #: at its close (:meth:`~giul_asgi.ledger.members.Members.shut`); None while open.
+        #: at its close (:meth:`~giul_asgi.ledger.members.Windows.shut`); None while open.
         #: Kept, not recomputed: a first figure asked for it five times.
         self.concurrency: float | None = None
         self.tokens: int | None = None
@@ -196,7 +196,6 @@ class Window:
     @property
     def seconds(self) -> float:
         return (self.t_close if self.t_close is not None else self.t_open) - self.t_open
-
 
 
 @dataclass(eq=False, slots=True)
