@@ -194,7 +194,13 @@ def burst_trial(seed: int, bursts: int = 3, size: int = 8) -> list[Figure]:
         while clock.now < end:
             clock.now += 0.01 * rng.uniform(0.5, 1.5)
             ledger.ingest(reader.read())
-    end = clock.now + 2.0
+    return _settled(fresh, out, 2.0)
+
+
+def _settled(fresh: _Fresh, out: list[tuple[Meter, Figure]], seconds: float) -> list[Figure]:
+    """``seconds`` more of the card read every 10 ms, then each figure's settled joules."""
+    clock, reader, ledger = fresh.clock, fresh.reader, fresh.ledger
+    end = clock.now + seconds
     while clock.now < end:
         clock.now += 0.01
         ledger.ingest(reader.read())
@@ -243,13 +249,7 @@ def token_trial(seed: int, n: int = 24) -> list[Figure]:
             first = meter.figure()
             out.append((meter, Figure(len(out), t1 - t0, first.joules, first.uncertainty_joules,
                                       first.method, None, job.truth(card.ramp_up, card.tau), True)))
-    end = clock.now + 3.0
-    while clock.now < end:
-        clock.now += 0.01
-        ledger.ingest(reader.read())
-    for meter, figure in out:
-        figure.settled = meter.figure().joules
-    return [f for _, f in out]
+    return _settled(fresh, out, 3.0)
 
 
 def mixed_trial(seed: int, n: int = 300, in_flight: int = 16) -> list[Figure]:
