@@ -68,6 +68,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -146,6 +147,14 @@ class Outcome:
     during_fault: bool = False
 
 
+def _truth(o: Outcome) -> float | None:
+    return o.truth
+
+
+def _settled_j(o: Outcome) -> float | None:
+    return o.settled.joules
+
+
 @dataclass
 class Row:
     scenario: Scenario
@@ -162,30 +171,23 @@ class Row:
     reader_cpu_s: float = 0.0
     reader_blocks: int = 0
 
-    def _errors(self, which: str) -> list[float]:
+    def _errors(self, which: str, against: Callable[[Outcome], float | None] = _truth) -> list[float]:
+        """|figure - reference| / reference for each ``which`` figure: against the truth, or
+        (``_settled_j``) against the request's own settled figure, which sets the split's
+        convention apart (the first figure's sharpness alone)."""
         out = []
         for o in self.outcomes:
             e: Energy = getattr(o, which)
-            if e.joules is not None and o.truth > 0:
-                out.append(abs(e.joules - o.truth) / o.truth)
+            ref = against(o)
+            if e.joules is not None and ref is not None and ref > 0:
+                out.append(abs(e.joules - ref) / ref)
         return out
 
-    def _to_settled(self) -> list[float]:
-        """How far each first figure fell from its own settled figure: the first figure's
-        sharpness apart from the split's convention, which the settled one shares."""
-        return [abs(o.first.joules - o.settled.joules) / o.settled.joules for o in self.outcomes
-                if o.first.joules is not None and o.settled.joules]
-
-    def _covers_settled(self) -> float | None:
-        hits = [abs(o.first.joules - o.settled.joules) <= (o.first.uncertainty_joules or 0.0)
-                for o in self.outcomes if o.first.joules is not None and o.settled.joules is not None]
-        return sum(hits) / len(hits) if hits else None
-
-    def _covered(self, which: str) -> float | None:
+    def _covered(self, which: str, against: Callable[[Outcome], float | None] = _truth) -> float | None:
         hits = [
-            abs(e.joules - o.truth) <= (e.uncertainty_joules or 0.0)
+            abs(e.joules - ref) <= (e.uncertainty_joules or 0.0)
             for o in self.outcomes
-            if (e := getattr(o, which)).joules is not None
+            if (e := getattr(o, which)).joules is not None and (ref := against(o)) is not None
         ]
         return sum(hits) / len(hits) if hits else None
 
@@ -209,8 +211,8 @@ class Row:
             "settled with figure": sum(1 for o in self.outcomes if o.settled.joules is not None) / n,
             "first med": _q(first, 0.5), "first p90": _q(first, 0.9),
             "settled med": _q(settled, 0.5), "settled p90": _q(settled, 0.9),
-            "first to settled p90": _q(self._to_settled(), 0.9),
-            "settled in +-unc first": self._covers_settled(),
+            "first to settled p90": _q(self._errors("first", _settled_j), 0.9),
+            "settled in +-unc first": self._covered("first", _settled_j),
             "in +-unc first": self._covered("first"), "in +-unc settled": self._covered("settled"),
             "unc/J first": self._width("first"), "unc/J settled": self._width("settled"),
             "unc/J first, warm": self._width("first", skip=WARM),
