@@ -331,7 +331,9 @@ class Prior:
         """What the first figure assumes about the part of the window not shared yet: its
         time not yet shared (not reported, or waiting for weights) at the prior, plus, if
         it closes alone, its ramp-down tail (about ``ramp_s / 5`` seconds at that rate:
-        ``ramp_s`` is when the tail has all but gone)."""
+        ``ramp_s`` is when the tail has all but gone), scaled by its weight against the closed
+        windows' (:meth:`_relative_weight`). Called once a window, at its close: the window's
+        weight joins that mean here."""
         if window.seconds < MIN_GUESS_S and window.measured_s <= 0:
             return None  # shorter than any work a card shows: only the card can say (at settling)
         unshared = max(0.0, window.seconds - window.measured_s - window.lost_s - window.filled_s)
