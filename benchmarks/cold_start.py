@@ -162,39 +162,47 @@ def burst_trial(seed: int, bursts: int = 3, size: int = 8) -> list[Figure]:
     among a burst's last requests)."""
     rng = random.Random(seed)
     fresh = _Fresh(seed, "cold", rng)
-    clock, card, reader, ledger = fresh.clock, fresh.card, fresh.reader, fresh.ledger
+    clock, reader, ledger = fresh.clock, fresh.reader, fresh.ledger
     out: list[tuple[Meter, Figure]] = []
-    index = 0
     for _ in range(bursts):
-        # (time, +1 open / -1 close, request)
         starts = sorted(rng.uniform(0.0, 0.05) for _ in range(size))
-        plan = [(t, t + rng.uniform(0.3, 0.5), rng.uniform(60.0, 200.0)) for t in starts]
-        events = sorted([(t0, 1, i) for i, (t0, _, _) in enumerate(plan)]
-                        + [(t1, -1, i) for i, (_, t1, _) in enumerate(plan)])
-        base = clock.now
-        open_: dict[int, tuple[Meter, Any]] = {}
-        for t, kind, i in events:
-            while clock.now < base + t:
-                clock.now = min(base + t, clock.now + 0.01 * rng.uniform(0.5, 1.5))
-                ledger.ingest(reader.read())
-            if kind == 1:
-                meter = Meter(ledger)
-                meter.open()
-                open_[i] = (meter, card.start_job(plan[i][2]))
-            else:
-                meter, job = open_.pop(i)
-                card.stop_job(job)
-                meter.close()
-                first = meter.figure()
-                seconds = plan[i][1] - plan[i][0]
-                out.append((meter, Figure(index, seconds, first.joules, first.uncertainty_joules,
-                                          first.method, None, job.truth(card.ramp_up, card.tau), True)))
-                index += 1
+        _play(fresh, [(t, t + rng.uniform(0.3, 0.5), rng.uniform(60.0, 200.0)) for t in starts], out)
         end = clock.now + 1.0
         while clock.now < end:
             clock.now += 0.01 * rng.uniform(0.5, 1.5)
             ledger.ingest(reader.read())
     return _settled(fresh, out, 2.0)
+
+
+def _play(fresh: _Fresh, plan: list[tuple[float, float, float]], out: list[tuple[Meter, Figure]],
+          tokens: list[int] | None = None) -> None:
+    """Each planned request ``(opens, closes, watts)`` (seconds from now) opened and closed in
+    time order, the card read every ~10 ms meanwhile; its first figure, with the card's truth,
+    kept in ``out``. ``tokens``: each request's count, given at its close."""
+    clock, card, reader, ledger, rng = fresh.clock, fresh.card, fresh.reader, fresh.ledger, fresh.rng
+    # (time, +1 open / -1 close, request)
+    events = sorted([(t0, 1, i) for i, (t0, _, _) in enumerate(plan)]
+                    + [(t1, -1, i) for i, (_, t1, _) in enumerate(plan)])
+    base = clock.now
+    open_: dict[int, tuple[Meter, Any]] = {}
+    for t, kind, i in events:
+        while clock.now < base + t:
+            clock.now = min(base + t, clock.now + 0.01 * rng.uniform(0.5, 1.5))
+            ledger.ingest(reader.read())
+        t0, t1, watts = plan[i]
+        if kind == 1:
+            meter = Meter(ledger)
+            meter.open()
+            open_[i] = (meter, card.start_job(watts))
+        else:
+            meter, job = open_.pop(i)
+            card.stop_job(job)
+            if tokens is not None:
+                meter.tokens(tokens[i])
+            meter.close()
+            first = meter.figure()
+            out.append((meter, Figure(len(out), t1 - t0, first.joules, first.uncertainty_joules,
+                                      first.method, None, job.truth(card.ramp_up, card.tau), True)))
 
 
 def _settled(fresh: _Fresh, out: list[tuple[Meter, Figure]], seconds: float) -> list[Figure]:
@@ -220,35 +228,16 @@ def token_trial(seed: int, n: int = 24) -> list[Figure]:
 
     rng = random.Random(seed)
     fresh = _Fresh(seed, "tokens", rng)
-    clock, card, reader, ledger = fresh.clock, fresh.card, fresh.reader, fresh.ledger
-    ledger.book.split = TokenSplit()
-    plan = []
+    fresh.ledger.book.split = TokenSplit()
+    plan: list[tuple[float, float, float]] = []
+    tokens: list[int] = []
     for _ in range(n):
         t0, rate = rng.uniform(0.0, 2.0), rng.uniform(20.0, 120.0)
-        seconds = rng.uniform(0.3, 1.2)
-        plan.append((t0, t0 + seconds, rate))
-    events = sorted([(t0, 1, i) for i, (t0, _, _) in enumerate(plan)]
-                    + [(t1, -1, i) for i, (_, t1, _) in enumerate(plan)])
-    base = clock.now
-    open_: dict[int, tuple[Meter, Any]] = {}
+        t1 = t0 + rng.uniform(0.3, 1.2)
+        plan.append((t0, t1, 1.5 * rate))
+        tokens.append(max(1, int(rate * (t1 - t0))))
     out: list[tuple[Meter, Figure]] = []
-    for t, kind, i in events:
-        while clock.now < base + t:
-            clock.now = min(base + t, clock.now + 0.01 * rng.uniform(0.5, 1.5))
-            ledger.ingest(reader.read())
-        t0, t1, rate = plan[i]
-        if kind == 1:
-            meter = Meter(ledger)
-            meter.open()
-            open_[i] = (meter, card.start_job(1.5 * rate))
-        else:
-            meter, job = open_.pop(i)
-            card.stop_job(job)
-            meter.tokens(max(1, int(rate * (t1 - t0))))
-            meter.close()
-            first = meter.figure()
-            out.append((meter, Figure(len(out), t1 - t0, first.joules, first.uncertainty_joules,
-                                      first.method, None, job.truth(card.ramp_up, card.tau), True)))
+    _play(fresh, plan, out, tokens)
     return _settled(fresh, out, 3.0)
 
 
