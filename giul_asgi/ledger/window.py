@@ -70,6 +70,21 @@ class First:
     draining: bool = False
 
 
+@dataclass(slots=True)
+class Unwatched:
+    """What a window was charged of spans that may hold a foreign load nobody could look
+    for yet (``foreign="subtract"`` before any quiet time was witnessed): its share of them,
+    its part of their time (what a level found later is subtracted over), and the doubt
+    they added to its figure (all of the share)."""
+
+    joules: float = 0.0
+    seconds: float = 0.0
+    unc: float = 0.0
+    #: A level was witnessed and taken off: the window may settle (its first figure, made
+    #: blind, still teaches the prior nothing).
+    seen: bool = False
+
+
 class Window:
     """One request's time on a node, and what the book has charged to it so far.
 
@@ -178,9 +193,10 @@ class Window:
         self.fill_unc = 0.0
         self.trouble: str | None = None
         self.basis: str | None = None  # what the filled part was taken from
-        #: A span it shared may hold a foreign load nobody could look for yet: its figure
-        #: teaches the prior nothing.
-        self.unwatched = False
+        #: A span it shared may hold a foreign load nobody could look for yet (None: none
+        #: did): it settles once a level is witnessed, with that level taken off, and its
+        #: figure teaches the prior nothing.
+        self.unwatched: Unwatched | None = None
         self.waiting = 0  # spans waiting on weights that include this window
         self.waits_on: list[Waiting] | None = None  # those spans, while the window is open
         self.seen_end = False
