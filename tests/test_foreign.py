@@ -163,7 +163,9 @@ def test_windows_before_the_first_witness_wait_for_it_and_have_the_level_taken_o
             assert settled.settled and settled.joules is not None, settled
             assert abs(settled.joules - truth) <= 0.15 * truth, (seed, settled.joules, truth)
             assert abs(settled.joules - truth) <= settled.uncertainty_joules
-            assert settled.uncertainty_joules < 0.8 * settled.joules  # not all of the share
+            # The load under them may have been none or all of what was taken (the level was
+            # seen after them), no longer all of the share: about 2.7x the truth before.
+            assert settled.uncertainty_joules < 1.5 * truth
             assert settled.contended is True and settled.error is None
         totals = run.ledger.totals()
         assert run.books() < 1e-9 * totals.measured_j

@@ -599,17 +599,20 @@ class Book:
     def _unwatched_waits(self, window: Window, unwatched: Unwatched) -> bool:
         """Whether a window charged spans nobody could look for a foreign load in waits for
         the first level witnessed. Once one is, that level is taken off its part of those
-        spans, as the decider would have (the rest to ``forfeit``, as a foreign load), and
-        the level's own doubt replaces all of the share's. A fresh process's first windows
-        under a steady 150 W foreign load settled at 2.3-2.8x their truth, said ``measured``
-        (benchmarks/results/foreign_late-2026-12-07.md). It waits at most ``MAX_WAIT_S`` after
-        its close, and never more than ``MAX_WAITING`` windows: then it settles as charged,
-        its doubt all of the share."""
+        spans, as the decider would have (the rest to ``forfeit``, as a foreign load). A fresh
+        process's first windows under a steady 150 W foreign load settled at 2.3-2.8x their
+        truth, said ``measured`` (benchmarks/results/foreign_late-2026-12-07.md). The level
+        was seen after those spans: the load under them may have been none or all of their
+        share (a bursty load seen off, then on), so their doubt is the farther of the two
+        from what was taken, never less than the level's own. It waits at most
+        ``MAX_WAIT_S`` after its close, and never more than ``MAX_WAITING`` windows: then it
+        settles as charged, its doubt all of the share."""
         level = self._contention[0]
         if level is not None:
             taken = min(max(unwatched.joules, 0.0), level * unwatched.seconds)
             window.share -= taken
-            window.linear_unc += self._foreign_unc_w * unwatched.seconds - unwatched.unc
+            doubt = max(taken, unwatched.joules - taken, self._foreign_unc_w * unwatched.seconds)
+            window.linear_unc += doubt - unwatched.unc
             self.forfeit_j += taken
             self.foreign_j += taken
             unwatched.seen = True
