@@ -599,7 +599,7 @@ class Book:
     def _unwatched_waits(self, window: Window, unwatched: Unwatched) -> bool:
         """Whether a window charged spans nobody could look for a foreign load in waits for
         the first level witnessed. Once one is, that level is taken off its part of those
-        spans, as the decider would have (the rest to ``forfeit``, as a foreign load). A fresh
+        spans, as the decider would have (what it takes is ``forfeit``, a foreign load). A fresh
         process's first windows under a steady 150 W foreign load settled at 2.3-2.8x their
         truth, said ``measured`` (benchmarks/results/foreign_late-2026-12-07.md). The level
         was seen after those spans: the load under them may have been none or all of their
