@@ -12,6 +12,7 @@ from truecard import Foreign
 from giul_asgi.config import Node
 from giul_asgi.ledger.foreign import ForeignWatch
 from giul_asgi.ledger.tape import Span
+from giul_asgi.meter import Meter
 
 
 def spans(watts: list[float], seconds: float = 0.1, stamp_s: float = 0.002) -> list[Span]:
@@ -190,4 +191,57 @@ def test_a_card_never_seen_quiet_holds_no_window_past_the_wait() -> None:
     settled = first.figure()
     assert settled.joules is not None and settled.joules > 1.5 * truth  # charged the load
     assert abs(settled.joules - truth) <= settled.uncertainty_joules
+    assert "charged whole" in (settled.error or "")  # and says why its doubt is all of it
     assert run.books() < 1e-9 * run.ledger.totals().measured_j
+
+
+def test_a_foreign_load_that_began_after_the_first_windows_is_not_taken_off_them() -> None:
+    """A hostile trial: no foreign load under a fresh process's first requests, back to
+    back; a 150 W one starts right after them. The level seen later was taken off them:
+    0.17x their truth, a quarter outside their doubt. What each drew is judged at the rate
+    the node's windows are measured drawing once the load is watched, not by the level."""
+    for seed in range(3):
+        run = Run(Node("n", idle_w=IDLE, foreign="subtract"), seed=seed)
+        early = []
+        for _ in range(4):
+            early.append(run.request(0.3, 180.0))
+            run.advance(0.02)
+        run.card.add_foreign(Foreign(150.0, start=run.clock.now))
+        for _ in range(6):
+            run.request(0.3, 180.0)
+            run.advance(0.4)
+        run.advance(0.5)
+        for meter, truth in early:
+            settled = meter.figure()
+            assert settled.settled and settled.joules is not None, settled
+            assert 0.75 * truth <= settled.joules <= 1.25 * truth, (seed, settled.joules, truth)
+            assert abs(settled.joules - truth) <= settled.uncertainty_joules
+        assert run.books() < 1e-9 * run.ledger.totals().measured_j
+
+
+def test_what_is_taken_off_late_is_taken_off_the_stages_too() -> None:
+    """A hostile trial: the late subtraction left a window's stages as they were: a prefill
+    stage of 65 J inside a 32 J request. Its stages keep their proportions of what is left."""
+    run = Run(Node("n", idle_w=IDLE, foreign="subtract"))
+    run.card.add_foreign(Foreign(150.0, start=run.clock.now - 1.0))
+    early = []
+    for _ in range(4):
+        meter = Meter(run.ledger)
+        meter.open()
+        job = run.card.start_job(100.0)
+        run.advance(0.25)
+        meter.mark("prefill")
+        run.advance(0.05)
+        run.card.stop_job(job)
+        meter.close()
+        early.append(meter)
+        run.advance(0.02)
+    for _ in range(6):
+        run.request(0.3, 100.0)
+        run.advance(0.4)
+    run.advance(0.5)
+    for meter in early:
+        figure = meter.figure()
+        assert figure.settled and figure.joules is not None
+        prefill = figure.stages["prefill"].joules
+        assert prefill is not None and 0 < prefill <= figure.joules

@@ -52,7 +52,9 @@ MAX_WAITING = 2_000
 MAX_WAIT_S = 10.0
 _NOT_REPORTED = "not settled: the card has not reported this window yet"
 _UNWATCHED = ("a foreign load nobody could look for yet may be in it (foreign='subtract'): "
-              "its settled figure takes off the first level witnessed")
+              "it settles once one was looked for")
+_UNWATCHED_SETTLED = ("charged whole: a foreign load nobody could look for may be in it "
+                      "(foreign='subtract'; the card was not seen quiet in time)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,8 +471,13 @@ class Book:
                 if seen is None:
                     seen = window.unwatched = Unwatched()
                 seen.joules += share
-                seen.seconds += seconds * mine * part
                 seen.unc += abs(share)
+                if tails:
+                    seen.tail = True
+                else:
+                    seen.seconds += overlap
+                if span.unseen:
+                    seen.unseen = True
             else:
                 window.linear_unc += foreign_unc * part
             if shared:
@@ -597,30 +604,44 @@ class Book:
         settled.append(window)
 
     def _unwatched_waits(self, window: Window, unwatched: Unwatched) -> bool:
-        """Whether a window charged spans nobody could look for a foreign load in waits for
-        the first level witnessed. Once one is, that level is taken off its part of those
-        spans, as the decider would have (what it takes is ``forfeit``, a foreign load). A fresh
-        process's first windows under a steady 150 W foreign load settled at 2.3-2.8x their
-        truth, said ``measured`` (benchmarks/results/foreign_late-2026-12-07.md). The level
-        was seen after those spans: the load under them may have been none or all of their
-        share (a bursty load seen off, then on), so their doubt is the farther of the two
-        from what was taken, never less than the level's own. It waits at most
-        ``MAX_WAIT_S`` after its close, and never more than ``MAX_WAITING`` windows: then it
-        settles as charged, its doubt all of the share."""
-        level = self._contention[0]
-        if level is not None:
-            taken = min(max(unwatched.joules, 0.0), level * unwatched.seconds)
-            window.share -= taken
-            doubt = max(taken, unwatched.joules - taken, self._foreign_unc_w * unwatched.seconds)
-            window.linear_unc += doubt - unwatched.unc
-            self.forfeit_j += taken
-            self.foreign_j += taken
-            unwatched.seen = True
-            return False
+        """Whether a window charged spans nobody could look for a foreign load in waits. A
+        fresh process's first windows under a steady 150 W foreign load settled at 2.3-2.8x
+        their truth, said ``measured`` (benchmarks/results/foreign_late-2026-12-07.md). Once
+        the card has been looked at (a level witnessed) and the node has learnt what its
+        windows draw from the spans after, what the window drew there is judged at that rate
+        and the rest of its share there taken off as foreign (to ``forfeit``). Not the level
+        seen later: a load that began after the window was taken off it (a hostile trial:
+        0.17x the truth). It waits at most ``MAX_WAIT_S`` after its close, and never more than
+        ``MAX_WAITING`` windows: then it settles charged whole, its doubt all of the share,
+        and says why."""
+        if self._contention[0] is not None and not unwatched.unseen:
+            own = self.prior.drawn(
+                unwatched.seconds + (min(self.ramp_s / 5, window.seconds) if unwatched.tail else 0.0),
+                window.weight)
+            if own is not None:
+                self._take_foreign(window, unwatched, own.joules, own.uncertainty)
+                return False
         assert window.t_close is not None
         end = self._t_end if self._t_end is not None else window.t_close
         return (not self.stopped and end - window.t_close < MAX_WAIT_S
                 and len(self.windows.closing) <= MAX_WAITING)
+
+    def _take_foreign(self, window: Window, unwatched: Unwatched, own: float, own_unc: float) -> None:
+        """Take off what the window's share of the unwatched spans holds beyond ``own`` (what
+        it drew there, in doubt by ``own_unc``), its stages in proportion. The foreign load
+        there was between none and all of that share: the doubt is no wider than that."""
+        blind = max(unwatched.joules, 0.0)
+        taken = min(max(blind - own, 0.0), blind)
+        before = window.share
+        window.share -= taken
+        stages = window.stage_shares
+        if stages is not None and taken > 0 and before > 0:
+            kept = max(window.share, 0.0) / before
+            window.stage_shares = [value * kept for value in stages]
+        window.linear_unc += min(own_unc, max(taken, blind - taken)) - unwatched.unc
+        self.forfeit_j += taken
+        self.foreign_j += taken
+        unwatched.seen = True
 
     # -- contention -----------------------------------------------------------------------
     def contended(self) -> tuple[bool | None, float | None]:
@@ -667,6 +688,8 @@ class Book:
                 basis = first.basis
                 if window.unwatched is not None and not window.unwatched.seen:
                     error = error or _UNWATCHED
+        if settled and window.unwatched is not None and not window.unwatched.seen:
+            error = error or _UNWATCHED_SETTLED
         contended, foreign_w = self.contended()
         mean_watts = window.power_j / window.measured_s if window.measured_s > 0 else None
         if not settled and joules is not None:

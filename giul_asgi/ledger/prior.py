@@ -298,18 +298,9 @@ class Prior:
         the card to take a part; ``settling``: a fill at settling, which may fall back on the
         card's power)."""
         tail = self._tail(window, alone)
-        line = self._line.fit()
-        if line is not None:
-            return line[0], tail, "the node's prior"
-        run = self._run_rate.value
-        if run is not None:
-            return run, tail, "the node's prior"
-        spans = self._span_rate.value  # from a period of window time at least (as below)
-        if spans is not None and self._span_rate.seconds >= self.period():
-            return spans, tail, "the node's first spans"
-        settled = self._prior.value
-        if settled is not None:
-            return settled, tail, "the node's settled windows"
+        learnt, basis = self._learnt_rate()
+        if learnt is not None:
+            return learnt, tail, basis
         if window.measured_s >= self.period() and window.share > 0:
             # A window measured for a period or more has ramped up and its job has begun: its
             # own rate stands (a sliver of one, a ramp-up's first ms, or a first span that
@@ -321,6 +312,41 @@ class Prior:
         if settling and self._card_w:
             return self._card_w, 0.0, "the card's power in its first readings"
         return None, 0.0, "nothing yet"
+
+    def _learnt_rate(self) -> tuple[float | None, str]:
+        """The node's windows' joules per second as learnt from spans and settled windows
+        (None before any), and what it is."""
+        line = self._line.fit()
+        if line is not None:
+            return line[0], "the node's prior"
+        run = self._run_rate.value
+        if run is not None:
+            return run, "the node's prior"
+        spans = self._span_rate.value  # from a period of window time at least
+        if spans is not None and self._span_rate.seconds >= self.period():
+            return spans, "the node's first spans"
+        settled = self._prior.value
+        if settled is not None:
+            return settled, "the node's settled windows"
+        return None, "nothing yet"
+
+    def drawn(self, seconds: float, weight: float | None = None) -> Fill | None:
+        """What a window of ``weight`` draws in ``seconds`` of its time at the rate the node's
+        windows were measured drawing (never the window's own, which is what is in question),
+        scaled by its weight as a guess is, with a fill's learnt bias and spread; None before
+        a rate was learnt."""
+        rate, basis = self._learnt_rate()
+        if rate is None or rate <= 0:
+            return None
+        return self._at(rate * self._relative_weight(weight), seconds, basis)
+
+    def _at(self, rate: float, seconds: float, basis: str) -> Fill:
+        """``seconds`` at ``rate``, with the learnt bias, and the learnt spread as doubt."""
+        guess = rate * seconds
+        scale = rate * max(seconds, self.period() / 4)
+        bias, spread = self.bias_spread()
+        joules = max(0.0, guess + bias * scale)
+        return Fill(joules, spread * scale + FLOOR * joules, rate, basis)
 
     def _tail(self, window: Window, alone: bool | float) -> float:
         """The seconds of running a window's ramp-down tail is worth to it: the share it keeps
@@ -393,11 +419,7 @@ class Prior:
         rate, _, basis = self.rate(window, alone, settling=settling)
         if rate is None or rate <= 0:
             return None
-        guess = rate * window.filled_s
-        scale = rate * max(window.filled_s, self.period() / 4)
-        bias, spread = self.bias_spread()
-        joules = max(0.0, guess + bias * scale)
-        return Fill(joules, spread * scale + FLOOR * joules, rate, basis)
+        return self._at(rate, window.filled_s, basis)
 
     def growth_at(self) -> float:
         """How much the measured part's uncertainty grew from close to settling, per unit

@@ -74,14 +74,18 @@ class First:
 class Unwatched:
     """What a window was charged of spans that may hold a foreign load nobody could look
     for yet (``foreign="subtract"`` before any quiet time was witnessed): its share of them,
-    its part of their time (what a level found later is subtracted over), and the doubt
+    its own time in them (and whether a ramp-down tail of it was among them), and the doubt
     they added to its figure (all of the share)."""
 
     joules: float = 0.0
     seconds: float = 0.0
+    tail: bool = False
     unc: float = 0.0
-    #: A level was witnessed and taken off: the window may settle (its first figure, made
-    #: blind, still teaches the prior nothing).
+    #: A span of them carried load nobody on the host sees: none is taken off (the decider
+    #: takes no foreign level off such a span either).
+    unseen: bool = False
+    #: What it drew there was judged and the rest taken off: the window may settle (its
+    #: first figure, made blind, still teaches the prior nothing).
     seen: bool = False
 
 
