@@ -138,39 +138,52 @@ def test_what_an_edge_s_step_doubt_can_move_is_no_foreign_load() -> None:
     assert narrow.level(0.1, IDLE) == pytest.approx(7.0)
 
 
-def test_windows_before_the_first_witness_wait_for_it_and_have_the_level_taken_off() -> None:
+def _blind_burst(run: Run, watts: float = 180.0, n: int = 4) -> list[tuple[Meter, float]]:
+    """A fresh process's first requests, back to back (a gap shorter than a ramp-down: the
+    card is never seen quiet), each with its truth."""
+    early = []
+    for _ in range(n):
+        early.append(run.request(0.3, watts))
+        run.advance(0.02)
+    return early
+
+
+def _then_spaced(run: Run, watts: float = 180.0, n: int = 6) -> None:
+    """Requests with quiet gaps between them (the card is looked at), then time to settle."""
+    for _ in range(n):
+        run.request(0.3, watts)
+        run.advance(0.4)
+    run.advance(0.5)
+
+
+def test_windows_before_the_first_witness_wait_and_have_the_foreign_load_taken_off() -> None:
     """A fresh process under a steady 150 W foreign load, its first requests back to back
     (no quiet time to witness the load in), then 400 ms gaps. Those first windows were
     charged the foreign load: settled at 2.3-2.8x their truth, said ``measured``, their
     doubt all of the share (the attribution matrix's "250 ms gaps" scenario, 4 runs in 11
-    at 1.17-1.21x). They now wait for the first level witnessed and have it taken off."""
+    at 1.17-1.22x). They now wait until the card is looked at and the node has learnt what
+    its windows draw, and have the rest of their share there taken off."""
     for seed in range(3):
         run = Run(Node("n", idle_w=IDLE, foreign="subtract"), seed=seed)
         run.card.add_foreign(Foreign(150.0, start=run.clock.now - 1.0))
-        early = []
-        for _ in range(4):
-            early.append(run.request(0.3, 180.0))
-            run.advance(0.02)  # shorter than a ramp-down: nothing witnessed
+        early = _blind_burst(run)
         for meter, _ in early:
             first = meter.figure()
             assert not first.settled  # waiting for a level, and says so
             assert first.joules is None or "nobody could look for yet" in (first.error or ""), first
-        for _ in range(6):
-            run.request(0.3, 180.0)
-            run.advance(0.4)
-        run.advance(0.5)
+        _then_spaced(run)
         for meter, truth in early:
             settled = meter.figure()
             assert settled.settled and settled.joules is not None, settled
             assert abs(settled.joules - truth) <= 0.15 * truth, (seed, settled.joules, truth)
             assert abs(settled.joules - truth) <= settled.uncertainty_joules
-            # The load under them may have been none or all of what was taken (the level was
-            # seen after them), no longer all of the share: about 2.7x the truth before.
+            # Their doubt is what the node's rate may miss, no longer all of the share (about
+            # 2.7x the truth before).
             assert settled.uncertainty_joules < 1.5 * truth
             assert settled.contended is True and settled.error is None
         totals = run.ledger.totals()
         assert run.books() < 1e-9 * totals.measured_j
-        assert totals.foreign_j > 0.5 * 150.0 * 4 * 0.3  # what the early windows gave back
+        assert totals.foreign_j > 0.5 * 150.0 * 4 * 0.3  # what was taken off the early windows
 
 
 def test_a_card_never_seen_quiet_holds_no_window_past_the_wait() -> None:
@@ -202,15 +215,9 @@ def test_a_foreign_load_that_began_after_the_first_windows_is_not_taken_off_them
     the node's windows are measured drawing once the load is watched, not by the level."""
     for seed in range(3):
         run = Run(Node("n", idle_w=IDLE, foreign="subtract"), seed=seed)
-        early = []
-        for _ in range(4):
-            early.append(run.request(0.3, 180.0))
-            run.advance(0.02)
+        early = _blind_burst(run)
         run.card.add_foreign(Foreign(150.0, start=run.clock.now))
-        for _ in range(6):
-            run.request(0.3, 180.0)
-            run.advance(0.4)
-        run.advance(0.5)
+        _then_spaced(run)
         for meter, truth in early:
             settled = meter.figure()
             assert settled.settled and settled.joules is not None, settled
@@ -236,10 +243,7 @@ def test_what_is_taken_off_late_is_taken_off_the_stages_too() -> None:
         meter.close()
         early.append(meter)
         run.advance(0.02)
-    for _ in range(6):
-        run.request(0.3, 100.0)
-        run.advance(0.4)
-    run.advance(0.5)
+    _then_spaced(run, 100.0)
     for meter in early:
         figure = meter.figure()
         assert figure.settled and figure.joules is not None
