@@ -159,10 +159,10 @@ def _then_spaced(run: Run, watts: float = 180.0, n: int = 6) -> None:
 def test_windows_before_the_first_witness_wait_and_have_the_foreign_load_taken_off() -> None:
     """A fresh process under a steady 150 W foreign load, its first requests back to back
     (no quiet time to witness the load in), then 400 ms gaps. Those first windows were
-    charged the foreign load: settled at 2.3-2.8x their truth, said ``measured``, their
-    doubt all of the share (the attribution matrix's "250 ms gaps" scenario, 4 runs in 11
-    at 1.17-1.22x). They now wait until the card is looked at and the node has learnt what
-    its windows draw, and have the rest of their share there taken off."""
+    charged the foreign load: settled at 2.3-2.8x their truth, said ``measured`` (the
+    attribution matrix's "250 ms gaps" scenario, 4 runs in 11 at 1.17-1.22x). They now wait
+    until the card is looked at and the node has learnt what its windows draw, and have what
+    both say was foreign taken off."""
     for seed in range(3):
         run = Run(Node("n", idle_w=IDLE, foreign="subtract"), seed=seed)
         run.card.add_foreign(Foreign(150.0, start=run.clock.now - 1.0))
@@ -177,10 +177,9 @@ def test_windows_before_the_first_witness_wait_and_have_the_foreign_load_taken_o
             assert settled.settled and settled.joules is not None, settled
             assert abs(settled.joules - truth) <= 0.15 * truth, (seed, settled.joules, truth)
             assert abs(settled.joules - truth) <= settled.uncertainty_joules
-            # Their doubt is what the node's rate may miss, no longer all of the share (about
-            # 2.7x the truth before).
-            assert settled.uncertainty_joules < 1.5 * truth
-            assert settled.contended is True and settled.error is None
+            # Nothing says how much of those spans was foreign: the doubt stays all of them,
+            # and the figure says so.
+            assert settled.contended is True and "taken off" in (settled.error or "")
         totals = run.ledger.totals()
         assert run.books() < 1e-9 * totals.measured_j
         assert totals.foreign_j > 0.5 * 150.0 * 4 * 0.3  # what was taken off the early windows

@@ -55,6 +55,9 @@ _UNWATCHED = ("a foreign load nobody could look for yet may be in it (foreign='s
               "it settles once one was looked for")
 _UNWATCHED_SETTLED = ("charged whole: a foreign load nobody could look for may be in it "
                       "(foreign='subtract'; the card was not seen quiet in time)")
+_UNWATCHED_JUDGED = ("part of it shared spans nobody could look for a foreign load in "
+                     "(foreign='subtract'): what the level seen after and the node's rate agree "
+                     "was foreign is taken off; its doubt is all of that part")
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,6 +475,7 @@ class Book:
                     seen = window.unwatched = Unwatched()
                 seen.joules += share
                 seen.unc += abs(share)
+                seen.card_s += seconds * mine * part
                 if tails:
                     seen.tail = True
                 else:
@@ -606,39 +610,43 @@ class Book:
     def _unwatched_waits(self, window: Window, unwatched: Unwatched) -> bool:
         """Whether a window charged spans nobody could look for a foreign load in waits. A
         fresh process's first windows under a steady 150 W foreign load settled at 2.3-2.8x
-        their truth, said ``measured`` (benchmarks/results/foreign_late-2026-12-07.md). Once
-        the card has been looked at (a level witnessed) and the node has learnt what its
-        windows draw from the spans after, what the window drew there is judged at that rate
-        and the rest of its share there taken off as foreign (to ``forfeit``). Not the level
-        seen later: a load that began after the window was taken off it (a hostile trial:
-        0.17x the truth). It waits at most ``MAX_WAIT_S`` after its close, and never more than
-        ``MAX_WAITING`` windows: then it settles charged whole, its doubt all of the share,
-        and says why."""
-        if self._contention[0] is not None and not unwatched.unseen:
+        their truth (benchmarks/results/foreign_late-2026-12-07.md). Once the card has been
+        looked at (a level witnessed) and the node knows what its windows draw a second, it
+        settles with what both say was foreign taken off (:meth:`_take_foreign`). It waits at
+        most ``MAX_WAIT_S`` after its close, and never more than ``MAX_WAITING`` windows:
+        then it settles charged whole, and says so."""
+        level = self._contention[0]
+        if level is not None and not unwatched.unseen:
             own = self.prior.drawn(
                 unwatched.seconds + (min(self.ramp_s / 5, window.seconds) if unwatched.tail else 0.0),
                 window.weight)
             if own is not None:
-                self._take_foreign(window, unwatched, own.joules, own.uncertainty)
+                self._take_foreign(window, unwatched, level, own.joules)
                 return False
         assert window.t_close is not None
         end = self._t_end if self._t_end is not None else window.t_close
         return (not self.stopped and end - window.t_close < MAX_WAIT_S
                 and len(self.windows.closing) <= MAX_WAITING)
 
-    def _take_foreign(self, window: Window, unwatched: Unwatched, own: float, own_unc: float) -> None:
-        """Take off what the window's share of the unwatched spans holds beyond ``own`` (what
-        it drew there, in doubt by ``own_unc``), its stages in proportion. The foreign load
-        there was between none and all of that share: the doubt is no wider than that."""
+    def _take_foreign(self, window: Window, unwatched: Unwatched, level: float, own: float) -> None:
+        """Take off the window's share of the unwatched spans only what both witnesses say
+        was foreign: no more than the level seen after them over its part of their time, and
+        no more than what is left beyond ``own`` (what it would have drawn there at the node's
+        learnt rate). Neither alone holds (two hostile trials, 2026-12-07): a level seen after
+        the spans took a load that began later off windows that had none of it under them
+        (0.17x their truth); the learnt rate alone took a heavy window's own draw off it where
+        there was no foreign load at all (0.30x), or judged it from one light window or a kept
+        prior of another workload (0.06-0.67x). Whatever is taken, the truth lies between none
+        and all of that share being foreign: its doubt stays all of it. Its stages keep their
+        proportions. What is taken goes to ``forfeit``, as a foreign load."""
         blind = max(unwatched.joules, 0.0)
-        taken = min(max(blind - own, 0.0), blind)
+        taken = max(0.0, min(level * unwatched.card_s, blind - own, blind))
         before = window.share
         window.share -= taken
         stages = window.stage_shares
         if stages is not None and taken > 0 and before > 0:
             kept = max(window.share, 0.0) / before
             window.stage_shares = [value * kept for value in stages]
-        window.linear_unc += min(own_unc, max(taken, blind - taken)) - unwatched.unc
         self.forfeit_j += taken
         self.foreign_j += taken
         unwatched.seen = True
@@ -688,8 +696,8 @@ class Book:
                 basis = first.basis
                 if window.unwatched is not None and not window.unwatched.seen:
                     error = error or _UNWATCHED
-        if settled and window.unwatched is not None and not window.unwatched.seen:
-            error = error or _UNWATCHED_SETTLED
+        if settled and window.unwatched is not None:
+            error = error or (_UNWATCHED_JUDGED if window.unwatched.seen else _UNWATCHED_SETTLED)
         contended, foreign_w = self.contended()
         mean_watts = window.power_j / window.measured_s if window.measured_s > 0 else None
         if not settled and joules is not None:

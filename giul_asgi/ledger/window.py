@@ -74,12 +74,14 @@ class First:
 class Unwatched:
     """What a window was charged of spans that may hold a foreign load nobody could look
     for yet (``foreign="subtract"`` before any quiet time was witnessed): its share of them,
-    its own time in them (and whether a ramp-down tail of it was among them), and the doubt
-    they added to its figure (all of the share)."""
+    its own time in them (and whether a ramp-down tail of it was among them), its part of
+    their time as the card's (what a foreign level there would be taken off over), and the
+    doubt they added to its figure (all of the share)."""
 
     joules: float = 0.0
     seconds: float = 0.0
     tail: bool = False
+    card_s: float = 0.0
     unc: float = 0.0
     #: A span of them carried load nobody on the host sees: none is taken off (the decider
     #: takes no foreign level off such a span either).
