@@ -248,3 +248,23 @@ def test_what_is_taken_off_late_is_taken_off_the_stages_too() -> None:
         assert figure.settled and figure.joules is not None
         prefill = figure.stages["prefill"].joules
         assert prefill is not None and 0 < prefill <= figure.joules
+
+
+def test_a_blind_window_heavier_than_those_after_it_keeps_its_own_draw() -> None:
+    """A second hostile trial: no foreign load at all; a fresh process's first requests draw
+    300 W, the ones after 100 W. Judged at the node's rate alone (learnt from the lighter
+    ones), the rest of their draw was taken off as foreign: 0.30x their truth, 0/20 inside
+    their doubt. The level seen (0 W) says none was foreign: nothing is taken. (A process's
+    very first window has time before the card's first reading, filled at the node's rate:
+    the lighter windows', so it alone comes out low, inside its doubt.)"""
+    ratios = []
+    for seed in range(3):
+        run = Run(Node("n", idle_w=IDLE, foreign="subtract"), seed=seed)
+        early = _blind_burst(run, 300.0)
+        _then_spaced(run, 100.0)
+        for meter, truth in early:
+            settled = meter.figure()
+            assert settled.settled and settled.joules is not None, settled
+            assert abs(settled.joules - truth) <= settled.uncertainty_joules
+            ratios.append(settled.joules / truth)
+    assert 0.9 <= sorted(ratios)[len(ratios) // 2] <= 1.1 and min(ratios) > 0.6, ratios
