@@ -54,7 +54,7 @@ _NOT_REPORTED = "not settled: the card has not reported this window yet"
 _UNWATCHED = ("a foreign load nobody could look for yet may be in it (foreign='subtract'): "
               "it settles once one was looked for")
 _UNWATCHED_SETTLED = ("charged whole: a foreign load nobody could look for may be in it "
-                      "(foreign='subtract'; the card was not seen quiet in time)")
+                      "(foreign='subtract'): its doubt is all of that part")
 _UNWATCHED_JUDGED = ("part of it shared spans nobody could look for a foreign load in "
                      "(foreign='subtract'): what the level seen after and the node's rate agree "
                      "was foreign is taken off; its doubt is all of that part")
@@ -151,7 +151,6 @@ class Book:
         #: What the last span said of the card's contention: (foreign level, seen recently,
         #: a foreign process in the card's list, an unseen load lately).
         self._contention: tuple[float | None, bool, bool | None, bool] = (None, False, None, False)
-        self._foreign_unc_w = 0.0  # the subtracted level's doubt, as the last span said
         self.lost_s = 0.0
         self._busy_booked = 0.0
         self._time_booked = 0.0
@@ -331,7 +330,6 @@ class Book:
 
     def _span(self, span: CardSpan, mine: float, settled: list[Window]) -> None:
         self._contention = (span.level, span.level_recent, span.processes_foreign, span.unseen_recent)
-        self._foreign_unc_w = span.foreign_unc_w
         seconds = span.seconds
         if seconds > 0:
             self._draw_w = draw = span.total_j / seconds
@@ -474,7 +472,6 @@ class Book:
                 if seen is None:
                     seen = window.unwatched = Unwatched()
                 seen.joules += share
-                seen.unc += abs(share)
                 seen.card_s += seconds * mine * part
                 if tails:
                     seen.tail = True
@@ -615,8 +612,10 @@ class Book:
         settles with what both say was foreign taken off (:meth:`_take_foreign`). It waits at
         most ``MAX_WAIT_S`` after its close, and never more than ``MAX_WAITING`` windows:
         then it settles charged whole, and says so."""
+        if unwatched.unseen:
+            return False  # load nobody here sees was in them: no level is taken off such spans
         level = self._contention[0]
-        if level is not None and not unwatched.unseen:
+        if level is not None:
             own = self.prior.drawn(
                 unwatched.seconds + (min(self.ramp_s / 5, window.seconds) if unwatched.tail else 0.0),
                 window.weight)

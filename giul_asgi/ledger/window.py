@@ -74,20 +74,18 @@ class First:
 class Unwatched:
     """What a window was charged of spans that may hold a foreign load nobody could look
     for yet (``foreign="subtract"`` before any quiet time was witnessed): its share of them,
-    its own time in them (and whether a ramp-down tail of it was among them), its part of
-    their time as the card's (what a foreign level there would be taken off over), and the
-    doubt they added to its figure (all of the share)."""
+    its own time in them (and whether a ramp-down tail of it was among them), and its part
+    of their time as the card's (what a foreign level there would be taken off over)."""
 
     joules: float = 0.0
     seconds: float = 0.0
     tail: bool = False
     card_s: float = 0.0
-    unc: float = 0.0
     #: A span of them carried load nobody on the host sees: none is taken off (the decider
     #: takes no foreign level off such a span either).
     unseen: bool = False
-    #: What it drew there was judged and the rest taken off: the window may settle (its
-    #: first figure, made blind, still teaches the prior nothing).
+    #: What both witnesses say was foreign was taken off: the window may settle (its first
+    #: figure, made blind, still teaches the prior nothing).
     seen: bool = False
 
 
@@ -200,8 +198,8 @@ class Window:
         self.trouble: str | None = None
         self.basis: str | None = None  # what the filled part was taken from
         #: A span it shared may hold a foreign load nobody could look for yet (None: none
-        #: did): it settles once a level is witnessed, with that level taken off, and its
-        #: figure teaches the prior nothing.
+        #: did): it settles once the card was looked at and the node knows its windows'
+        #: rate, with what both say was foreign taken off; it teaches the prior nothing.
         self.unwatched: Unwatched | None = None
         self.waiting = 0  # spans waiting on weights that include this window
         self.waits_on: list[Waiting] | None = None  # those spans, while the window is open
