@@ -647,3 +647,27 @@ def test_a_follower_s_window_before_the_first_witness_waits_then_has_the_foreign
     finally:
         holder.close()
         follower.close()
+
+
+def test_a_window_whose_blind_spans_held_load_nobody_here_sees_settles_at_once_charged_whole() -> None:
+    """No foreign level is taken off a span that carried load nobody on the host sees (the
+    upstream's own requests take their part instead), so a window of such blind spans has
+    nothing to wait for: it settles as soon as its end is seen, charged whole, and says so."""
+    from giul_asgi.energy import Provenance
+    from giul_asgi.ledger.book import Book
+    from giul_asgi.ledger.window import Window
+
+    book = Book(Provenance("measured", "nvml_counter", "local", 70.0), subtract_foreign=True)
+    window = book.enter(Window(10.0, 0.0))
+    book.close(window, 10.2)
+    blind = CardSpan(10.0, 10.2, 66.0, 80.0, 0.001, 0.001, 66.0, tails=False, covered=0.2,
+                     members=1, unseen=0.2, foreign_j=0.0, quiet=False, doubt_w=0.0,
+                     foreign_unc_w=0.0, unwatched=True)
+    after = CardSpan(10.2, 10.4, 0.0, 14.0, 0.001, 0.001, 0.0, tails=True, covered=0.0,
+                     members=0, unseen=0.0, foreign_j=0.0, quiet=False, doubt_w=0.0,
+                     foreign_unc_w=0.0, unwatched=True)
+    assert book.take(blind, 10.2, 0.2) == []
+    assert book.take(after, 10.4, 0.0) == [window]  # no level, no rate: nothing to wait for
+    share = book.share(window)
+    assert share.joules == pytest.approx(33.0)  # its part beside the unseen load's
+    assert "charged whole" in (share.error or "")
