@@ -616,9 +616,7 @@ class Book:
             return False  # load nobody here sees was in them: no level is taken off such spans
         level = self._contention[0]
         if level is not None:
-            own = self.prior.drawn(
-                unwatched.seconds + (min(self.ramp_s / 5, window.seconds) if unwatched.tail else 0.0),
-                window.weight)
+            own = self.prior.drawn(window, unwatched.seconds, unwatched.tail)
             if own is not None:
                 self._take_foreign(window, unwatched, level, own.joules)
                 return False

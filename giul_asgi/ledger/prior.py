@@ -330,15 +330,16 @@ class Prior:
             return settled, "the node's settled windows"
         return None, "nothing yet"
 
-    def drawn(self, seconds: float, weight: float | None = None) -> Fill | None:
-        """What a window of ``weight`` draws in ``seconds`` of its time at the rate the node's
-        windows were measured drawing (never the window's own, which is what is in question),
-        scaled by its weight as a guess is, with a fill's learnt bias and spread; None before
-        a rate was learnt."""
+    def drawn(self, window: Window, seconds: float, tail: bool) -> Fill | None:
+        """What ``window`` draws in ``seconds`` of its time (and its ramp-down tail, where
+        ``tail``) at the rate the node's windows were measured drawing (never the window's
+        own, which is what is in question), scaled by its weight as a guess is, with a fill's
+        learnt bias and spread; None before a rate was learnt."""
         rate, basis = self._learnt_rate()
         if rate is None or rate <= 0:
             return None
-        return self._at(rate * self._relative_weight(weight), seconds, basis)
+        return self._at(rate * self._relative_weight(window.weight),
+                        seconds + self._tail(window, tail), basis)
 
     def _at(self, rate: float, seconds: float, basis: str) -> Fill:
         """``seconds`` at ``rate``, with the learnt bias, and the learnt spread as doubt."""
