@@ -62,7 +62,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -234,14 +234,18 @@ async def waited_here(variant: str, n: int, tail: float = TAIL_S) -> float:
     return (time.process_time() - cpu0) / (n // IN_FLIGHT * IN_FLIGHT)
 
 
+def _turns(variants: tuple[str, ...], repeats: int) -> Iterator[str]:
+    """Each variant ``repeats`` times, interleaved: the order turned each repeat."""
+    for r in range(repeats):
+        yield from variants if r % 2 == 0 else reversed(variants)
+
+
 def waited(variants: tuple[str, ...], repeats: int, n: int) -> Results:
     """:func:`waited_here`'s CPU per request, each variant in a fresh process of its own,
     ``repeats`` times, interleaved (the order turned each repeat)."""
     cpu: Results = {"json": {}}
-    order = list(variants)
-    for r in range(repeats):
-        for v in order if r % 2 == 0 else reversed(order):
-            cpu["json"].setdefault(v, []).append(in_a_child("--waited", v, n))
+    for v in _turns(variants, repeats):
+        cpu["json"].setdefault(v, []).append(in_a_child("--waited", v, n))
     return cpu
 
 
@@ -254,12 +258,10 @@ def alone(variants: tuple[str, ...], repeats: int, n: int) -> tuple[Results, Res
     the peers' figures there carry some of ours."""
     wall: Results = {"json": {}}
     cpu: Results = {"json": {}}
-    order = list(variants)
-    for r in range(repeats):
-        for v in order if r % 2 == 0 else reversed(order):
-            w, c = in_a_child("--alone", v, n)
-            wall["json"].setdefault(v, []).append(w)
-            cpu["json"].setdefault(v, []).append(c)
+    for v in _turns(variants, repeats):
+        w, c = in_a_child("--alone", v, n)
+        wall["json"].setdefault(v, []).append(w)
+        cpu["json"].setdefault(v, []).append(c)
     return wall, cpu
 
 
