@@ -34,10 +34,15 @@ KEY = "card:test"
 
 
 def span(t0: float, t1: float, above: float, covered: float, *, members: int = 2, tails: bool = False,
-         unseen: float = 0.0) -> CardSpan:
-    return CardSpan(t0, t1, above, above + 70.0 * (t1 - t0), 0.001, 0.001, above, tails=tails,
-                    covered=covered, members=members, unseen=unseen, foreign_j=0.0, quiet=False,
-                    doubt_w=0.0, foreign_unc_w=0.0, unwatched=False)
+         unseen: float = 0.0, measured: float | None = None, unwatched: bool = False,
+         level: float | None = None, quiet: bool = False, doubt_w: float = 0.0) -> CardSpan:
+    """A decided span over a 70 W floor (``measured``: before a foreign load was taken off;
+    ``level``: a witnessed foreign level, seen lately, subtracted in doubt by ``doubt_w``)."""
+    measured = above if measured is None else measured
+    return CardSpan(t0, t1, above, measured + 70.0 * (t1 - t0), 0.001, 0.001, measured, tails=tails,
+                    covered=covered, members=members, unseen=unseen, foreign_j=measured - above,
+                    quiet=quiet, doubt_w=doubt_w, foreign_unc_w=doubt_w, unwatched=unwatched,
+                    level=level, level_recent=level is not None)
 
 
 def books(received: float = 0.0, charged: float = 0.0, forfeit: float = 0.0, in_flight: float = 0.0,
@@ -606,13 +611,9 @@ def test_a_follower_s_window_before_the_first_witness_waits_then_has_the_foreign
 
     def piece(t0: float, above: float, covered: float, *, measured: float | None = None,
               unwatched: bool = False, level: float | None = None) -> CardSpan:
-        measured = above if measured is None else measured
-        return CardSpan(t0, t0 + 0.2, above, measured + 14.0, 0.001, 0.001, measured,
-                        tails=False, covered=covered, members=1 if covered else 0, unseen=0.0,
-                        foreign_j=measured - above, quiet=level is not None and not covered,
-                        doubt_w=6.0 if level is not None else 0.0,
-                        foreign_unc_w=6.0 if level is not None else 0.0, unwatched=unwatched,
-                        level=level, level_recent=level is not None)
+        return span(t0, t0 + 0.2, above, covered, members=1 if covered else 0, measured=measured,
+                    unwatched=unwatched, level=level, quiet=level is not None and not covered,
+                    doubt_w=6.0 if level is not None else 0.0)
 
     try:
         assert holder.try_hold()
@@ -660,12 +661,8 @@ def test_a_window_whose_blind_spans_held_load_nobody_here_sees_settles_at_once_c
     book = Book(Provenance("measured", "nvml_counter", "local", 70.0), subtract_foreign=True)
     window = book.enter(Window(10.0, 0.0))
     book.close(window, 10.2)
-    blind = CardSpan(10.0, 10.2, 66.0, 80.0, 0.001, 0.001, 66.0, tails=False, covered=0.2,
-                     members=1, unseen=0.2, foreign_j=0.0, quiet=False, doubt_w=0.0,
-                     foreign_unc_w=0.0, unwatched=True)
-    after = CardSpan(10.2, 10.4, 0.0, 14.0, 0.001, 0.001, 0.0, tails=True, covered=0.0,
-                     members=0, unseen=0.0, foreign_j=0.0, quiet=False, doubt_w=0.0,
-                     foreign_unc_w=0.0, unwatched=True)
+    blind = span(10.0, 10.2, 66.0, 0.2, members=1, unseen=0.2, unwatched=True)
+    after = span(10.2, 10.4, 0.0, 0.0, members=0, tails=True, unwatched=True)
     assert book.take(blind, 10.2, 0.2) == []
     assert book.take(after, 10.4, 0.0) == [window]  # no level, no rate: nothing to wait for
     share = book.share(window)
