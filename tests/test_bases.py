@@ -167,14 +167,7 @@ def test_a_first_figure_is_allocated_the_floor_of_its_time_not_reported_yet() ->
 def test_stages_share_the_floor_by_their_time() -> None:
     run = Run(seed=5)
     run.advance(0.3)
-    meter = Meter(run.ledger)
-    meter.open()
-    job = run.card.start_job(60.0)
-    run.advance(0.1)
-    meter.mark("retrieve")
-    run.advance(0.3)
-    run.card.stop_job(job)
-    meter.close()
+    meter = run.marked(60.0, 0.1, "retrieve", 0.3)
     run.advance(0.5)
     e = meter.figure()
     stage = e.stages["retrieve"]

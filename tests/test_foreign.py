@@ -232,15 +232,7 @@ def test_what_is_taken_off_late_is_taken_off_the_stages_too() -> None:
     run.card.add_foreign(Foreign(150.0, start=run.clock.now - 1.0))
     early = []
     for _ in range(4):
-        meter = Meter(run.ledger)
-        meter.open()
-        job = run.card.start_job(100.0)
-        run.advance(0.25)
-        meter.mark("prefill")
-        run.advance(0.05)
-        run.card.stop_job(job)
-        meter.close()
-        early.append(meter)
+        early.append(run.marked(100.0, 0.25, "prefill", 0.05))
         run.advance(0.02)
     _then_spaced(run, 100.0)
     for meter in early:

@@ -55,6 +55,18 @@ class Run:
         meter.close()
         return meter, job.truth(self.card.ramp_up, self.card.tau)
 
+    def marked(self, watts: float, before: float, stage: str, after: float) -> Meter:
+        """A request that marks ``stage`` after ``before`` seconds and closes ``after`` later."""
+        meter = Meter(self.ledger)
+        meter.open()
+        job = self.card.start_job(watts)
+        self.advance(before)
+        meter.mark(stage)
+        self.advance(after)
+        self.card.stop_job(job)
+        meter.close()
+        return meter
+
     def books(self) -> float:
         t = self.ledger.totals()
         return abs(t.measured_j - (t.charged_j + t.unattributed_j + t.in_flight_j))
