@@ -30,6 +30,9 @@ class Decider:
         self.unseen = Unseen()
         #: Energy below the idle floor in spans no window was in, not yet netted (<= 0).
         self._below = 0.0
+        #: The same, in spans windows were in (<= 0): netted against the next spans, with
+        #: windows or without.
+        self._below_windows = 0.0
         #: The card's process list showed a process other than the node's server (None:
         #: nobody could look).
         self.processes_foreign: bool | None = None
@@ -57,6 +60,7 @@ class Decider:
                 self._held = (span, idle_w)
             measured = above = self._net_below(span, period)
         else:
+            measured = above = self._net_below_windows(span, period, idle_w)
             # Load nobody on the host sees (the upstream's requests beyond every window here)
             # draws its part of the span like a window would.
             unseen = self.unseen.window_seconds(span.t0, span.t1)
@@ -100,9 +104,24 @@ class Decider:
         spans, up to two counter periods of the card's draw (what a stamp can move between
         neighbours), and the rest is the card drawing below ``idle_w`` (its books' idle
         part is what it drew). So the books' sums only rise, and balance at every reading."""
-        net = span.above_j + self._below
+        net = span.above_j + self._below + self._below_windows
+        self._below_windows = 0.0
         watts = abs(span.total_j) / span.seconds if span.seconds > 0 else 0.0
         self._below = max(min(0.0, net), -(2 * period * watts + max(span.unc_j, 0.0)))
+        return max(0.0, net)
+
+    def _net_below_windows(self, span: Span, period: float, idle_w: float | None) -> float:
+        """The energy above idle booked for a span windows were in, never below zero: no
+        window is given a negative share. A span read below the floor (windows that drew
+        nothing, a step stamped late; on a host node, the CPU's readings between the card's
+        steps) is netted against the next spans, as an idle span's is, so a window that
+        covers both still gets their sum. What was read below the floor with no window in
+        it is never taken from a window. The carry is at most two counter periods of the
+        card's draw (its idle floor's, at least), so windows that draw nothing all day cannot
+        pile up a debt for the first that draws something."""
+        net = span.above_j + self._below_windows
+        watts = max(abs(span.total_j) / span.seconds if span.seconds > 0 else 0.0, idle_w or 0.0)
+        self._below_windows = max(min(0.0, net), -(2 * period * watts + max(span.unc_j, 0.0)))
         return max(0.0, net)
 
     def note_upstream(self, t: float, running: float, ours: int) -> None:
