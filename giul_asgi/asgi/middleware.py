@@ -5,7 +5,8 @@ mid-stream crashes). A request goes one way through small parts:
 
     router (node, tier, label) -> Meter.open -> Exchange (the app's messages)
         -> choose(head) -> a responder (JSON / SSE / pass-through) -> the server
-    ... the app returns -> Exchange.close -> Meter.report(listeners)
+    (the app's last message: Exchange.answer, counted before the server has it)
+    ... the app returns -> Exchange.close -> Exchange.answer (once) -> Meter.report(listeners)
 
 The first figure is made once, when a responder needs it (headers, the JSON block, a
 trailer). The settled figure goes to the listeners (statistics, records by id, sinks,
@@ -204,6 +205,7 @@ class EnergyMiddleware:
         #: Told at once that a request was answered (its figure settles later), where the
         #: statistics keep answers in place: a worker killed meanwhile loses none.
         self._answered = getattr(stats, "answered", None)
+        self._count = self._count_answer if self._answered is not None else None
         #: Every settled figure by request id, for /energy/requests/{id}.
         self.records = records if records is not None else RecordStore()
         if callable(sinks) or not isinstance(sinks, Iterable) or isinstance(sinks, str | bytes):
@@ -320,7 +322,7 @@ class EnergyMiddleware:
             exchange = Exchange(
                 scope, receive, send, meter, choose=self._choose,
                 settle_timeout=self.options.settle_timeout, route_app=scope.get("app") or self.app,
-                keep=self.records.put,
+                keep=self.records.put, answered=self._count,
             )
         except Exception:  # a bug of ours costs the figure, never the answer: served unmetered
             log.exception("giul-asgi could not open this request's window; it is served unmetered")
@@ -350,16 +352,20 @@ class EnergyMiddleware:
             try:
                 if budgets is not None:  # its first figure counts now: the next admission sees it
                     budgets.spend(slots, exchange.figure())
-                if self._answered is not None:
-                    self._answered(meter.id, meter.route, meter.node,
-                                   meter.tier.name if meter.tier is not None else None,
-                                   outcome, exchange.status, meter.tenant)
+                outcome = exchange.answer(outcome)  # counted already where its last message went
                 meter.report(self.listeners, outcome, exchange.status)
             except Exception:  # a bug of ours costs the record, never the answer
                 log.exception("giul-asgi could not file this request's figure")
             if span is not None and self.otel is not None:
                 self.otel.annotate(span, exchange.figure())
             exchange.release()
+
+    def _count_answer(self, meter: Meter, outcome: str, status: int | None) -> None:
+        """Tell the statistics that ``meter``'s request was answered (its figure settles later)."""
+        answered = self._answered
+        if answered is not None:
+            answered(meter.id, meter.route, meter.node,
+                     meter.tier.name if meter.tier is not None else None, outcome, status, meter.tenant)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
