@@ -427,7 +427,6 @@ class Book:
         per_stamp = 2 * span.stamp_s * (abs(span.above_j) / seconds + (idle or 0.0)) * mine \
             if seconds > 0 else 0.0
         foreign_unc = span.foreign_unc_w * seconds * mine
-        dim = span.foreign_unc_w > span.doubt_w  # the level rests on too few looks (ForeignWatch.under_w)
         uncovered_j *= mine
         # Asked to take a foreign load off but none could be looked for yet (no quiet time
         # seen): all of the span may be one.
@@ -482,8 +481,6 @@ class Book:
                     seen.unseen = True
             else:
                 window.linear_unc += foreign_unc * part
-                if dim:
-                    window.dim = True
             if shared:
                 window.alone = False
                 rules = window.rules
@@ -604,7 +601,7 @@ class Book:
             self.idle_charged_j += window.idle_share
             self.estimated_j += window.fill_j
             if window.filled_s <= 0 and not window.unwatched:
-                self.prior.learn_settled(window, _measured_unc(window), judged=not window.dim)
+                self.prior.learn_settled(window, _measured_unc(window))
         settled.append(window)
 
     def _unwatched_waits(self, window: Window, unwatched: Unwatched) -> bool:

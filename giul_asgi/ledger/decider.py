@@ -82,8 +82,7 @@ class Decider:
             # Energy in the part no window covered may be a neighbour's ramp-down, unless the
             # card was seen quiet and no window closed within a ramp-down before the span.
             quiet=level is not None and host.last_close <= span.t0 - self.ramp_s,
-            doubt_w=doubt_w,
-            foreign_unc_w=self.foreign.under_w() if self.subtract_foreign and level is not None else 0.0,
+            doubt_w=doubt_w, foreign_unc_w=doubt_w if self.subtract_foreign else 0.0,
             unwatched=self.subtract_foreign and level is None,
             level=level, level_recent=self.foreign.recent(span.t1),
             processes_foreign=self.processes_foreign, unseen_recent=self.unseen.recent(span.t1),

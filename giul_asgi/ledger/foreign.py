@@ -31,10 +31,6 @@ FOREIGN_BELIEVE_S = 0.1
 FOREIGN_KEEP_S = 120.0
 #: The subtracted level is uncertain by this many mean absolute deviations of the witness.
 FOREIGN_SPREAD = 2.5
-#: Quiet gaps witnessed (a gap's spans are one look: a burst covers several), or seconds
-#: witnessed, before the spans' scatter says how the load moves under a window.
-FOREIGN_SURE_GAPS = 3
-FOREIGN_SURE_S = 2.0
 #: The foreign level follows the witness with this time constant (seconds).
 FOREIGN_TAU_S = 5.0
 
@@ -53,7 +49,6 @@ class ForeignWatch:
         self.seen_s = 0.0
         self.seen_t: float | None = None  # when the level was last witnessed
         self.spans = 0
-        self.gaps = 0  # runs of consecutive spans witnessed: looks at the card
         self.edge_s = 0.0  # the step doubt at the end of the last span witnessed
 
     def witness(self, span: Span, idle_w: float | None) -> None:
@@ -74,8 +69,6 @@ class ForeignWatch:
         self.dev_w = self._dev_j / self._s
         self.noise_w = self._noise_j / self._s
         self.seen_s += seconds
-        if self.seen_t is None or span.t0 > self.seen_t + 1e-9:
-            self.gaps += 1
         self.seen_t = span.t1
         self.spans += 1
         self.edge_s = span.stamp_s
@@ -98,18 +91,6 @@ class ForeignWatch:
         the load itself moves, and the level's standard error from the spans seen."""
         moves = max(0.0, self.dev_w - self.noise_w)
         return FOREIGN_SPREAD * (moves + self.dev_w / math.sqrt(max(1, self.spans)))
-
-    def under_w(self) -> float:
-        """How far the level subtracted from a window's spans may be from the load under
-        it: :meth:`doubt_w`, or all of the level while it rests on fewer than three looks
-        and under two seconds. A burst seen on in one quiet gap may be off under the next
-        request (and the reverse): with 100-300 ms gaps, 0.4 s bursts put a third of the
-        settled figures outside their doubt."""
-        doubt = self.doubt_w()
-        level = self.level_w
-        if level is not None and self.gaps < FOREIGN_SURE_GAPS and self.seen_s < FOREIGN_SURE_S:
-            return max(doubt, abs(level))
-        return doubt
 
     def recent(self, now: float | None) -> bool:
         return self.seen_t is not None and (now is None or now - self.seen_t <= FOREIGN_KEEP_S)

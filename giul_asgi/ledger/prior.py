@@ -231,9 +231,8 @@ class Prior:
         watts = max(0.0, watts)
         self._card_w = watts if card is None else card + 0.5 * (watts - card)
 
-    def learn_settled(self, window: Window, measured_unc: float, judged: bool = True) -> None:
-        """A window settled wholly measured: its rate, and (``judged``) how far its first
-        guess fell and its doubt grew."""
+    def learn_settled(self, window: Window, measured_unc: float) -> None:
+        """A window settled wholly measured: its rate, and how far its first guess fell."""
         seconds = window.seconds
         if seconds > 0:
             self._settled += 1
@@ -244,7 +243,7 @@ class Prior:
             self._prior.add(share, seconds + self._tail(window, window.alone))
             self._line.add(seconds, share)
         first = window.first
-        if judged and first is not None and first.scale > 0:
+        if first is not None and first.scale > 0:
             actual = window.share - first.reported
             r, g = (actual - first.guess) / first.scale, max(0.0, measured_unc - first.unc) / first.scale
             self._residuals.append(r)

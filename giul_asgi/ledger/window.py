@@ -109,7 +109,6 @@ class Window:
         "busy_open",
         "callbacks",
         "concurrency",
-        "dim",
         "edge_sq",
         "error",
         "fill_j",
@@ -202,10 +201,6 @@ class Window:
         #: did): it settles once the card was looked at and the node knows its windows'
         #: rate, with what both say was foreign taken off; it teaches the prior nothing.
         self.unwatched: Unwatched | None = None
-        #: A span it shared had a foreign level taken off that rests on too few looks to
-        #: say how the load moves: its doubt is all of that level, and how far its figure
-        #: moved from its first teaches the prior nothing (it would widen every first after).
-        self.dim = False
         self.waiting = 0  # spans waiting on weights that include this window
         self.waits_on: list[Waiting] | None = None  # those spans, while the window is open
         self.seen_end = False
