@@ -79,7 +79,8 @@ class Exchange:
         self.keep = keep
         #: Told once that the request was answered, and how (:meth:`answer`).
         self.answered = answered
-        self._counted: str | None = None
+        #: How it was counted: None until then, "" where nobody is told (nothing to pin).
+        self._counted: str | None = None if answered is not None else ""
         self._labelled = False
         self._block: bytes | None = None
         self._closed = False
@@ -127,14 +128,13 @@ class Exchange:
         five runs of tests/test_servers.py), or as it ended otherwise. Returns the outcome
         counted (``outcome`` unless it was counted already)."""
         counted = self._counted
-        if counted is not None:
+        if counted:
             return counted
-        self._counted = outcome
-        answered = self.answered
-        if answered is not None:
+        if counted is None and self.answered is not None:
+            self._counted = outcome
             try:
                 self._label()
-                answered(self.meter, outcome, self.status)
+                self.answered(self.meter, outcome, self.status)
             except Exception:  # a bug of ours costs the count, never the answer
                 log.exception("giul-asgi could not count this request as answered")
         return outcome

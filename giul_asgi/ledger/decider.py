@@ -134,8 +134,9 @@ class Decider:
         return self._repay(span, period, above)
 
     def _repay(self, span: Span, period: float, above: float) -> float:
-        """``above`` (>= 0) less the debts of windows' spans read below the floor that are
-        young enough (:meth:`_net_below_windows`), oldest first; what is left of it."""
+        """``above`` less the debts of windows' spans read below the floor that are young
+        enough (:meth:`_net_below_windows`), oldest first (a span below the floor repays
+        nothing); what is left of it. Older debts are dropped here."""
         debts = self._debts
         horizon = span.t0 - max(period, DEBT_S) - span.stamp_s
         while debts and debts[0][0] < horizon:
