@@ -25,7 +25,9 @@ from ..spans import Span
 FOREIGN_MIN_W = 5.0
 FOREIGN_MIN_SHARE = 0.05
 #: Witnessed time before a foreign level is believed (in periods, at least a tenth of a
-#: second), and how long it is kept.
+#: second), and how long after its last witness figures say ``contended`` by it (a level
+#: is taken off, where the node subtracts one, however old: a card never seen quiet again
+#: keeps the last, with the doubt it had then).
 FOREIGN_BELIEVE_PERIODS = 1
 FOREIGN_BELIEVE_S = 0.1
 FOREIGN_KEEP_S = 120.0
