@@ -79,8 +79,7 @@ class Exchange:
         self.keep = keep
         #: Told once that the request was answered, and how (:meth:`answer`).
         self.answered = answered
-        #: How it was counted: None until then, "" where nobody is told (nothing to pin).
-        self._counted: str | None = None if answered is not None else ""
+        self._counted: str | None = None  # how it was counted (None: not yet, or nobody told)
         self._labelled = False
         self._block: bytes | None = None
         self._closed = False
@@ -127,16 +126,15 @@ class Exchange:
         (a worker killed with -9 just after had lost the count: one answered request in about
         five runs of tests/test_servers.py), or as it ended otherwise. Returns the outcome
         counted (``outcome`` unless it was counted already)."""
-        counted = self._counted
-        if counted:
-            return counted
-        if counted is None and self.answered is not None:
-            self._counted = outcome
-            try:
-                self._label()
-                self.answered(self.meter, outcome, self.status)
-            except Exception:  # a bug of ours costs the count, never the answer
-                log.exception("giul-asgi could not count this request as answered")
+        counted, answered = self._counted, self.answered
+        if counted is not None or answered is None:
+            return counted or outcome
+        self._counted = outcome
+        try:
+            self._label()
+            answered(self.meter, outcome, self.status)
+        except Exception:  # a bug of ours costs the count, never the answer
+            log.exception("giul-asgi could not count this request as answered")
         return outcome
 
     # -- the figure --------------------------------------------------------------------------
