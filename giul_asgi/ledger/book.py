@@ -637,7 +637,7 @@ class Book:
         and all of that share being foreign: its doubt stays all of it. Its stages keep their
         proportions. What is taken goes to ``forfeit``, as a foreign load."""
         blind = max(unwatched.joules, 0.0)
-        taken = max(0.0, min(level * unwatched.card_s, blind - own, blind))
+        taken = max(0.0, min(level * unwatched.card_s, blind - own))  # own >= 0: never past blind
         before = window.share
         window.share -= taken
         stages = window.stage_shares
