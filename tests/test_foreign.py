@@ -33,6 +33,16 @@ def test_a_level_is_believed_only_after_a_period_of_witness() -> None:
     assert watch.level(0.1, IDLE) == 150.0
 
 
+def test_one_whole_step_of_a_jittered_counter_is_a_look() -> None:
+    # A 100 ms counter's steps jitter: one whole span between two of them, all a fresh
+    # process saw in a 250 ms gap, read 96 ms and counted for nothing, so its next two
+    # windows charged a 150 W foreign load whole (first figures 1.9-2.3x their truth).
+    watch = ForeignWatch()
+    watch.witness(spans([150.0], seconds=0.096)[0], IDLE)
+    assert watch.level(0.1, IDLE) == pytest.approx(150.0)
+    assert watch.doubt_w() > 1.0  # one look is never certain
+
+
 def test_noise_below_the_floor_is_no_load_and_no_idle_floor_is_no_witness() -> None:
     watch = ForeignWatch()
     for span in spans([2.0, 3.0]):

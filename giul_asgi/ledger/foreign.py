@@ -25,11 +25,13 @@ from ..spans import Span
 FOREIGN_MIN_W = 5.0
 FOREIGN_MIN_SHARE = 0.05
 #: Witnessed time before a foreign level is believed (in periods, at least a tenth of a
-#: second), and how long after its last witness figures say ``contended`` by it (a level
-#: is taken off, where the node subtracts one, however old: a card never seen quiet again
-#: keeps the last, with the doubt it had then).
-FOREIGN_BELIEVE_PERIODS = 1
-FOREIGN_BELIEVE_S = 0.1
+#: second, less the stamps' jitter: one whole span between two steps of a 100 ms counter
+#: reads 94-106 ms, and at a full period a fresh process's first look counted half the time:
+#: its next one or two windows charged the foreign load whole), and how long after its last
+#: witness figures say ``contended`` by it (a level is taken off, where the node subtracts
+#: one, however old: a card never seen quiet again keeps the last, with the doubt it had then).
+FOREIGN_BELIEVE_PERIODS = 0.75
+FOREIGN_BELIEVE_S = 0.075
 FOREIGN_KEEP_S = 120.0
 #: The subtracted level is uncertain by this many mean absolute deviations of the witness.
 FOREIGN_SPREAD = 2.5
