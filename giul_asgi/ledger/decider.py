@@ -11,6 +11,7 @@ alone on its card decides with nobody else's coverage. No clock, no lock.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 
@@ -75,6 +76,13 @@ class Decider:
             foreign_j = min(max(above, 0.0), level * seconds)
             above -= foreign_j
         doubt_w = self.foreign.doubt_w() if level is not None else 0.0
+        foreign_unc_w = 0.0
+        if self.subtract_foreign and level is not None:
+            # The level taken off windows' spans is as old as its last witness: what the
+            # load may have done since adds to the doubt of the level itself.
+            moved = self.foreign.moved_w((span.t0 + span.t1) / 2, level,
+                                         max(measured, 0.0) / seconds) if covered > 0 and seconds > 0 else 0.0
+            foreign_unc_w = math.hypot(doubt_w, moved)
         return CardSpan(
             span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, measured,
             tails=tails, covered=covered, members=host.tail_n if tails else host.open_n,
@@ -82,7 +90,7 @@ class Decider:
             # Energy in the part no window covered may be a neighbour's ramp-down, unless the
             # card was seen quiet and no window closed within a ramp-down before the span.
             quiet=level is not None and host.last_close <= span.t0 - self.ramp_s,
-            doubt_w=doubt_w, foreign_unc_w=doubt_w if self.subtract_foreign else 0.0,
+            doubt_w=doubt_w, foreign_unc_w=foreign_unc_w,
             unwatched=self.subtract_foreign and level is None,
             level=level, level_recent=self.foreign.recent(span.t1),
             processes_foreign=self.processes_foreign, unseen_recent=self.unseen.recent(span.t1),

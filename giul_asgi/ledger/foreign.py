@@ -12,7 +12,9 @@ has two parts, both ratios of decayed sums like the level (never an average that
 from zero and takes seconds to grow): how far single spans scatter about the level beyond
 what their own step stamps explain (the load itself moves: a bursty load), and the level's
 standard error from the spans witnessed so far (a load seen only in short quiet gaps
-between requests is known less well than one watched for seconds).
+between requests is known less well than one watched for seconds). And a level is as old
+as its last look: what the load may have done since grows with the time unseen, against
+how long the level was seen to hold (:meth:`ForeignWatch.moved_w`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ FOREIGN_MIN_SHARE = 0.05
 #: reads 94-106 ms, and at a full period a fresh process's first look counted half the time:
 #: its next one or two windows charged the foreign load whole), and how long after its last
 #: witness figures say ``contended`` by it (a level is taken off, where the node subtracts
-#: one, however old: a card never seen quiet again keeps the last, with the doubt it had then).
+#: one, however old: a card never seen quiet again keeps the last, its doubt growing,
+#: :meth:`ForeignWatch.moved_w`).
 FOREIGN_BELIEVE_PERIODS = 0.75
 FOREIGN_BELIEVE_S = 0.075
 FOREIGN_KEEP_S = 120.0
@@ -37,6 +40,9 @@ FOREIGN_KEEP_S = 120.0
 FOREIGN_SPREAD = 2.5
 #: The foreign level follows the witness with this time constant (seconds).
 FOREIGN_TAU_S = 5.0
+#: How long a level seen once is trusted unseen (seconds): the time constant of what it may
+#: have moved since, or the time it was seen to hold (first look to last), where longer.
+FOREIGN_STALE_S = 1.0
 
 
 class ForeignWatch:
@@ -52,6 +58,7 @@ class ForeignWatch:
         self.dev_w = 0.0  # mean absolute deviation of single spans from the level
         self.seen_s = 0.0
         self.seen_t: float | None = None  # when the level was last witnessed
+        self.first_t: float | None = None  # when it was first witnessed
         self.spans = 0
         self.edge_s = 0.0  # the step doubt at the end of the last span witnessed
 
@@ -74,6 +81,8 @@ class ForeignWatch:
         self.noise_w = self._noise_j / self._s
         self.seen_s += seconds
         self.seen_t = span.t1
+        if self.first_t is None:
+            self.first_t = span.t0
         self.spans += 1
         self.edge_s = span.stamp_s
 
@@ -96,8 +105,23 @@ class ForeignWatch:
         moves = max(0.0, self.dev_w - self.noise_w)
         return FOREIGN_SPREAD * (moves + self.dev_w / math.sqrt(max(1, self.spans)))
 
+    def moved_w(self, t: float, level: float, drawn_w: float) -> float:
+        """How far the load may have moved from ``level`` by ``t``, unseen since its last
+        witness, on a card drawing ``drawn_w`` above idle: toward anything from none of it to
+        all of the draw, the more the longer it went unseen against how long it was seen to
+        hold. A level seen once and never again (requests back to back) was taken off with
+        the doubt of that one look for good: 0.4 s bursts seen in one look before requests
+        50-100 ms apart, 33-58% of figures inside their uncertainty (now 88-100%); a load that
+        appeared under back-to-back requests after looks at 0 W, 0 of 50 (now 40-42 of 50:
+        benchmarks/results/foreign_stale-2026-12-07.md)."""
+        seen_t, first_t = self.seen_t, self.first_t
+        if seen_t is None or first_t is None or t <= seen_t:
+            return 0.0
+        held = max(FOREIGN_STALE_S, seen_t - first_t)
+        return max(level, drawn_w - level) * -math.expm1(-(t - seen_t) / held)
+
     def recent(self, now: float | None) -> bool:
         return self.seen_t is not None and (now is None or now - self.seen_t <= FOREIGN_KEEP_S)
 
 
-__all__ = ["FOREIGN_KEEP_S", "FOREIGN_SPREAD", "FOREIGN_TAU_S", "ForeignWatch"]
+__all__ = ["FOREIGN_KEEP_S", "FOREIGN_SPREAD", "FOREIGN_STALE_S", "FOREIGN_TAU_S", "ForeignWatch"]
