@@ -85,6 +85,11 @@ def test_bad_options_are_config_errors_naming_the_key(options: dict, match: str)
         NvmlReader((0,), nvml=FakeNvml(), options=options)
 
 
+def test_a_misspelt_option_says_which_was_meant() -> None:
+    with pytest.raises(ConfigError, match=r"unknown option 'prefr'\. did you mean 'prefer'"):
+        NvmlReader((0,), nvml=FakeNvml(), options={"prefr": "counter"})
+
+
 def test_mixed_support_uses_power_for_every_gpu() -> None:
     nvml = FakeNvml([FakeGpu(), FakeGpu(counter=False)])
     reader = NvmlReader((0, 1), nvml=nvml)

@@ -7,6 +7,7 @@ reader is built. Readers import it from here, not from the registry that imports
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -23,9 +24,11 @@ class Options:
         known = set(allowed)
         unknown = sorted(k for k in self.raw if k not in known)
         if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.6)
             raise ConfigError(
                 f"reader {reader!r}: unknown option {unknown[0]!r}",
-                remedy=f"{reader!r} knows {sorted(known) or 'no options'}",
+                remedy=(f"did you mean {close[0]!r}? " if close else "")
+                + f"{reader!r} knows {sorted(known) or 'no options'}",
             )
 
     def _bad(self, key: str, want: str) -> ConfigError:
