@@ -78,10 +78,12 @@ class Decider:
         doubt_w = self.foreign.doubt_w() if level is not None else 0.0
         foreign_unc_w = 0.0
         if self.subtract_foreign and level is not None:
-            # The level taken off windows' spans is as old as its last witness: what the
-            # load may have done since adds to the doubt of the level itself.
-            moved = self.foreign.moved_w((span.t0 + span.t1) / 2, level,
-                                         max(measured, 0.0) / seconds) if covered > 0 and seconds > 0 else 0.0
+            # The level taken off windows' spans is a mean of looks, as old as the last: how
+            # far that look strayed from it, and what the load may have done since, add to
+            # the doubt of the level itself.
+            moved = 0.0
+            if covered > 0 and seconds > 0:
+                moved = self.foreign.moved_w((span.t0 + span.t1) / 2, level, max(measured, 0.0) / seconds)
             foreign_unc_w = math.hypot(doubt_w, moved)
         return CardSpan(
             span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, measured,
