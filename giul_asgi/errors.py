@@ -17,6 +17,12 @@ class GiulError(Exception):
         self.remedy = remedy
         super().__init__(f"{message}. {remedy}" if remedy else message)
 
+    def about(self, who: str) -> GiulError:
+        """The same error said of ``who`` (a node): its message begins with it, once."""
+        if self.message.startswith(f"{who}: "):
+            return self
+        return type(self)(f"{who}: {self.message}", remedy=self.remedy)
+
 
 class ConfigError(GiulError, ValueError):
     """A node, tier or route description is wrong; the message names the bad key."""

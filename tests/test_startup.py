@@ -33,7 +33,7 @@ def test_a_reader_that_cannot_work_stops_uvicorn_with_its_remedy_and_no_tracebac
     )
     out = done.stdout + done.stderr
     assert done.returncode != 0, out
-    assert "giul-asgi: NVML" in out and "reader='none'" in out  # the reason and the remedy
+    assert "giul-asgi: node 'gpu': NVML" in out and "reader='none'" in out  # whose, why, the remedy
     assert "Application startup failed" in out
     assert "Traceback" not in out and "CancelledError" not in out, out
     # One line: the reader thread's own "unavailable" line said it a second time (a

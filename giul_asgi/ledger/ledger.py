@@ -908,8 +908,8 @@ class Ledger:
                 await anyio.sleep(0.005)
         self._startup_waits = False  # a failure from now on is the reader's to say
         if self.failure is not None and explicit(self.node):
-            if isinstance(self.failure, GiulError):
-                raise self.failure
+            if isinstance(self.failure, GiulError):  # its one line names the node
+                raise self.failure.about(f"node {self.node.name!r}") from None
             raise ReaderUnavailable(
                 f"node {self.node.name!r}: {type(self.failure).__name__}: {self.failure}"
             )
