@@ -461,8 +461,10 @@ def load_config(source: str | Path | Mapping[str, Any]) -> Config:
     try:
         return _load_config(source)
     except ConfigError as error:
+        if isinstance(source, str | Path) and not error.message.startswith("config file "):
+            error = error.about(str(source))  # which file, where there is one (a stranger's trial)
         if not built_for_a_server(sys._getframe(1)):
-            raise
+            raise error from None
         return Config(nodes=(kept_record(Node, error),))
 
 

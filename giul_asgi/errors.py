@@ -8,6 +8,8 @@ one: a reader that fails later costs a measurement, never the request.
 
 from __future__ import annotations
 
+from typing import Self
+
 
 class GiulError(Exception):
     """Base for every error this library raises. ``remedy`` says what to do about it."""
@@ -17,7 +19,7 @@ class GiulError(Exception):
         self.remedy = remedy
         super().__init__(f"{message}. {remedy}" if remedy else message)
 
-    def about(self, who: str) -> GiulError:
+    def about(self, who: str) -> Self:
         """The same error said of ``who`` (a node): its message begins with it, once."""
         if self.message.startswith(f"{who}: "):
             return self

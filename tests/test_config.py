@@ -99,6 +99,14 @@ def test_bad_config_names_the_bad_key(data: dict, message: str) -> None:
         load_config(data)
 
 
+def test_a_bad_key_in_a_file_names_the_file(tmp_path: Path) -> None:
+    toml = tmp_path / "giul.toml"
+    toml.write_text('[[node]]\nname = "a"\nreder = "none"\n')
+    with pytest.raises(ConfigError, match=r"giul\.toml: node\[0\]: unknown key 'reder'") as raised:
+        load_config(toml)
+    assert str(raised.value).count("giul.toml") == 1, raised.value
+
+
 def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[[node]\nname=")
