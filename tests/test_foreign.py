@@ -333,7 +333,6 @@ def test_a_bursty_load_seen_once_before_back_to_back_requests_is_inside_its_unce
     assert hits[0] >= 0.9 * n and hits[1] >= 0.9 * n, (hits, n)
 
 
-
 def test_a_floor_set_high_is_doubted_by_what_the_last_look_saw() -> None:
     """``idle_w`` 10 W above what the card draws idle, ``foreign="subtract"``, no foreign load:
     each quiet look reads the card 10 W below the floor, a level of nothing is taken off, and
