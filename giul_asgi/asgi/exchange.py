@@ -29,7 +29,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("giul_asgi.middleware")
 
-_BODY = "http.response.body"
+#: The ASGI message type of a response body (responders share it).
+BODY = "http.response.body"
 
 
 class Responder(Protocol):
@@ -109,7 +110,7 @@ class Exchange:
             if needle is None or (body.endswith(EVENT_ENDS) and body.rfind(needle) < 0):
                 lane.tail = body if len(body) > 3 else lane.tail[-4:] + body  # a short one joins
                 return self.downstream(message)
-        if self._counted is None and not message.get("more_body", False) and message["type"] == _BODY:
+        if self._counted is None and not message.get("more_body", False) and message["type"] == BODY:
             self.answer("ok")  # before the server has the last byte: a worker killed after it
         return responder.send(message)
 

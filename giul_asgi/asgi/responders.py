@@ -43,12 +43,11 @@ from ..wire.body import (
 from ..wire.formats import Chosen, Formats
 from ..wire.headers import energy_headers, stream_headers, with_vary
 from ..wire.sse import CHAT, Lane, SSESplicer
-from .exchange import Exchange, Send
+from .exchange import BODY, Exchange, Send
 from .options import Options
 
 Message = MutableMapping[str, Any]
 NO_BODY_STATUS = frozenset({204, 205, 304})
-_BODY = "http.response.body"
 
 
 @dataclass(slots=True, eq=False)
@@ -230,7 +229,7 @@ class Responder:
 
     async def pass_body(self, message: Message) -> None:
         """A message of a body we leave as it is: it goes out, the last one ending the answer."""
-        if message["type"] != _BODY:
+        if message["type"] != BODY:
             await self.pass_other(message)
         elif self.head.trailers:  # the app's own trailers follow: the body does not end it
             await self.downstream(message)
@@ -276,7 +275,7 @@ class JSONResponder(Responder):
     def send(self, message: Message) -> Awaitable[None]:
         if self.streaming:
             return self.pass_body(message)
-        if message["type"] == _BODY:
+        if message["type"] == BODY:
             if not message.get("more_body", False):
                 return self._whole(message.get("body", b"") if self.held is None else self.held)
             if self.held is None and len(message.get("body", b"")) == self.head.length:
@@ -315,7 +314,7 @@ class JSONResponder(Responder):
                     headers.append((b"content-length", b"%d" % len(body)))
         await self.send_start(energy_headers(energy), headers)
         self.complete = not head.trailers
-        await self.downstream({"type": _BODY, "body": body, "more_body": False})
+        await self.downstream({"type": BODY, "body": body, "more_body": False})
 
     async def _stream(self, message: Message) -> None:
         """Not one whole body (a stream, or a message that must not wait behind the start):
@@ -330,14 +329,14 @@ class JSONResponder(Responder):
         self.lane = Lane()
         if self.held is not None:
             held, self.held = self.held, None
-            await self.downstream({"type": _BODY, "body": held, "more_body": True})
+            await self.downstream({"type": BODY, "body": held, "more_body": True})
         await self.pass_body(message)
 
     async def flush(self) -> None:
         await super().flush()
         if self.held is not None:
             held, self.held = self.held, None
-            await self.downstream({"type": _BODY, "body": held, "more_body": True})
+            await self.downstream({"type": BODY, "body": held, "more_body": True})
 
 
 class SSEResponder(Responder):
@@ -370,7 +369,7 @@ class SSEResponder(Responder):
         return self._rest(message)
 
     async def _rest(self, message: Message) -> None:
-        if message["type"] != _BODY:
+        if message["type"] != BODY:
             await self.pass_other(message)
             return
         splicer = self.splicer
@@ -386,7 +385,7 @@ class SSEResponder(Responder):
             if out == body:
                 await self.downstream(message)  # as the app sent it
             elif out:
-                await self.downstream({"type": _BODY, "body": out, "more_body": True})
+                await self.downstream({"type": BODY, "body": out, "more_body": True})
             return
         inline, before = None, b""
         if splicer.holding or self.event:
@@ -394,9 +393,9 @@ class SSEResponder(Responder):
         out += splicer.close(inline, event=self.event, usage=self._usage() if inline else None,
                              before=before)
         if self.head.trailers:
-            await self.downstream({"type": _BODY, "body": out, "more_body": False})
+            await self.downstream({"type": BODY, "body": out, "more_body": False})
         else:
-            await self.end({"type": _BODY, "body": out, "more_body": False})
+            await self.end({"type": BODY, "body": out, "more_body": False})
 
     def _usage(self) -> bytes | None:
         return self.format.usage(self.exchange.figure()) if self.in_usage else None
@@ -410,7 +409,7 @@ class SSEResponder(Responder):
     async def flush(self) -> None:
         held = self.splicer.flush()
         if held:
-            await self.downstream({"type": _BODY, "body": held, "more_body": True})
+            await self.downstream({"type": BODY, "body": held, "more_body": True})
 
 
 __all__ = ["Head", "JSONResponder", "PassThrough", "Responder", "SSEResponder", "choose"]

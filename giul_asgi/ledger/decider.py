@@ -82,8 +82,8 @@ class Decider:
             # far that look strayed from it, and what the load may have done since, add to
             # the doubt of the level itself.
             moved = 0.0
-            if covered > 0 and seconds > 0:
-                moved = self.foreign.moved_w((span.t0 + span.t1) / 2, level, max(measured, 0.0) / seconds)
+            if covered > 0 and seconds > 0:  # measured is netted: never below zero here
+                moved = self.foreign.moved_w((span.t0 + span.t1) / 2, level, measured / seconds)
             foreign_unc_w = math.hypot(doubt_w, moved)
         return CardSpan(
             span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, measured,
