@@ -114,8 +114,11 @@ class Scenario:
     split: str = "time"
     #: The reader fails this way ``FAULT_AT`` seconds after the ledger starts.
     fault: Fault | None = None
-    #: An upstream whose /metrics show its running requests (here: ours alone).
+    #: An upstream whose /metrics show its running requests (ours, and ``replica``'s).
     upstream: bool = False
+    #: Another gateway replica's requests on the same upstream, back to back (180 W,
+    #: 0.2-0.5 s, 10-30 ms apart): in the upstream's count, never in ours.
+    replica: bool = False
     #: The event loop runs Python flat out beside the requests (SLICE_S slices).
     saturate: bool = False
     #: An upstream whose /metrics show its token counters and its requests' summed prefill and
@@ -354,10 +357,24 @@ async def run(scenario: Scenario, seed: int, path: str = "truecard") -> Row:
             ledger.note_phases(*engine)
             await asyncio.sleep(UPSTREAM_EVERY_S)
 
+    async def other_replica() -> None:
+        nonlocal running
+        replica_rng = random.Random(24)
+        while True:
+            job = card.start_job(180.0 * replica_rng.uniform(0.9, 1.1))
+            running += 1
+            try:
+                await asyncio.sleep(replica_rng.uniform(0.2, 0.5))
+            finally:
+                card.stop_job(job)
+                running -= 1
+            await asyncio.sleep(replica_rng.uniform(0.01, 0.03))
+
+    replica = asyncio.create_task(other_replica()) if scenario.replica else None
     watcher = asyncio.create_task(scrape()) if scenario.upstream else None
     phase_watcher = asyncio.create_task(scrape_phases()) if scenario.phase_metrics else None
     await asyncio.gather(*(one(r) for r in scenario.requests))
-    for task in (watcher, phase_watcher):
+    for task in (watcher, phase_watcher, replica):
         if task is not None:
             task.cancel()
     stop_saturating.set()
@@ -490,6 +507,10 @@ def scenarios(quick: bool) -> list[Scenario]:
                  isolated(24 // k, 0.3, random.Random(22)), saturate=True),
         # Issue 23: one mix of phased requests, charged by each split.
         *_phase_scenarios(mixed_phases(16 // k, random.Random(23))),
+        # Another replica's requests on the upstream, back to back beside ours (a hostile
+        # review: ours took the whole card, 2.0x).
+        Scenario("upstream metrics, another replica back to back",
+                 spaced(24 // k, 0.3, 0.02, random.Random(24)), upstream=True, replica=True),
     ]
 
 
@@ -607,7 +628,8 @@ def child(index: int, path: str, seed: int, quick: bool, run_no: int,
         "index": index, "name": scenario.name, "path": path if pace is None else f"{path} {pace}",
         "seed": seed, "run": run_no,
         "n": len(row.outcomes), "cells": row.cells(), "faults": row.measured_while_failing(),
-        "contended_count": row.contended_count(), "fault": scenario.fault, "upstream": scenario.upstream,
+        "contended_count": row.contended_count(), "fault": scenario.fault,
+        "upstream": scenario.upstream and not scenario.replica,
         "saturate": scenario.saturate, "wall_s": row.wall_s,
         "read_gaps_ms": row.read_gaps_ms, "gil_lags_us": row.gil_lags_us,
         "reader_cpu_s": row.reader_cpu_s, "reader_blocks": row.reader_blocks, "reads": row.reads,

@@ -62,9 +62,11 @@ _SHAPES: dict[str, tuple[str, ...]] = {
     "f": ("str",),
     "p": ("bool?",),
     "ow": (_NUM, _NUM),
-    "up": (_NUM, _NUM),
+    "up": (_NUM, _NUM, _NUM),
     "s": (),
 }
+#: Events an earlier version wrote shorter, and their length then (what is missing is absent).
+_SHORTER: dict[str, int] = {"up": 2}  # before the scrape's own time was traced
 
 
 def _fits(kind: str, value: Any) -> bool:
@@ -228,8 +230,9 @@ def _event(item: Any) -> bool:
     if not isinstance(item, list) or not item or not isinstance(item[0], str):
         return False
     shape = _SHAPES.get(item[0])
-    return shape is not None and len(item) == len(shape) + 1 and all(
-        _fits(kind, value) for kind, value in zip(shape, item[1:], strict=True))
+    if shape is None or len(item) - 1 not in (len(shape), _SHORTER.get(item[0])):
+        return False
+    return all(_fits(kind, value) for kind, value in zip(shape, item[1:], strict=False))
 
 
 class _Clock:
@@ -370,7 +373,7 @@ def replay(loaded: Loaded, *, split: str | None = None, idle_w: float | None = N
             ledger.take([(piece, float(event[2]))])
         elif kind == "up":
             clock.now = event[1]
-            ledger.note_upstream(event[1], event[2])
+            ledger.note_upstream(event[1], event[2], event[3] if len(event) > 3 else 0.0)
         elif kind == "s":
             ledger.stop()
     rows = [_row(ledger, request) for request in done]

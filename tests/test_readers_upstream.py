@@ -66,6 +66,25 @@ def test_vllm_load_follows_what_the_server_says() -> None:
     assert (second.running, second.generation_tokens_total) == (5, 180) and second.t >= first.t
 
 
+def test_a_reading_says_within_what_time_the_server_took_its_count() -> None:
+    """The count was taken somewhere in the scrape: its time is the scrape's middle, give or
+    take half of it (what the decider counts our windows over)."""
+    ticks: list[float] = []
+
+    def clock() -> float:  # 2 ms a look: the scrape spans the first look to the last
+        ticks.append(10.0 + 0.002 * len(ticks))
+        return ticks[-1]
+
+    served = Served(vllm(1, 0, 0))
+    with serving(served):
+        load = UpstreamLoad(served.url, clock=clock)
+        reading = load.read()
+        load.close()
+    assert reading.ok and reading.running == 1 and len(ticks) >= 2
+    assert ticks[0] <= reading.t - reading.spread_s < reading.t + reading.spread_s
+    assert abs(reading.t + reading.spread_s - ticks[-1]) < 1e-9 and reading.spread_s > 0
+
+
 def test_vllm_phase_times_are_read_where_it_exports_them() -> None:
     phases = """# TYPE vllm:request_prefill_time_seconds histogram
 vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0

@@ -394,10 +394,10 @@ class Book:
         """This book's window-seconds integral until ``t``, and its windows open now."""
         return self.windows.load_at(t)
 
-    def note_upstream(self, t: float, running: float, others: int = 0) -> None:
-        """The upstream's running requests at ``t`` (its whole load: ours, ``others`` of
-        other processes on the card, and what nobody here sees)."""
-        self.decider.note_upstream(t, running, self.windows.ours_at(t) + others)
+    def note_upstream(self, t: float, running: float, others: int = 0, spread_s: float = 0.0) -> None:
+        """The upstream's running requests, counted within ``t`` +- ``spread_s`` (its whole
+        load: ours, ``others`` of other processes on the card, and what nobody here sees)."""
+        self.decider.note_upstream(t, running, self.windows.ours_at(t, spread_s) + others)
 
     def _share(
         self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,

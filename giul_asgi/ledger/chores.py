@@ -16,6 +16,10 @@ from typing import Any
 UPSTREAM_EVERY_S = 0.25
 
 
+#: What the decider is handed: the upstream's running requests, when (our clock), and half
+#: the scrape's time (the count was taken within that of when).
+UpstreamNote = Callable[[float, float, float], None]
+
 #: What the phase split is handed: the upstream's cumulative prompt and generation tokens and
 #: its requests' summed prefill and decode seconds (each None where it does not say).
 PhaseNote = Callable[[float | None, float | None, float | None, float | None], None]
@@ -27,7 +31,7 @@ class Upstream:
     ``phases``, where given, is handed its phase times in every process (each process's
     book weighs its own windows' phases)."""
 
-    def __init__(self, url: str, clock: Callable[[], float], note: Callable[[float, float], None],
+    def __init__(self, url: str, clock: Callable[[], float], note: UpstreamNote,
                  deciding: Callable[[], bool], phases: PhaseNote | None = None) -> None:
         self.url, self.clock, self.note, self.deciding = url, clock, note, deciding
         self.phases = phases
@@ -45,10 +49,10 @@ class Upstream:
         if not reading.ok:
             return
         if deciding and reading.running is not None:
-            self.note(reading.t, reading.running)
+            self.note(reading.t, reading.running, reading.spread_s)
         if self.phases is not None:
             self.phases(reading.prompt_tokens_total, reading.generation_tokens_total,
                         reading.prefill_seconds_total, reading.decode_seconds_total)
 
 
-__all__ = ["UPSTREAM_EVERY_S", "PhaseNote", "Upstream"]
+__all__ = ["UPSTREAM_EVERY_S", "PhaseNote", "Upstream", "UpstreamNote"]

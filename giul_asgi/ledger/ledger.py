@@ -819,15 +819,16 @@ class Ledger:
         self._others_t = now
         return window_s + self._others_s, open_now
 
-    def note_upstream(self, t: float, running: float) -> None:
-        """The upstream (the inference server) ran ``running`` requests at ``t``."""
+    def note_upstream(self, t: float, running: float, spread_s: float = 0.0) -> None:
+        """The upstream (the inference server) ran ``running`` requests at ``t`` (its count
+        taken within ``t`` +- ``spread_s``: the scrape's own time)."""
         table = self.table
-        others = table.others_open_at(t) if table is not None and table.holding else 0
+        others = table.others_open_at(t, spread_s) if table is not None and table.holding else 0
         with self._lock:
             settled = self._tray_locked()
-            self.book.note_upstream(t, running, others)
+            self.book.note_upstream(t, running, others, spread_s)
             if self._note is not None:
-                self._note(("up", t, running))
+                self._note(("up", t, running, spread_s))
         self._fire(settled)
 
     def note_phases(self, prompt_tokens: float | None, generation_tokens: float | None,

@@ -188,13 +188,17 @@ class Windows:
         since = t - self._t if self._t is not None and t > self._t else 0.0
         return self._busy + self._n * since, self._n
 
-    def ours_at(self, t: float) -> int:
-        """Windows an upstream may count as running at ``t``: open then, or closed within a
-        ramp-down before (its count may lag the request's end)."""
-        lag = t - self.ramp_s
-        ours = sum(1 for w in self.open.values() if w.t_open <= t)
+    def ours_at(self, t: float, spread_s: float = 0.0) -> int:
+        """Windows an upstream may have counted as running in a sample of its count taken
+        within ``t`` +- ``spread_s`` (the scrape's own time): those open at any moment of it.
+        A request reaches the upstream after its window opens and has left it before the
+        window closes, so a window closed before the scrape began is not in its count: one
+        counted for a ramp-down after its close hid another replica's request that started
+        then (charged 2.0x with back-to-back requests, a hostile review)."""
+        early, late = t - spread_s, t + spread_s
+        ours = sum(1 for w in self.open.values() if w.t_open <= late)
         return ours + sum(1 for w in self.closing
-                          if w.t_open <= t and w.t_close is not None and w.t_close > lag)
+                          if w.t_open <= late and w.t_close is not None and w.t_close >= early)
 
 
 def _summed(members: Iterator[tuple[Window, float]]) -> tuple[float, int]:

@@ -69,6 +69,8 @@ class LoadReading:
     decode_seconds_total: float | None = None
     error: str | None = None
     server: str | None = None
+    #: Half the scrape's time: the server took its count within ``t`` +- this.
+    spread_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -178,6 +180,7 @@ class UpstreamLoad:
             prefill_seconds_total=_sum(samples, metrics.prefill_seconds, self.model, metrics.model_labels),
             decode_seconds_total=_sum(samples, metrics.decode_seconds, self.model, metrics.model_labels),
             server=metrics.server,
+            spread_s=max(0.0, received - sent) / 2,
         )
         if reading.running is None and reading.generation_tokens_total is None:
             which = f" for model {self.model!r}" if self.model else ""

@@ -229,11 +229,12 @@ class Others:
         """Holder: another ledger has windows the card has yet to report."""
         return any(r.busy(now, self.ramp_s, period) for r in self._remotes.values())
 
-    def open_at(self, t: float) -> int:
-        """Holder: the other ledgers' windows open at ``t`` (or closed a ramp-down before)."""
-        lag = t - self.ramp_s
+    def open_at(self, t: float, spread_s: float = 0.0) -> int:
+        """Holder: the other ledgers' windows open at any moment within ``t`` +- ``spread_s``
+        (an upstream's count, as :meth:`~giul_asgi.ledger.members.Windows.ours_at`)."""
+        early, late = t - spread_s, t + spread_s
         return sum(1 for r in self._remotes.values() for t_open, t_close in r.windows.values()
-                   if t_open <= t and t_close > lag)
+                   if t_open <= late and t_close >= early)
 
     def prune(self, before: float) -> None:
         """Forget every other ledger's windows wholly before ``before``."""

@@ -224,9 +224,9 @@ class CardTable:
         """Holder: another ledger has windows the card has yet to report."""
         return self._others.busy(now, period)
 
-    def others_open_at(self, t: float) -> int:
-        """Holder: the other ledgers' windows open at ``t`` (or closed a ramp-down before)."""
-        return self._others.open_at(t)
+    def others_open_at(self, t: float, spread_s: float = 0.0) -> int:
+        """Holder: the other ledgers' windows open at any moment within ``t`` +- ``spread_s``."""
+        return self._others.open_at(t, spread_s)
 
     @property
     def others(self) -> int:
