@@ -147,7 +147,8 @@ class CardSpan:
     #: doubt remains there (the card was seen quiet and no window closed a ramp before).
     quiet: bool
     doubt_w: float
-    #: The doubt of a subtracted foreign level (0 when nothing is subtracted).
+    #: The doubt, in the card's watts, of what load not the host's took: a subtracted foreign
+    #: level's, and the unseen load's where its count moved between samples (0: none).
     foreign_unc_w: float
     #: Asked to subtract a foreign load that nobody could look for yet: all may be foreign.
     unwatched: bool

@@ -55,7 +55,7 @@ class Decider:
         period = self.period()
         above = span.above_j
         seconds = span.seconds
-        unseen = 0.0
+        unseen = unseen_doubt = 0.0
         foreign_j = 0.0
         measured = span.above_j
         self._witness_held(host)
@@ -71,6 +71,7 @@ class Decider:
             # Load nobody on the host sees (the upstream's requests beyond every window here)
             # draws its part of the span like a window would.
             unseen = self.unseen.window_seconds(span.t0, span.t1)
+            unseen_doubt = self.unseen.doubt_seconds(span.t0, span.t1)
         level = self.foreign.level(period, idle_w)
         if covered > 0 and level is not None and self.subtract_foreign and not unseen:
             foreign_j = min(max(above, 0.0), level * seconds)
@@ -85,6 +86,11 @@ class Decider:
             if covered > 0 and seconds > 0:  # measured is netted: never below zero here
                 moved = self.foreign.moved_w((span.t0 + span.t1) / 2, level, measured / seconds)
             foreign_unc_w = math.hypot(doubt_w, moved)
+        if unseen_doubt > 0 and seconds > 0:
+            # The host's part is covered / (covered + unseen) of the span: off by as much as
+            # the unseen window-seconds may be, in the card's watts.
+            unseen_w = max(measured, 0.0) / seconds * unseen_doubt / (covered + unseen)
+            foreign_unc_w = math.hypot(foreign_unc_w, unseen_w)
         return CardSpan(
             span.t0, span.t1, above, span.total_j, span.stamp_s, span.unc_j, measured,
             tails=tails, covered=covered, members=host.tail_n if tails else host.open_n,

@@ -12,6 +12,13 @@ at the same instant, and only the excess is load we cannot see. Our requests rea
   reading as a foreign load.
 
 A span's unseen window-seconds share it with ours: ours get covered / (covered + unseen).
+
+Between two samples the count is held, and what it did meanwhile nobody saw: a request of
+another replica's may have ended just after one sample, or a sample may have fallen in a gap
+between two of its requests. The doubt of the held count is how far it moved at the samples
+on either side of the time (a count that moves between samples moves between them too; one
+that held still at both is taken as still): 1 where another replica's load comes and goes,
+0 where it is steady or none.
 """
 
 from __future__ import annotations
@@ -31,26 +38,40 @@ class Unseen:
         # The upstream's running requests beyond ours, integrated between its samples.
         self._upstream: deque[tuple[float, float]] = deque(maxlen=4096)
         self._excess = 0.0  # the upstream's requests beyond ours at its last sample
+        # The held count's doubt (requests), integrated the same way, and how far the count
+        # moved at the last sample (the doubt past it).
+        self._doubt: deque[tuple[float, float]] = deque(maxlen=4096)
+        self._moved = 0.0
         self.seen_t: float | None = None  # when the upstream last ran more than ours
 
     def note_upstream(self, t: float, running: float, ours: int) -> None:
         """The upstream ran ``running`` requests at ``t`` while ``ours`` of our windows were
         on the card: the excess is load we cannot see, until the next sample."""
-        samples = self._upstream
+        excess = max(0.0, running - ours)
+        samples, doubts = self._upstream, self._doubt
+        moved = abs(excess - self._excess) if samples else 0.0
         if samples:
             t0, integral = samples[-1]
             if t > t0:
                 samples.append((t, integral + self._excess * (t - t0)))
+                doubts.append((t, doubts[-1][1] + max(self._moved, moved) * (t - t0)))
         else:
             samples.append((t, 0.0))
-        self._excess = max(0.0, running - ours)
-        if self._excess > 0:
+            doubts.append((t, 0.0))
+        self._excess, self._moved = excess, moved
+        if excess > 0:
             self.seen_t = t
 
     def window_seconds(self, t0: float, t1: float) -> float:
         """Window-seconds in (t0, t1] of load this process does not see (0 when unknown)."""
         upstream = _delta(self._upstream, t0, t1, self._excess)
         return max(0.0, upstream) if upstream is not None else 0.0
+
+    def doubt_seconds(self, t0: float, t1: float) -> float:
+        """How far the unseen window-seconds in (t0, t1] may be off: the held count's doubt
+        (the larger of its moves at the samples either side), integrated (0 when unknown)."""
+        doubt = _delta(self._doubt, t0, t1, self._moved)
+        return max(0.0, doubt) if doubt is not None else 0.0
 
     def recent(self, now: float | None) -> bool:
         """Whether the upstream has run load we cannot see lately."""
