@@ -223,6 +223,9 @@ def load(path: str | Path) -> Loaded:
                             "begins are not replayed, and the first figures may differ from live")
     if lost:
         loaded.notes.append("the live trace lost events (its buffer filled): replay will not agree")
+    if any(event[0] == "up" and len(event) < 4 for event in events):
+        loaded.notes.append("its upstream samples say no scrape time (an earlier giul-asgi wrote them), "
+                            "and that version counted ours in them otherwise: replay may not agree")
     return loaded
 
 

@@ -307,13 +307,13 @@ def test_the_upstream_chore_hands_phase_times_to_every_process() -> None:
                                prefill_seconds_total=0.5, decode_seconds_total=3.0)
 
     for deciding in (True, False):
-        noted: list[tuple[float, float]] = []
+        noted: list[tuple[float, ...]] = []
         phases: list[tuple[float | None, ...]] = []
-        chore = Upstream("http://127.0.0.1:1/metrics", lambda: 1.0, lambda t, r, n=noted: n.append((t, r)),
+        chore = Upstream("http://127.0.0.1:1/metrics", lambda: 1.0, lambda *a, n=noted: n.append(a),
                          lambda d=deciding: d, lambda *a, p=phases: p.append(a))  # type: ignore[misc]
         chore.load = Load()
         chore()
-        assert noted == ([(1.0, 2.0)] if deciding else [])
+        assert noted == ([(1.0, 2.0, 0.0)] if deciding else [])
         assert phases == [(400.0, 40.0, 0.5, 3.0)]
     split = PhaseSplit()
     split.note_engine(400.0, 40.0, 0.5, 3.0)

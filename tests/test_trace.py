@@ -271,6 +271,21 @@ def test_garbage_lines_are_skipped_counted_and_said(tmp_path: Path, capsys: Any)
     assert "source: replay" in captured.out and "agreement with live" in captured.out
 
 
+def test_upstream_samples_of_an_earlier_version_replay_and_say_so(tmp_path: Path) -> None:
+    """Upstream samples now say their scrape's time (``["up", t, running, spread_s]``); an
+    earlier version's ``["up", t, running]`` still replays, with a note; nonsense is skipped
+    or taken as no spread, never a crash."""
+    path, _ = _trace(tmp_path)
+    lines = path.read_text().splitlines()
+    t = json.loads(lines[1])[1]
+    extra = [f'["up", {t}, 0.0]', f'["up", {t}, 0.0, -0.5]', f'["up", {t}, 0.0, "wide"]']
+    path.write_text("\n".join([lines[0], *extra, *lines[1:]]) + "\n")
+    loaded = load(path)
+    assert loaded.skipped == 1
+    assert any("no scrape time" in note for note in loaded.notes)
+    assert replay(loaded).rows
+
+
 def test_an_empty_trace_a_missing_one_and_not_a_trace_exit_2_with_a_remedy(
     tmp_path: Path, capsys: Any,
 ) -> None:

@@ -57,17 +57,35 @@ def test_an_upstream_sample_that_runs_fewer_than_ours_is_no_negative_load() -> N
     assert unseen.window_seconds(0.0, 1.0) == 0.0
 
 
-def test_a_window_closed_before_the_scrape_is_not_in_the_upstreams_count() -> None:
+def test_an_upstreams_count_surely_has_the_windows_open_all_through_its_scrape() -> None:
     """A request leaves the upstream before its window closes: a window closed before the
-    scrape began is none of the count, one open at any moment of the scrape may be in it."""
+    scrape (and the count's lag) is none of its count; one open all through it surely is;
+    one that began or ended in it may be."""
     windows = Windows(ramp_s=0.1)
     earlier, later = Window(0.0, 0.0, 1), Window(0.9, 0.0, 2)
     for window in (earlier, later):
         windows.enter(window)
     windows.shut(earlier, 1.0)
-    assert windows.ours_at(1.02) == 1  # 20 ms after the close: only the one still open
-    assert windows.ours_at(1.02, spread_s=0.03) == 2  # the scrape began before the close
-    assert windows.ours_at(0.89) == 1 and windows.ours_at(0.89, spread_s=0.02) == 2
+    assert windows.ours_at(1.02) == (1, 0)  # 20 ms after the close: only the one still open
+    assert windows.ours_at(1.02, spread_s=0.03) == (1, 1)  # the scrape began before the close
+    assert windows.ours_at(1.02, lag_s=0.1) == (1, 1)  # a count 0.1 s stale may still have it
+    assert windows.ours_at(0.89) == (1, 0) and windows.ours_at(0.89, spread_s=0.02) == (1, 1)
+    assert windows.ours_at(1.2, lag_s=0.1) == (1, 0)
+
+
+def test_a_count_that_may_have_ours_in_it_keeps_the_excess_it_had() -> None:
+    """Our window that just ended may still be in a count that lags its end (a gauge updated
+    every few steps): it read as another's load, every figure contended (hostile: 50-100% of
+    them with our load alone). Another's request that began as ours ended keeps its excess."""
+    unseen = Unseen()
+    unseen.note_upstream(0.0, running=1.0, ours=1)
+    unseen.note_upstream(0.25, running=1.0, ours=0, maybe=1)  # ours ended just before
+    assert unseen.window_seconds(0.0, 0.5) == 0.0 and not unseen.recent(0.5)
+    unseen.note_upstream(0.5, running=2.0, ours=1)  # another's, surely
+    unseen.note_upstream(0.75, running=2.0, ours=0, maybe=2)  # ours ended, ours began: it holds
+    assert math.isclose(unseen.window_seconds(0.5, 1.0), 0.5)
+    unseen.note_upstream(1.0, running=4.0, ours=0, maybe=1)  # at least three beyond ours
+    assert math.isclose(unseen.window_seconds(1.0, 1.5), 1.5)
 
 
 def upstream_replica_beside_ours(seed: int, gap: float) -> list[tuple[float, bool]]:
@@ -100,12 +118,12 @@ def upstream_replica_beside_ours(seed: int, gap: float) -> list[tuple[float, boo
     return rows
 
 
-def test_another_replicas_request_starting_as_ours_ends_is_not_charged_to_us() -> None:
-    """Two replicas back to back on one upstream: ours counted for a ramp-down past its close
-    hid the other's request, so ours took the whole card (2.01x, 0 of 100 inside)."""
+def test_a_scrape_that_cannot_tell_ours_from_another_replicas_is_doubted() -> None:
+    """Two replicas back to back on one upstream, scraped only as ours opens and 20 ms after
+    ours ends: whether the count has our last request (a count that lags) or the other's new
+    one, no scrape can tell. Ours took the whole card with no doubt (2.01x, 0 of 100 inside);
+    it still takes it, and says how far it may be off."""
     rows = [row for seed in range(5) for row in upstream_replica_beside_ours(seed, 0.02)]
-    ratios = sorted(r for r, _ in rows)
-    assert 0.9 < ratios[len(ratios) // 2] < 1.1, ratios
     assert sum(inside for _, inside in rows) >= 0.9 * len(rows), rows
 
 
@@ -121,11 +139,13 @@ def test_the_held_counts_doubt_is_how_far_it_moved_at_the_samples_either_side() 
     assert math.isclose(unseen.doubt_seconds(6.0, 6.5), 0.5)  # moved by one at the last
 
 
-def replicas_scraped(seed: int) -> list[bool]:
-    """Ours and another replica's requests back to back (0.2-0.5 s, 10-30 ms apart) on one
-    upstream that counts a request 3 ms inside its window, scraped every 0.25 s at its own
+def replicas_scraped(seed: int, ours_apart: float = 0.02, theirs: int = 40,
+                     lag_s: float = 0.0) -> list[tuple[bool, bool]]:
+    """Ours (``ours_apart`` +- half of it apart) and another replica's requests back to back
+    (``theirs`` of them, 0.2-0.5 s, 10-30 ms apart) on one upstream that counts a request
+    3 ms inside its window (as it stood ``lag_s`` before), scraped every 0.25 s at its own
     phase, the count taken within the scrape's 4 ms. Whether each settled figure of ours
-    holds its truth."""
+    holds its truth, and whether it says it was contended."""
     run = Run(Node("n", idle_w=IDLE, upstream="http://127.0.0.1:9/metrics"), seed=seed)
     rng = random.Random(seed)
     run.advance(0.5)
@@ -134,11 +154,11 @@ def replicas_scraped(seed: int) -> list[bool]:
     engine: list[tuple[float, float]] = []
     for who in ("ours", "theirs"):
         t = start + rng.uniform(0.0, 0.3)
-        for i in range(14 if who == "ours" else 40):
+        for i in range(14 if who == "ours" else theirs):
             seconds = rng.uniform(0.2, 0.5)
             events += [(t, who + " open", i), (t + seconds, who + " close", i)]
             engine.append((t + 0.003, t + seconds - 0.003))
-            t += seconds + rng.uniform(0.01, 0.03)
+            t += seconds + (ours_apart * rng.uniform(0.5, 1.5) if who == "ours" else rng.uniform(0.01, 0.03))
     end = max(t for t, kind, _ in events if kind == "ours close")
     t = start + rng.uniform(0.0, 0.25)
     while t < end:
@@ -154,7 +174,7 @@ def replicas_scraped(seed: int) -> list[bool]:
         who, _, what = kind.partition(" ")
         if kind == "scrape":
             taken = t + rng.uniform(-0.002, 0.002)
-            running = sum(1 for a, b in engine if a <= taken <= b)
+            running = sum(1 for a, b in engine if a <= taken - lag_s <= b)
             run.ledger.note_upstream(t, float(running), spread_s=0.002)
         elif what == "open":
             meter = Meter(run.ledger).open() if who == "ours" else None
@@ -166,17 +186,34 @@ def replicas_scraped(seed: int) -> list[bool]:
                 meter.close()
                 done.append((meter, job))
     run.advance(2.0)
-    inside = []
+    rows = []
     for meter, job in done[2:]:
         figure, truth = meter.figure(), job.truth(run.card.ramp_up, run.card.tau)
         assert figure.settled and figure.joules is not None and figure.uncertainty_joules is not None
-        inside.append(abs(figure.joules - truth) <= figure.uncertainty_joules)
-    return inside
+        rows.append((abs(figure.joules - truth) <= figure.uncertainty_joules, bool(figure.contended)))
+    return rows
 
 
 def test_another_replicas_load_between_scrapes_is_inside_the_uncertainty() -> None:
     """The count is held between scrapes: a scrape in a gap between the other replica's
     requests, or one just before its request ends, was taken as the load until the next,
     with no doubt (58 of 72 inside at eb10309); the count's moves are its doubt now (71)."""
-    inside = [hit for seed in range(6) for hit in replicas_scraped(seed)]
+    inside = [hit for seed in range(6) for hit, _ in replicas_scraped(seed)]
     assert sum(inside) >= 0.9 * len(inside), (sum(inside), len(inside))
+
+
+def test_a_windows_tail_in_another_replicas_time_is_in_its_uncertainty() -> None:
+    """Ours 0.4 s apart beside another replica's back-to-back load: a window's ramp-down tail
+    after its close went to the load nobody here sees, and its last span was not doubted as
+    one shared (settled 0.92-0.97x with 0.4-6% widths: 126 of 144 inside at e1a3c30, 142 now)."""
+    inside = [hit for seed in range(12) for hit, _ in replicas_scraped(seed, ours_apart=0.4)]
+    assert sum(inside) >= 0.9 * len(inside), (sum(inside), len(inside))
+
+
+def test_a_count_lagging_our_requests_end_is_no_other_replica() -> None:
+    """Our load alone on a server whose count lags by 50 ms (one updated every few steps):
+    counting only the windows open during the scrape read our request that had just ended as
+    another's: figures contended, 67% of them in a hostile's trial."""
+    rows = [row for seed in range(4) for row in replicas_scraped(seed, theirs=0, lag_s=0.05)]
+    assert not any(contended for _, contended in rows), rows
+    assert all(inside for inside, _ in rows), rows

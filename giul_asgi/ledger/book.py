@@ -45,6 +45,7 @@ from .doubt import RateDoubt
 from .members import Members, Windows
 from .phases import SpanSplit, Weighed
 from .prior import DRAINING, FLOOR, Prior
+from .unseen import COUNT_LAG_S
 from .window import First, Split, TimeSplit, TokenSplit, Unwatched, Waiting, Window, spread
 
 #: Intervals waiting for an open window's weight: at most this many, for at most this long.
@@ -394,10 +395,13 @@ class Book:
         """This book's window-seconds integral until ``t``, and its windows open now."""
         return self.windows.load_at(t)
 
-    def note_upstream(self, t: float, running: float, others: int = 0, spread_s: float = 0.0) -> None:
+    def note_upstream(self, t: float, running: float, others: tuple[int, int] = (0, 0),
+                      spread_s: float = 0.0) -> None:
         """The upstream's running requests, counted within ``t`` +- ``spread_s`` (its whole
-        load: ours, ``others`` of other processes on the card, and what nobody here sees)."""
-        self.decider.note_upstream(t, running, self.windows.ours_at(t, spread_s) + others)
+        load: ours, ``others`` of other processes on the card (surely, maybe in its count),
+        and what nobody here sees)."""
+        surely, maybe = self.windows.ours_at(t, spread_s, COUNT_LAG_S)
+        self.decider.note_upstream(t, running, surely + others[0], maybe + others[1])
 
     def _share(
         self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,
@@ -431,7 +435,7 @@ class Book:
         # Asked to take a foreign load off but none could be looked for yet (no quiet time
         # seen): all of the span may be one.
         unwatched = span.unwatched
-        shared = span.members > 1
+        shared = span.members > 1 or span.unseen > 0  # load nobody here sees shares it too
         tails = span.tails
         for i, (window, overlap) in enumerate(members):
             part = (overlap if weights is None else weights[i]) / total

@@ -166,10 +166,10 @@ class Decider:
                 debts.popleft()
         return above
 
-    def note_upstream(self, t: float, running: float, ours: int) -> None:
+    def note_upstream(self, t: float, running: float, ours: int, maybe: int = 0) -> None:
         """The upstream ran ``running`` requests at ``t`` while ``ours`` windows of the host
-        were on the card."""
-        self.unseen.note_upstream(t, running, ours)
+        were on the card, and ``maybe`` more began or ended about then."""
+        self.unseen.note_upstream(t, running, ours, maybe)
 
 
 __all__ = ["Decider"]

@@ -53,6 +53,7 @@ from .sources import explicit, reader_factory
 from .tape import Tape
 from .tickets import Ticket, fire
 from .trace import WRITE_EVERY_S, for_node
+from .unseen import COUNT_LAG_S
 from .window import waiting_on
 
 log = logging.getLogger("giul_asgi.ledger")
@@ -822,8 +823,12 @@ class Ledger:
     def note_upstream(self, t: float, running: float, spread_s: float = 0.0) -> None:
         """The upstream (the inference server) ran ``running`` requests at ``t`` (its count
         taken within ``t`` +- ``spread_s``: the scrape's own time)."""
+        if not (spread_s > 0 and math.isfinite(spread_s)):  # a trace's or a caller's nonsense: none
+            spread_s = 0.0
         table = self.table
-        others = table.others_open_at(t, spread_s) if table is not None and table.holding else 0
+        others = (0, 0)
+        if table is not None and table.holding:
+            others = table.others_open_at(t, spread_s, COUNT_LAG_S)
         with self._lock:
             settled = self._tray_locked()
             self.book.note_upstream(t, running, others, spread_s)

@@ -188,17 +188,23 @@ class Windows:
         since = t - self._t if self._t is not None and t > self._t else 0.0
         return self._busy + self._n * since, self._n
 
-    def ours_at(self, t: float, spread_s: float = 0.0) -> int:
-        """Windows an upstream may have counted as running in a sample of its count taken
-        within ``t`` +- ``spread_s`` (the scrape's own time): those open at any moment of it.
-        A request reaches the upstream after its window opens and has left it before the
-        window closes, so a window closed before the scrape began is not in its count: one
-        counted for a ramp-down after its close hid another replica's request that started
-        then (charged 2.0x with back-to-back requests, a hostile review)."""
-        early, late = t - spread_s, t + spread_s
-        ours = sum(1 for w in self.open.values() if w.t_open <= late)
-        return ours + sum(1 for w in self.closing
-                          if w.t_open <= late and w.t_close is not None and w.t_close >= early)
+    def ours_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> tuple[int, int]:
+        """How many of these windows an upstream's count, taken within ``t`` +- ``spread_s``
+        (the scrape's own time) and as old as ``lag_s`` (a server's count may lag a
+        request's start or end), surely has, and how many it may have: those open all that
+        time, and those that opened or closed in it. A request reaches the upstream after
+        its window opens and has left it before the window closes."""
+        early, late = t - spread_s - lag_s, t + spread_s
+        surely = maybe = 0
+        for window in (*self.open.values(), *self.closing):
+            end = window.t_close
+            if window.t_open > late or (end is not None and end < early):
+                continue
+            if window.t_open <= early and (end is None or end > late):
+                surely += 1
+            else:
+                maybe += 1
+        return surely, maybe
 
 
 def _summed(members: Iterator[tuple[Window, float]]) -> tuple[float, int]:

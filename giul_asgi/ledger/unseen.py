@@ -4,31 +4,38 @@ Other processes on the card are not unseen: their windows are in the card's tabl
 (:mod:`giul_asgi.hostshare.cards`), and the span is decided with them. What nobody here
 sees is the upstream's own load: the inference server behind the gateway, read through its
 own ``/metrics``, says how many requests it is running (:meth:`Unseen.note_upstream`). That
-count includes the host's; the decider says how many windows of the host were on the card
-at the same instant, and only the excess is load we cannot see. Our requests reach the upstream after our
-  windows open and leave it before they close, so the upstream's count never exceeds ours
-  when the load is all ours: comparing counts at each sample, rather than integrating the
-  upstream's count against our windows, keeps a sample held past our window's close from
-  reading as a foreign load.
+count includes the host's; the decider says how many windows of the host were surely in it
+(open all through the scrape and the count's lag before it), and how many may have been (they
+began or ended in that time): the excess is load we cannot see, somewhere between the count
+less both and the count less the sure ones. Within that, the excess held before stands: a
+window of ours that just ended may still be in a count that lags (TGI, SGLang and TensorRT-LLM
+update theirs every few steps), and one that just began may not be in it yet, so neither moves
+it; but another replica's request that began as ours ended is not hidden by ours either (it
+was, when a window closed within a ramp-down counted as in the count: ours was charged 2.0x).
 
 A span's unseen window-seconds share it with ours: ours get covered / (covered + unseen).
 
 Between two samples the count is held, and what it did meanwhile nobody saw: a request of
 another replica's may have ended just after one sample, or a sample may have fallen in a gap
-between two of its requests. The doubt of the held count is how far it moved at the samples
-on either side of the time (a count that moves between samples moves between them too; one
-that held still at both is taken as still): 1 where another replica's load comes and goes,
-0 where it is steady or none.
+between two of its requests. The doubt of the held count is how far it moved, or could have
+(a sample that may have ours in it, once load beyond ours has been seen), at the samples on
+either side of the time (a count that moves between samples moves between them too; one that
+held still at both is taken as still): 1 where another replica's load comes and goes, 0 where
+it is steady or none.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 #: How long an unseen load, once sampled, keeps figures ``contended`` (seconds).
 UNSEEN_KEEP_S = 120.0
 #: Samples past the last one are extrapolated this far at most (seconds).
 EXTRAPOLATE_S = 1.0
+#: How far a server's count may lag its requests' starts and ends (seconds): a window that
+#: began or ended within this of a scrape may or may not be in its count.
+COUNT_LAG_S = 0.1
 
 
 class Unseen:
@@ -44,12 +51,20 @@ class Unseen:
         self._moved = 0.0
         self.seen_t: float | None = None  # when the upstream last ran more than ours
 
-    def note_upstream(self, t: float, running: float, ours: int) -> None:
+    def note_upstream(self, t: float, running: float, ours: int, maybe: int = 0) -> None:
         """The upstream ran ``running`` requests at ``t`` while ``ours`` of our windows were
-        on the card: the excess is load we cannot see, until the next sample."""
-        excess = max(0.0, running - ours)
+        on the card and ``maybe`` more may have been in its count: the excess is load we
+        cannot see, until the next sample (the one held, as far as this sample allows)."""
+        if not math.isfinite(running):
+            running = 0.0
+        low, high = max(0.0, running - ours - maybe), max(0.0, running - ours)
+        excess = min(max(self._excess, low), high)
         samples, doubts = self._upstream, self._doubt
+        # How far it moved, or could have where load beyond ours has been seen lately: a count
+        # that may have ours in it says only that (where none has been, nor is it now).
         moved = abs(excess - self._excess) if samples else 0.0
+        if excess > 0 or self.recent(t):
+            moved = max(moved, high - low)
         if samples:
             t0, integral = samples[-1]
             if t > t0:
@@ -105,4 +120,4 @@ def _at(samples: deque[tuple[float, float]], t: float, rate: float | None) -> fl
     return va + (vb - va) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
 
 
-__all__ = ["UNSEEN_KEEP_S", "Unseen"]
+__all__ = ["COUNT_LAG_S", "UNSEEN_KEEP_S", "Unseen"]

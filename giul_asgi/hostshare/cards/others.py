@@ -229,12 +229,20 @@ class Others:
         """Holder: another ledger has windows the card has yet to report."""
         return any(r.busy(now, self.ramp_s, period) for r in self._remotes.values())
 
-    def open_at(self, t: float, spread_s: float = 0.0) -> int:
-        """Holder: the other ledgers' windows open at any moment within ``t`` +- ``spread_s``
-        (an upstream's count, as :meth:`~giul_asgi.ledger.members.Windows.ours_at`)."""
-        early, late = t - spread_s, t + spread_s
-        return sum(1 for r in self._remotes.values() for t_open, t_close in r.windows.values()
-                   if t_open <= late and t_close >= early)
+    def open_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> tuple[int, int]:
+        """Holder: how many of the other ledgers' windows an upstream's count surely has, and
+        may have (as :meth:`~giul_asgi.ledger.members.Windows.ours_at`)."""
+        early, late = t - spread_s - lag_s, t + spread_s
+        surely = maybe = 0
+        for remote in self._remotes.values():
+            for t_open, t_close in remote.windows.values():
+                if t_open > late or t_close < early:
+                    continue
+                if t_open <= early and t_close > late:
+                    surely += 1
+                else:
+                    maybe += 1
+        return surely, maybe
 
     def prune(self, before: float) -> None:
         """Forget every other ledger's windows wholly before ``before``."""

@@ -224,9 +224,9 @@ class CardTable:
         """Holder: another ledger has windows the card has yet to report."""
         return self._others.busy(now, period)
 
-    def others_open_at(self, t: float, spread_s: float = 0.0) -> int:
-        """Holder: the other ledgers' windows open at any moment within ``t`` +- ``spread_s``."""
-        return self._others.open_at(t, spread_s)
+    def others_open_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> tuple[int, int]:
+        """Holder: the other ledgers' windows an upstream's count surely has, and may have."""
+        return self._others.open_at(t, spread_s, lag_s)
 
     @property
     def others(self) -> int:
