@@ -3,23 +3,31 @@
 Two replicas send requests (0.2-0.5 s at 180 W) to one inference server on one card; this
 process sees only its own windows, and the server's running requests through its /metrics. The
 server counts a request from 3 ms after its window opens to 3 ms before it closes; it is scraped
-every 0.25 s at a phase of its own, the count taken somewhere in the scrape's 4 ms. A virtual
-clock and the truth card (benchmarks/truecard.py) with the ledger read every ~10 ms, so the
-truth of each request is the card's own, not what the ledger assumes.
+every 0.25 s at a phase of its own, the count taken somewhere in the scrape's 4 ms and the ledger
+told at its end. A virtual clock and the truth card (benchmarks/truecard.py) with the ledger read
+every ~10 ms, so the truth of each request is the card's own, not what the ledger assumes.
 
-    python benchmarks/upstream_replicas.py                # this tree, 8 seeds a shape
+The server's count (``--counts``): ``lag:L`` is its count as it stood L seconds before (0: in the
+step itself); ``hold:P`` is updated every P seconds; ``sglang:P`` every P seconds while it runs
+requests and as each one starts, never while idle (a count logged every few decode steps).
+
+    python benchmarks/upstream_replicas.py                # this tree, 8 seeds a shape, lag:0
     python benchmarks/upstream_replicas.py --tree DIR     # another tree (a copy of an older commit)
+    python benchmarks/upstream_replicas.py --counts lag:0,lag:0.05,lag:0.1,lag:0.2,hold:0.2,sglang:0.4
 
-Prints, per foreign mode and shape: settled / truth (median, p10, p90), the share of first and
-settled figures inside +- their uncertainty, and the median settled width.
+Prints, per count, foreign mode and shape: settled / truth (median, p10, p90), the share of first
+and settled figures inside +- their uncertainty, of settled figures said ``contended``, and the
+median settled width.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +38,35 @@ SHAPES = (  # name, our gap, theirs, another replica at all
     ("ours 0.4 s apart, theirs back to back", 0.4, 0.02, True),
     ("ours back to back, theirs 0.4 s apart", 0.02, 0.4, True),
     ("ours back to back, no other replica", 0.02, 0.02, False),
+    ("ours 0.4 s apart, no other replica", 0.4, 0.4, False),
 )
 
 
-def one(seed: int, ours_gap: float, theirs_gap: float, foreign: str, theirs: bool, n: int = 14,
-        scrape_s: float = 0.004, proxy_s: float = 0.003, every_s: float = 0.25) -> list[tuple[float, ...]]:
+def counter(kind: str, engine: list[tuple[float, float]], start: float, rng: random.Random
+            ) -> Callable[[float], int]:
+    """The server's count at ``x`` as ``kind`` says it keeps it (the module's docstring)."""
+
+    def running(x: float) -> int:
+        return sum(1 for a, b in engine if a <= x <= b)
+
+    how, _, value = kind.partition(":")
+    every = float(value or 0)
+    if how == "lag":
+        return lambda x: running(x - every)
+    phase = start + rng.uniform(0.0, every)
+    if how == "hold":
+        return lambda x: running(phase + math.floor((x - phase) / every) * every)
+    if how == "sglang":
+        end = max(b for _, b in engine)
+        ticks = [phase + k * every for k in range(int((end - start) / every) + 2)]
+        updates = sorted({a for a, _ in engine} | {u for u in ticks if running(u) > 0})
+        return lambda x: running(max((u for u in updates if u <= x), default=start))
+    raise SystemExit(f"--counts: {kind!r} is not lag:L, hold:P or sglang:P")
+
+
+def one(seed: int, ours_gap: float, theirs_gap: float, foreign: str, theirs: bool, count: str = "lag:0",
+        n: int = 14, scrape_s: float = 0.004, proxy_s: float = 0.003, every_s: float = 0.25,
+        ) -> list[tuple[float, ...]]:
     from test_ledger import IDLE, Run
 
     from giul_asgi.config import Node
@@ -48,17 +80,18 @@ def one(seed: int, ours_gap: float, theirs_gap: float, foreign: str, theirs: boo
     start = run.clock.now
     events: list[tuple[float, str, int]] = []
     engine: list[tuple[float, float]] = []  # when the server runs each request
-    for who, gap, count in (("ours", ours_gap, n), ("theirs", theirs_gap, 10 * n if theirs else 0)):
+    for who, gap, many in (("ours", ours_gap, n), ("theirs", theirs_gap, 10 * n if theirs else 0)):
         t = start + rng.uniform(0.0, 0.3)
-        for i in range(count):
+        for i in range(many):
             seconds = rng.uniform(0.2, 0.5)
             events += [(t, f"{who} open", i), (t + seconds, f"{who} close", i)]
             engine.append((t + proxy_s, t + seconds - proxy_s))
             t += seconds + gap * rng.uniform(0.5, 1.5)
     end = max(t for t, kind, _ in events if kind == "ours close")
+    gauge = counter(count, engine, start, rng)
     t = start + rng.uniform(0.0, every_s)
     while t < end:
-        events.append((t, "scrape", 0))
+        events.append((t + scrape_s, "scrape", 0))  # told as it ends
         t += every_s
     events.sort()
     live: dict[tuple[str, int], tuple[Any, Any]] = {}
@@ -69,12 +102,12 @@ def one(seed: int, ours_gap: float, theirs_gap: float, foreign: str, theirs: boo
         run.advance(t - run.clock.now)
         who, _, what = kind.partition(" ")
         if kind == "scrape":
-            taken = t + rng.uniform(-scrape_s / 2, scrape_s / 2)
-            running = float(sum(1 for a, b in engine if a <= taken <= b))
+            middle = t - scrape_s / 2
+            running = float(gauge(middle + rng.uniform(-scrape_s / 2, scrape_s / 2)))
             if spread:
-                run.ledger.note_upstream(t, running, spread_s=scrape_s / 2)
+                run.ledger.note_upstream(middle, running, spread_s=scrape_s / 2)
             else:
-                run.ledger.note_upstream(t, running)
+                run.ledger.note_upstream(middle, running)
         elif what == "open":
             meter = Meter(run.ledger).open() if who == "ours" else None
             live[who, i] = (meter, run.card.start_job(180.0))
@@ -91,7 +124,7 @@ def one(seed: int, ours_gap: float, theirs_gap: float, foreign: str, theirs: boo
         settled = meter.figure()
         rows.append((settled.joules / truth, abs(first.joules - truth) <= first.uncertainty_joules,
                      abs(settled.joules - truth) <= settled.uncertainty_joules,
-                     settled.uncertainty_joules / truth))
+                     settled.uncertainty_joules / truth, bool(settled.contended)))
     return rows
 
 
@@ -99,6 +132,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, default=ROOT)
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--counts", default="lag:0", help="the server's counts to try, comma-separated")
+    parser.add_argument("--foreign", default="charge,subtract", help="the node's foreign modes")
     args = parser.parse_args()
     tree = args.tree.resolve()
     sys.path[:0] = [str(tree), str(tree / "tests"), str(ROOT / "benchmarks")]
@@ -106,19 +141,25 @@ def main() -> None:
 
     assert Path(giul_asgi.__file__).resolve().is_relative_to(tree), giul_asgi.__file__
     print(f"tree {tree}\n")
-    print("| foreign | shape | n | settled/truth med [p10, p90] | inside first | inside settled "
-          "| settled width med |")
-    print("|---|---|---:|---|---:|---:|---:|")
-    for foreign in ("charge", "subtract"):
-        for name, ours_gap, theirs_gap, theirs in SHAPES:
-            rows = [r for s in range(args.seeds) for r in one(s, ours_gap, theirs_gap, foreign, theirs)]
-            ratio = sorted(r[0] for r in rows)
-            width = sorted(r[3] for r in rows)
-            k = len(rows)
-            spread = f"{ratio[k // 2]:.2f} [{ratio[k // 10]:.2f}, {ratio[-(k // 10)]:.2f}]"
-            print(f"| {foreign} | {name} | {k} | {spread} "
-                  f"| {100 * sum(r[1] for r in rows) / k:.0f}% | {100 * sum(r[2] for r in rows) / k:.0f}% "
-                  f"| {100 * width[k // 2]:.0f}% |")
+    print("| count | foreign | shape | n | settled/truth med [p10, p90] | inside first | inside settled "
+          "| contended | settled width med |")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|")
+    for count in args.counts.split(","):
+        for foreign in args.foreign.split(","):
+            for name, ours_apart, theirs_apart, theirs in SHAPES:
+                rows = [r for seed in range(args.seeds)
+                        for r in one(seed, ours_apart, theirs_apart, foreign, theirs, count)]
+                table_row(count, foreign, name, rows)
+
+
+def table_row(count: str, foreign: str, name: str, rows: list[tuple[float, ...]]) -> None:
+    ratio = sorted(r[0] for r in rows)
+    width = sorted(r[3] for r in rows)
+    k = len(rows)
+    spread = f"{ratio[k // 2]:.2f} [{ratio[k // 10]:.2f}, {ratio[-(k // 10)]:.2f}]"
+    inside_first, inside, contended = (100 * sum(r[i] for r in rows) / k for i in (1, 2, 4))
+    print(f"| {count} | {foreign} | {name} | {k} | {spread} | {inside_first:.0f}% | {inside:.0f}% "
+          f"| {contended:.0f}% | {100 * width[k // 2]:.0f}% |", flush=True)
 
 
 if __name__ == "__main__":

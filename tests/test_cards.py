@@ -75,6 +75,24 @@ def test_one_seat_holds_the_card_and_the_other_takes_its_part(tmp_path: Path) ->
         follower.close()
 
 
+def test_the_holder_counts_the_other_ledgers_windows_in_an_upstreams_count(tmp_path: Path) -> None:
+    """Another worker's windows in the server's count: surely those open all through the
+    scrape and the count's lag, maybe those that began or ended in it, none ended before."""
+    holder, follower = CardTable(tmp_path, KEY, "n"), CardTable(tmp_path, KEY, "n")
+    try:
+        assert holder.try_hold()
+        follower.opened(1, 10.0)  # open since long before
+        follower.opened(2, 10.95)  # began just before the scrape
+        follower.opened(3, 10.0)
+        follower.closed(3, 10.5)  # ended long before
+        holder.look(force=True)
+        assert holder.others_open_at(11.0) == (2, 0)
+        assert holder.others_open_at(11.0, spread_s=0.002, lag_s=0.1) == (1, 1)
+    finally:
+        holder.close()
+        follower.close()
+
+
 def test_a_piece_nobody_covered_is_unattributed_and_parts_add_up(tmp_path: Path) -> None:
     holder, follower = CardTable(tmp_path, KEY, "n"), CardTable(tmp_path, KEY, "n")
     try:

@@ -828,6 +828,7 @@ class Ledger:
         table = self.table
         others = (0, 0)
         if table is not None and table.holding:
+            table.look()  # the other workers' opens and closes since the last read (a hostile review)
             others = table.others_open_at(t, spread_s, COUNT_LAG_S)
         with self._lock:
             settled = self._tray_locked()
