@@ -60,11 +60,11 @@ class Unseen:
         low, high = max(0.0, running - ours - maybe), max(0.0, running - ours)
         excess = min(max(self._excess, low), high)
         samples, doubts = self._upstream, self._doubt
-        # How far it moved, or could have where load beyond ours has been seen lately: a count
-        # that may have ours in it says only that (where none has been, nor is it now).
+        # How far it moved, or may be off within what the count allows where load beyond ours
+        # has been seen lately (where none has been, nor is it now, ours is all it may have).
         moved = abs(excess - self._excess) if samples else 0.0
         if excess > 0 or self.recent(t):
-            moved = max(moved, high - low)
+            moved = max(moved, excess - low, high - excess)
         if samples:
             t0, integral = samples[-1]
             if t > t0:
