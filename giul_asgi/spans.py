@@ -65,6 +65,10 @@ class Gap:
 
 Piece = Span | Gap
 
+#: Windows an upstream's count has, as the host's processes say (the card's holder adds them
+#: up): how many surely, and the times (start, end) within the count's own of those it may.
+Counted = tuple[int, list[tuple[float, float]]]
+
 
 INF = math.inf
 
@@ -220,4 +224,4 @@ class CardSpan:
         return self.foreign_j + (self.above_j - self.part(self.covered))
 
 
-__all__ = ["NOBODY", "CardSpan", "Coverage", "Gap", "Piece", "Span", "union_s"]
+__all__ = ["NOBODY", "CardSpan", "Counted", "Coverage", "Gap", "Piece", "Span", "union_s"]

@@ -39,13 +39,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..energy import Provenance, Share
-from ..spans import NOBODY, CardSpan, Coverage, Gap, Piece, Span
+from ..spans import NOBODY, CardSpan, Counted, Coverage, Gap, Piece, Span
 from .decider import Decider
 from .doubt import RateDoubt
 from .members import Members, Windows
 from .phases import SpanSplit, Weighed
 from .prior import DRAINING, FLOOR, Prior
-from .unseen import COUNT_LAG_S
+from .unseen import COUNT_LAG_S, most_at_once
 from .window import First, Split, TimeSplit, TokenSplit, Unwatched, Waiting, Window, spread
 
 #: Intervals waiting for an open window's weight: at most this many, for at most this long.
@@ -395,13 +395,12 @@ class Book:
         """This book's window-seconds integral until ``t``, and its windows open now."""
         return self.windows.load_at(t)
 
-    def note_upstream(self, t: float, running: float, others: tuple[int, int] = (0, 0),
+    def note_upstream(self, t: float, running: float, others: Counted = (0, []),
                       spread_s: float = 0.0) -> None:
         """The upstream's running requests, counted within ``t`` +- ``spread_s`` (its whole
-        load: ours, ``others`` of other processes on the card (surely, maybe in its count),
-        and what nobody here sees)."""
+        load: ours, ``others`` of other processes on the card, and what nobody here sees)."""
         surely, maybe = self.windows.ours_at(t, spread_s, COUNT_LAG_S)
-        self.decider.note_upstream(t, running, surely + others[0], maybe + others[1])
+        self.decider.note_upstream(t, running, surely + others[0], most_at_once(maybe + others[1]))
 
     def _share(
         self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,

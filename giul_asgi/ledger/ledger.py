@@ -43,7 +43,7 @@ from ..hostshare.place import remedy
 from ..hostshare.priors import KeptPrior, prior_name
 from ..readers.base import Continuing, Process, Reader, Reading
 from ..readers.mig import Mig, mig_of
-from ..spans import NOBODY, CardSpan, Gap, Span
+from ..spans import NOBODY, CardSpan, Counted, Gap, Span
 from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .chores import UPSTREAM_EVERY_S, Upstream
 from .history import LOOK_EVERY_S, History
@@ -53,7 +53,7 @@ from .sources import explicit, reader_factory
 from .tape import Tape
 from .tickets import Ticket, fire
 from .trace import WRITE_EVERY_S, for_node
-from .unseen import COUNT_LAG_S
+from .unseen import COUNT_LAG_S, SLOWEST_SCRAPE_S
 from .window import waiting_on
 
 log = logging.getLogger("giul_asgi.ledger")
@@ -825,8 +825,10 @@ class Ledger:
         taken within ``t`` +- ``spread_s``: the scrape's own time)."""
         if not (spread_s > 0 and math.isfinite(spread_s)):  # a trace's or a caller's nonsense: none
             spread_s = 0.0
+        if 2 * spread_s > SLOWEST_SCRAPE_S:  # when it counted is too vague (a hostile review)
+            return
         table = self.table
-        others = (0, 0)
+        others: Counted = (0, [])
         if table is not None and table.holding:
             table.look()  # the other workers' opens and closes since the last read (a hostile review)
             others = table.others_open_at(t, spread_s, COUNT_LAG_S)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterator
 from operator import attrgetter
 
-from ..spans import Coverage
+from ..spans import Counted, Coverage
 from .window import Window
 
 Members = list[tuple[Window, float]]
@@ -188,14 +188,14 @@ class Windows:
         since = t - self._t if self._t is not None and t > self._t else 0.0
         return self._busy + self._n * since, self._n
 
-    def ours_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> tuple[int, int]:
+    def ours_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> Counted:
         """How many of these windows an upstream's count, taken within ``t`` +- ``spread_s``
         (the scrape's own time) and as old as ``lag_s`` (a server's count may lag a
-        request's start or end), surely has, and how many it may have: those open all that
-        time, and those that opened or closed in it. A request reaches the upstream after
-        its window opens and has left it before the window closes."""
+        request's start or end), surely has, and the times of those it may have: those open
+        all that time, and those that opened or closed in it (their part of it). A request
+        reaches the upstream after its window opens and has left it before the window closes."""
         early, late = t - spread_s - lag_s, t + spread_s
-        surely = maybe = 0
+        surely, maybe = 0, []
         for window in (*self.open.values(), *self.closing):
             end = window.t_close
             if window.t_open > late or (end is not None and end < early):
@@ -203,7 +203,7 @@ class Windows:
             if window.t_open <= early and (end is None or end > late):
                 surely += 1
             else:
-                maybe += 1
+                maybe.append((max(window.t_open, early), late if end is None else min(end, late)))
         return surely, maybe
 
 

@@ -36,6 +36,9 @@ EXTRAPOLATE_S = 1.0
 #: How far a server's count may lag its requests' starts and ends (seconds): a window that
 #: began or ended within this of a scrape may or may not be in its count.
 COUNT_LAG_S = 0.1
+#: A scrape slower than this says too little of when its count was taken (the windows it may
+#: have counted are settled and forgotten by the time it is read): it is not noted (seconds).
+SLOWEST_SCRAPE_S = 0.5
 
 
 class Unseen:
@@ -120,4 +123,18 @@ def _at(samples: deque[tuple[float, float]], t: float, rate: float | None) -> fl
     return va + (vb - va) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
 
 
-__all__ = ["COUNT_LAG_S", "UNSEEN_KEEP_S", "Unseen"]
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most of these (start, end) spans that overlap at any one instant: how many windows
+    that may be in a count taken at one instant can be in it at most (short requests back to
+    back touch a scrape's time three at a time, but are in its count one at a time)."""
+    if len(spans) < 2:
+        return len(spans)
+    edges = sorted([(start, 0) for start, _ in spans] + [(end, 1) for _, end in spans])
+    most = now = 0
+    for _, ends in edges:  # at one time a start before an end: spans that touch overlap
+        now += -1 if ends else 1
+        most = max(most, now)
+    return most
+
+
+__all__ = ["COUNT_LAG_S", "SLOWEST_SCRAPE_S", "UNSEEN_KEEP_S", "Unseen", "most_at_once"]

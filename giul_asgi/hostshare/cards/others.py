@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...spans import Coverage
+from ...spans import Counted, Coverage
 from ..rows import alive
 from .files import FileMap
 from .layout import (
@@ -229,11 +229,11 @@ class Others:
         """Holder: another ledger has windows the card has yet to report."""
         return any(r.busy(now, self.ramp_s, period) for r in self._remotes.values())
 
-    def open_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> tuple[int, int]:
+    def open_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> Counted:
         """Holder: how many of the other ledgers' windows an upstream's count surely has, and
-        may have (as :meth:`~giul_asgi.ledger.members.Windows.ours_at`)."""
+        the times of those it may have (as :meth:`~giul_asgi.ledger.members.Windows.ours_at`)."""
         early, late = t - spread_s - lag_s, t + spread_s
-        surely = maybe = 0
+        surely, maybe = 0, []
         for remote in self._remotes.values():
             for t_open, t_close in remote.windows.values():
                 if t_open > late or t_close < early:
@@ -241,7 +241,7 @@ class Others:
                 if t_open <= early and t_close > late:
                     surely += 1
                 else:
-                    maybe += 1
+                    maybe.append((max(t_open, early), min(t_close, late)))
         return surely, maybe
 
     def prune(self, before: float) -> None:

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from ...spans import CardSpan, Coverage, Gap
+from ...spans import CardSpan, Counted, Coverage, Gap
 from ..keys import folder_name
 from ..place import make_dir, open_file
 from ..rows import process_start
@@ -224,7 +224,7 @@ class CardTable:
         """Holder: another ledger has windows the card has yet to report."""
         return self._others.busy(now, period)
 
-    def others_open_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> tuple[int, int]:
+    def others_open_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> Counted:
         """Holder: the other ledgers' windows an upstream's count surely has, and may have."""
         return self._others.open_at(t, spread_s, lag_s)
 
