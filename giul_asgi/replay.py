@@ -62,7 +62,7 @@ _SHAPES: dict[str, tuple[str, ...]] = {
     "f": ("str",),
     "p": ("bool?",),
     "ow": (_NUM, _NUM),
-    "up": (_NUM, _NUM, _NUM),
+    "up": (_NUM, _NUM, _NUM, _NUM),
     "s": (),
 }
 #: Events an earlier version wrote shorter, and their length then (what is missing is absent).
@@ -376,7 +376,7 @@ def replay(loaded: Loaded, *, split: str | None = None, idle_w: float | None = N
             ledger.take([(piece, float(event[2]))])
         elif kind == "up":
             clock.now = event[1]
-            ledger.note_upstream(event[1], event[2], event[3] if len(event) > 3 else 0.0)
+            ledger.note_upstream(event[1], event[2], *event[3:])  # an earlier version's: no more
         elif kind == "s":
             ledger.stop()
     rows = [_row(ledger, request) for request in done]

@@ -313,7 +313,7 @@ def test_the_upstream_chore_hands_phase_times_to_every_process() -> None:
                          lambda d=deciding: d, lambda *a, p=phases: p.append(a))  # type: ignore[misc]
         chore.load = Load()
         chore()
-        assert noted == ([(1.0, 2.0, 0.0)] if deciding else [])
+        assert noted == ([(1.0, 2.0, 0.0, 0.0)] if deciding else [])
         assert phases == [(400.0, 40.0, 0.5, 3.0)]
     split = PhaseSplit()
     split.note_engine(400.0, 40.0, 0.5, 3.0)

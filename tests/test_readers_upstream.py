@@ -63,6 +63,7 @@ def test_vllm_load_follows_what_the_server_says() -> None:
         load.close()
     assert isinstance(first, LoadReading) and first.ok and first.server == "vllm"
     assert (first.running, first.generation_tokens_total, first.prompt_tokens_total) == (2, 100, 400)
+    assert first.waiting == 3  # queued, not running
     assert (second.running, second.generation_tokens_total) == (5, 180) and second.t >= first.t
 
 

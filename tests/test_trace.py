@@ -278,7 +278,7 @@ def test_upstream_samples_of_an_earlier_version_replay_and_say_so(tmp_path: Path
     path, _ = _trace(tmp_path)
     lines = path.read_text().splitlines()
     t = next(json.loads(line)[1] for line in lines if line.startswith('["r"'))
-    extra = [f'["up", {t}, 0.0]', f'["up", {t}, 0.0, -0.5]', f'["up", {t}, 0.0, "wide"]']
+    extra = [f'["up", {t}, 0.0]', f'["up", {t}, 0.0, -0.5, 1.0]', f'["up", {t}, 0.0, "wide", 0.0]']
     path.write_text("\n".join([lines[0], *extra, *lines[1:]]) + "\n")
     loaded = load(path)
     assert loaded.skipped == 1

@@ -251,3 +251,20 @@ def test_a_scrape_too_slow_to_say_when_it_counted_is_not_noted() -> None:
     assert not run.ledger.book.decider.unseen.recent(run.clock.now)
     run.ledger.note_upstream(run.clock.now, 3.0, spread_s=0.02)
     assert run.ledger.book.decider.unseen.recent(run.clock.now)
+
+
+def test_our_request_queued_at_the_server_does_not_hide_another_replicas() -> None:
+    """The server runs another replica's request while ours waits in its queue: its running
+    count of one is theirs, not ours (a request of ours queued 0.5-1 s took the other's draw
+    as its own, 2.1x, a hostile review). What it says it holds queued may be ours."""
+    for waiting, hidden in ((0.0, True), (1.0, False)):
+        run = Run(Node("n", idle_w=IDLE, upstream="http://127.0.0.1:9/metrics"))
+        run.advance(0.3)
+        run.ledger.note_upstream(run.clock.now, 1.0)  # theirs, before ours came
+        meter = Meter(run.ledger).open()
+        run.advance(0.3)
+        t = run.clock.now
+        run.ledger.note_upstream(t, 1.0, waiting=waiting)  # ours queued (or said nothing of)
+        unseen = run.ledger.book.decider.unseen.window_seconds(t, t + 0.25)
+        assert math.isclose(unseen, 0.0 if hidden else 0.25), (waiting, unseen)
+        meter.close()

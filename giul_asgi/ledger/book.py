@@ -396,11 +396,18 @@ class Book:
         return self.windows.load_at(t)
 
     def note_upstream(self, t: float, running: float, others: Counted = (0, []),
-                      spread_s: float = 0.0) -> None:
+                      spread_s: float = 0.0, waiting: float = 0.0) -> None:
         """The upstream's running requests, counted within ``t`` +- ``spread_s`` (its whole
-        load: ours, ``others`` of other processes on the card, and what nobody here sees)."""
+        load: ours, ``others`` of other processes on the card, and what nobody here sees),
+        beside ``waiting`` it holds queued: as many of the windows surely in it may be those."""
         surely, maybe = self.windows.ours_at(t, spread_s, COUNT_LAG_S)
-        self.decider.note_upstream(t, running, surely + others[0], most_at_once(maybe + others[1]))
+        surely += others[0]
+        maybe += others[1]
+        queued = min(surely, int(waiting)) if waiting > 0 and math.isfinite(waiting) else 0
+        if queued:  # a window of ours may be queued all through the count, not running
+            surely -= queued
+            maybe += [(t - spread_s - COUNT_LAG_S, t + spread_s)] * queued
+        self.decider.note_upstream(t, running, surely, most_at_once(maybe))
 
     def _share(
         self, span: CardSpan, above: float, idle_j: float, members: Members, *, by_time: bool,

@@ -16,9 +16,10 @@ from typing import Any
 UPSTREAM_EVERY_S = 0.25
 
 
-#: What the decider is handed: the upstream's running requests, when (our clock), and half
-#: the scrape's time (the count was taken within that of when).
-UpstreamNote = Callable[[float, float, float], None]
+#: What the decider is handed: when (our clock), the upstream's running requests, half the
+#: scrape's time (the count was taken within that of when), and its requests queued (0: none
+#: or it does not say).
+UpstreamNote = Callable[[float, float, float, float], None]
 
 #: What the phase split is handed: the upstream's cumulative prompt and generation tokens and
 #: its requests' summed prefill and decode seconds (each None where it does not say).
@@ -49,7 +50,7 @@ class Upstream:
         if not reading.ok:
             return
         if deciding and reading.running is not None:
-            self.note(reading.t, reading.running, reading.spread_s)
+            self.note(reading.t, reading.running, reading.spread_s, reading.waiting or 0.0)
         if self.phases is not None:
             self.phases(reading.prompt_tokens_total, reading.generation_tokens_total,
                         reading.prefill_seconds_total, reading.decode_seconds_total)

@@ -820,13 +820,16 @@ class Ledger:
         self._others_t = now
         return window_s + self._others_s, open_now
 
-    def note_upstream(self, t: float, running: float, spread_s: float = 0.0) -> None:
+    def note_upstream(self, t: float, running: float, spread_s: float = 0.0, waiting: float = 0.0) -> None:
         """The upstream (the inference server) ran ``running`` requests at ``t`` (its count
-        taken within ``t`` +- ``spread_s``: the scrape's own time)."""
+        taken within ``t`` +- ``spread_s``: the scrape's own time), and held ``waiting`` more
+        queued."""
         if not (spread_s > 0 and math.isfinite(spread_s)):  # a trace's or a caller's nonsense: none
             spread_s = 0.0
         if 2 * spread_s > SLOWEST_SCRAPE_S:  # when it counted is too vague (a hostile review)
             return
+        if not (waiting > 0 and math.isfinite(waiting)):
+            waiting = 0.0
         table = self.table
         others: Counted = (0, [])
         if table is not None and table.holding:
@@ -834,9 +837,9 @@ class Ledger:
             others = table.others_open_at(t, spread_s, COUNT_LAG_S)
         with self._lock:
             settled = self._tray_locked()
-            self.book.note_upstream(t, running, others, spread_s)
+            self.book.note_upstream(t, running, others, spread_s, waiting)
             if self._note is not None:
-                self._note(("up", t, running, spread_s))
+                self._note(("up", t, running, spread_s, waiting))
         self._fire(settled)
 
     def note_phases(self, prompt_tokens: float | None, generation_tokens: float | None,

@@ -33,7 +33,7 @@ The format (JSON lines; one file holds a whole run until it rotates):
   that raw share (what replay checks itself against); ``["at", {...}]`` the reader was
   built (what it is, its idle floor, its period hint); ``["f", error]`` it failed to build;
   ``["p", foreign]`` the process list; ``["ow", t, window_seconds]`` the other workers'
-  load; ``["up", t, running, spread_s]`` the upstream's; ``["s"]`` the ledger stopped;
+  load; ``["up", t, running, spread_s, waiting]`` the upstream's; ``["s"]`` the ledger stopped;
 - ``{"books": {...}}`` the live books when the ledger stopped, ``{"lost": n}`` events the
   buffer dropped.
 """

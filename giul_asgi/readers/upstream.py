@@ -71,6 +71,8 @@ class LoadReading:
     server: str | None = None
     #: Half the scrape's time: the server took its count within ``t`` +- this.
     spread_s: float = 0.0
+    #: Requests it holds queued, not running yet (None: it does not say).
+    waiting: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -88,17 +90,21 @@ class ServerMetrics:
     model_labels: tuple[str, ...]
     prefill_seconds: tuple[str, ...] = ()
     decode_seconds: tuple[str, ...] = ()
+    #: Requests it holds but does not run yet (queued): they draw nothing.
+    waiting: tuple[str, ...] = ()
 
 
 SERVERS: dict[str, ServerMetrics] = {
     "vllm": ServerMetrics("vllm", ("vllm:num_requests_running",), ("vllm:generation_tokens_total",),
                           ("vllm:prompt_tokens_total",), ("model_name",),
                           ("vllm:request_prefill_time_seconds_sum",),
-                          ("vllm:request_decode_time_seconds_sum",)),
+                          ("vllm:request_decode_time_seconds_sum",), ("vllm:num_requests_waiting",)),
     "sglang": ServerMetrics("sglang", ("sglang:num_running_reqs",), ("sglang:generation_tokens_total",),
-                            ("sglang:prompt_tokens_total",), ("model_name",)),
+                            ("sglang:prompt_tokens_total",), ("model_name",),
+                            waiting=("sglang:num_queue_reqs",)),
     "tgi": ServerMetrics("tgi", ("tgi_batch_current_size",), ("tgi_request_generated_tokens_sum",),
-                         ("tgi_request_input_length_sum",), ("model_id", "model_name")),
+                         ("tgi_request_input_length_sum",), ("model_id", "model_name"),
+                         waiting=("tgi_queue_size",)),
     "trtllm": ServerMetrics("trtllm", ("trtllm_num_requests_running",), ("trtllm_generation_tokens_total",),
                             ("trtllm_prompt_tokens_total",), ("model_name",),
                             ("trtllm_request_prefill_time_seconds_sum",),
@@ -181,6 +187,7 @@ class UpstreamLoad:
             decode_seconds_total=_sum(samples, metrics.decode_seconds, self.model, metrics.model_labels),
             server=metrics.server,
             spread_s=max(0.0, received - sent) / 2,
+            waiting=_sum(samples, metrics.waiting, self.model, metrics.model_labels),
         )
         if reading.running is None and reading.generation_tokens_total is None:
             which = f" for model {self.model!r}" if self.model else ""
