@@ -33,12 +33,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SHAPES = (  # name, our gap, theirs, another replica at all
-    ("ours back to back, theirs back to back", 0.02, 0.02, True),
-    ("ours 0.4 s apart, theirs back to back", 0.4, 0.02, True),
-    ("ours back to back, theirs 0.4 s apart", 0.02, 0.4, True),
-    ("ours back to back, no other replica", 0.02, 0.02, False),
-    ("ours 0.4 s apart, no other replica", 0.4, 0.4, False),
+LONG, SHORT = (0.2, 0.5), (0.03, 0.1)  # our requests' lengths (theirs are LONG)
+SHAPES = (  # name, our gap, theirs, another replica at all, our lengths
+    ("ours back to back, theirs back to back", 0.02, 0.02, True, LONG),
+    ("ours 0.4 s apart, theirs back to back", 0.4, 0.02, True, LONG),
+    ("ours back to back, theirs 0.4 s apart", 0.02, 0.4, True, LONG),
+    ("ours 30-100 ms, 5 ms apart, theirs back to back", 0.005, 0.02, True, SHORT),
+    ("ours back to back, no other replica", 0.02, 0.02, False, LONG),
+    ("ours 0.4 s apart, no other replica", 0.4, 0.4, False, LONG),
+    ("ours 30-100 ms, 5 ms apart, no other replica", 0.005, 0.02, False, SHORT),
 )
 
 
@@ -65,8 +68,8 @@ def counter(kind: str, engine: list[tuple[float, float]], start: float, rng: ran
 
 
 def one(seed: int, ours_gap: float, theirs_gap: float, foreign: str, theirs: bool, count: str = "lag:0",
-        n: int = 14, scrape_s: float = 0.004, proxy_s: float = 0.003, every_s: float = 0.25,
-        ) -> list[tuple[float, ...]]:
+        ours_s: tuple[float, float] = LONG, scrape_s: float = 0.004, proxy_s: float = 0.003,
+        every_s: float = 0.25) -> list[tuple[Any, ...]]:
     from test_ledger import IDLE, Run
 
     from giul_asgi.config import Node
@@ -80,10 +83,12 @@ def one(seed: int, ours_gap: float, theirs_gap: float, foreign: str, theirs: boo
     start = run.clock.now
     events: list[tuple[float, str, int]] = []
     engine: list[tuple[float, float]] = []  # when the server runs each request
-    for who, gap, many in (("ours", ours_gap, n), ("theirs", theirs_gap, 10 * n if theirs else 0)):
+    n = round(9.8 / sum(ours_s))  # about 5 s of ours
+    plan = (("ours", ours_gap, n, ours_s), ("theirs", theirs_gap, 140 if theirs else 0, LONG))
+    for who, gap, many, lengths in plan:
         t = start + rng.uniform(0.0, 0.3)
         for i in range(many):
-            seconds = rng.uniform(0.2, 0.5)
+            seconds = rng.uniform(*lengths)
             events += [(t, f"{who} open", i), (t + seconds, f"{who} close", i)]
             engine.append((t + proxy_s, t + seconds - proxy_s))
             t += seconds + gap * rng.uniform(0.5, 1.5)
@@ -122,7 +127,8 @@ def one(seed: int, ours_gap: float, theirs_gap: float, foreign: str, theirs: boo
     for meter, job, first in done[2:]:  # the first two: before the server's count is known
         truth = job.truth(run.card.ramp_up, run.card.tau)
         settled = meter.figure()
-        rows.append((settled.joules / truth, abs(first.joules - truth) <= first.uncertainty_joules,
+        first_in = first.joules is not None and abs(first.joules - truth) <= (first.uncertainty_joules or 0.0)
+        rows.append((settled.joules / truth, first_in,
                      abs(settled.joules - truth) <= settled.uncertainty_joules,
                      settled.uncertainty_joules / truth, bool(settled.contended)))
     return rows
@@ -146,13 +152,13 @@ def main() -> None:
     print("|---|---|---|---:|---|---:|---:|---:|---:|")
     for count in args.counts.split(","):
         for foreign in args.foreign.split(","):
-            for name, ours_apart, theirs_apart, theirs in SHAPES:
+            for name, ours_apart, theirs_apart, theirs, lengths in SHAPES:
                 rows = [r for seed in range(args.seeds)
-                        for r in one(seed, ours_apart, theirs_apart, foreign, theirs, count)]
+                        for r in one(seed, ours_apart, theirs_apart, foreign, theirs, count, lengths)]
                 table_row(count, foreign, name, rows)
 
 
-def table_row(count: str, foreign: str, name: str, rows: list[tuple[float, ...]]) -> None:
+def table_row(count: str, foreign: str, name: str, rows: list[tuple[Any, ...]]) -> None:
     ratio = sorted(r[0] for r in rows)
     width = sorted(r[3] for r in rows)
     k = len(rows)
