@@ -168,7 +168,7 @@ class Decider:
 
     def note_upstream(self, t: float, running: float, ours: int, maybe: int = 0) -> None:
         """The upstream ran ``running`` requests at ``t`` while ``ours`` windows of the host
-        were on the card, and ``maybe`` more began or ended about then."""
+        were surely in its count, and ``maybe`` more at most may have been."""
         self.unseen.note_upstream(t, running, ours, maybe)
 
 

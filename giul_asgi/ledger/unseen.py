@@ -4,22 +4,23 @@ Other processes on the card are not unseen: their windows are in the card's tabl
 (:mod:`giul_asgi.hostshare.cards`), and the span is decided with them. What nobody here
 sees is the upstream's own load: the inference server behind the gateway, read through its
 own ``/metrics``, says how many requests it is running (:meth:`Unseen.note_upstream`). That
-count includes the host's; the decider says how many windows of the host were surely in it
-(open all through the scrape and the count's lag before it), and how many may have been (they
-began or ended in that time): the excess is load we cannot see, somewhere between the count
-less both and the count less the sure ones. Within that, the excess held before stands: a
-window of ours that just ended may still be in a count that lags (TGI, SGLang and TensorRT-LLM
-update theirs every few steps), and one that just began may not be in it yet, so neither moves
-it; but another replica's request that began as ours ended is not hidden by ours either (it
-was, when a window closed within a ramp-down counted as in the count: ours was charged 2.0x).
+count includes the host's; the book says how many windows of the host were surely in it (open
+all through the scrape and the count's lag before it), and how many at most may have been
+(they began or ended in that time, or may be among the requests it holds queued): the excess
+is load we cannot see, somewhere between the count less both and the count less the sure ones.
+Within that, the excess held before stands: a window of ours that just ended may still be in a
+count that lags (SGLang logs its own every 40 decode steps by default), and one that just began
+may not be in it yet, so neither moves it; but another replica's request that began as ours
+ended is not hidden by ours either (it was, when a window closed within a ramp-down counted as
+in the count: ours was charged 2.0x).
 
 A span's unseen window-seconds share it with ours: ours get covered / (covered + unseen).
 
 Between two samples the count is held, and what it did meanwhile nobody saw: a request of
 another replica's may have ended just after one sample, or a sample may have fallen in a gap
-between two of its requests. The doubt of the held count is how far it moved, or could have
-(a sample that may have ours in it, once load beyond ours has been seen), at the samples on
-either side of the time (a count that moves between samples moves between them too; one that
+between two of its requests. The doubt of the held count is how far it moved, or may be off
+within what a sample allows (once load beyond ours has been seen), at the samples on either
+side of the time (a count that moves between samples moves between them too; one that
 held still at both is taken as still): 1 where another replica's load comes and goes, 0 where
 it is steady or none.
 """
