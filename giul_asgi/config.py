@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from .budgets.budget import Budget, build_budget
 from .deferred import KeepsItsError, built_for_a_server, kept_record, raise_kept
-from .errors import ConfigError
+from .errors import ConfigError, require_installed
 from .hostshare.place import check_setting
 
 if TYPE_CHECKING:
@@ -202,6 +202,10 @@ class Node(metaclass=KeepsItsError):
                 raise ConfigError(
                     f"node {self.name!r}: {key} must start with http:// or https://, got {value!r}"
                 )
+        if self.upstream is not None:  # unread, it was silent while replicas charged the card twice
+            require_installed("prometheus_client", f"node {self.name!r}: upstream",
+                              "pip install 'giul-asgi[prometheus]' (its parser reads the server's "
+                              "metrics), or leave upstream unset", "prometheus-client")
         if self.reader in URL_READERS and self.url is None and self.reader_factory is None:
             raise ConfigError(
                 f"node {self.name!r}: reader={self.reader!r} reads a card elsewhere and needs a url",

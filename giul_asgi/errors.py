@@ -8,6 +8,8 @@ one: a reader that fails later costs a measurement, never the request.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Self
 
 
@@ -32,3 +34,18 @@ class ConfigError(GiulError, ValueError):
 
 class ReaderUnavailable(GiulError, RuntimeError):
     """A reader was asked for explicitly and cannot work on this host."""
+
+
+def require_installed(module: str, what: str, remedy: str, package: str = "") -> None:
+    """A setting (``what``) that needs an optional ``package``'s ``module``: a missing one is a
+    bad setting, said where the setting is checked, never a failure later (a 500 at each
+    scrape, an upstream silently unread). Found, not imported: importing runs its code, and
+    the check may run on the event loop."""
+    try:
+        found = module in sys.modules or importlib.util.find_spec(module) is not None
+        why = "it is not installed"
+    except (ImportError, ValueError) as exc:
+        found, why = False, f"{type(exc).__name__}: {exc}"
+    if not found:
+        raise ConfigError(f"{what} needs {package or module}, which cannot be imported ({why})",
+                          remedy=remedy)

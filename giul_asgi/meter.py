@@ -314,9 +314,9 @@ class Meter:
             tenant=self.tenant,
             carbon=self.ledger.carbon,
         )
-        unshared = self.ledger.unshared
-        if unshared is not None:  # other workers on the card cannot be seen: say so
-            energy.error = unshared if energy.error is None else f"{energy.error}; {unshared}"
+        for unseen in (self.ledger.unshared, self.ledger.upstream_error):
+            if unseen is not None:  # other workers, or the upstream's load, cannot be seen: say so
+                energy.error = unseen if energy.error is None else f"{energy.error}; {unseen}"
         return energy
 
     @property

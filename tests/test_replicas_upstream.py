@@ -4,11 +4,14 @@ and shares each span by its part of that whole load. No state passes between the
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from truecard import TrueCard, TrueReader
 
 from giul_asgi.config import Node
@@ -84,3 +87,39 @@ def test_two_replicas_reading_the_upstreams_load_charge_the_card_once() -> None:
 def test_without_the_upstreams_load_each_replica_takes_the_whole_card() -> None:
     charged, caused = run_replicas(upstream=False)
     assert charged / caused > 1.4, (charged, caused)
+
+
+def test_an_upstream_that_cannot_be_read_is_said_in_the_log_the_books_and_each_figure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stranger's trial: a wrong path, a server down or a bad certificate left the upstream
+    unread with nothing said anywhere, while two replicas each charged the whole card."""
+    card = TrueCard(idle_w=IDLE, seed=4)
+    served = Served("not found", status=404)
+    with serving(served), caplog.at_level(logging.INFO, logger="giul_asgi"):
+        ledger = Ledger(Node("card", idle_w=IDLE, upstream=served.url + "/metrics"), TrueReader(card))
+        ledger.ensure_started()
+        try:
+            assert until(lambda: ledger.totals().upstream_error is not None), "never said"
+            assert "HTTP 404" in (ledger.totals().upstream_error or "")
+            meter = Meter(ledger)
+            meter.open()
+            time.sleep(0.05)
+            meter.close()
+            assert "the upstream's metrics cannot be read" in (meter.figure().error or "")
+            served.status, served.text = 200, metrics(0)
+            assert until(lambda: ledger.totals().upstream_error is None), "never cleared"
+        finally:
+            ledger.stop()
+    said = [r for r in caplog.records if "upstream's metrics" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING", "INFO"], said  # once each, however long
+    assert "giul-asgi probe --upstream" in said[0].getMessage()
+
+
+def until(ok: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -96,6 +96,10 @@ CASES = {
     "node subclass typo": ("nodes=[RackNode('sim', reader='simulated', rakc='r1')]", ["rakc=", "rack=?"]),
     # A stranger's trial: no "did you mean" for a reader's name.
     "reader typo": ("nodes=[Node('sim', reader='simulatd')]", ["reader='simulatd'", "reader='simulated'?"]),
+    # A stranger's trial: an upstream with no parser for its metrics was never read, and said
+    # nothing while two replicas each charged the card whole.
+    "upstream": ("nodes=[Node('sim', reader='simulated', upstream='http://127.0.0.1:9/metrics')]",
+                 ["upstream needs prometheus-client", "giul-asgi[prometheus]"]),
 }
 #: What a case's module declares before adding the middleware.
 PREAMBLE = ("from dataclasses import dataclass\n\n@dataclass(frozen=True)\n"
@@ -114,7 +118,7 @@ def app_module(tmp_path: Path, framework: str, way: str, setting: str) -> Path:
     else:
         text += f"app = EnergyMiddleware(app, {settings})\n"
     (tmp_path / "app.py").write_text(text)
-    if "metrics_path" in setting:
+    if "metrics_path" in setting or "upstream=" in setting:
         (tmp_path / "sitecustomize.py").write_text(BLOCK_PROMETHEUS)
     return tmp_path
 
@@ -173,6 +177,7 @@ def assert_one_line(out: str, words: list[str]) -> None:
     ("node subclass", "fastapi", "add_middleware"),
     ("node subclass typo", "starlette", "wrapped"),
     ("reader typo", "fastapi", "add_middleware"),
+    ("upstream", "starlette", "add_middleware"),
 ])
 def test_a_bad_setting_stops_uvicorn_with_one_line_and_its_remedy(
     tmp_path: Path, case: str, framework: str, way: str,

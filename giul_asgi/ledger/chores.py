@@ -9,8 +9,11 @@ function to call with what it found), never the ledger that built it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("giul_asgi.ledger")
 
 #: How often the upstream's metrics are looked at (seconds).
 UPSTREAM_EVERY_S = 0.25
@@ -30,13 +33,19 @@ class Upstream:
     """Reads the inference server's running requests and hands them on (poller thread); only
     while ``deciding()``: the process that decides the card's spans needs them, no other.
     ``phases``, where given, is handed its phase times in every process (each process's
-    book weighs its own windows' phases)."""
+    book weighs its own windows' phases). ``trouble`` is told why it cannot be read (None
+    once it can again): a stranger's trial found an upstream that could not be read said
+    nowhere, while two replicas each charged the whole card."""
 
     def __init__(self, url: str, clock: Callable[[], float], note: UpstreamNote,
-                 deciding: Callable[[], bool], phases: PhaseNote | None = None) -> None:
+                 deciding: Callable[[], bool], phases: PhaseNote | None = None, *,
+                 node: str = "", trouble: Callable[[str | None], None] | None = None) -> None:
         self.url, self.clock, self.note, self.deciding = url, clock, note, deciding
         self.phases = phases
+        self.node = node
+        self.trouble = trouble
         self.load: Any = None
+        self._failing: str | None = None  # the error said, while it lasts
 
     def __call__(self) -> None:
         deciding = self.deciding()
@@ -47,6 +56,7 @@ class Upstream:
 
             self.load = UpstreamLoad(self.url, clock=self.clock)
         reading = self.load.read()
+        self._say(reading.error)
         if not reading.ok:
             return
         if deciding and reading.running is not None:
@@ -54,6 +64,22 @@ class Upstream:
         if self.phases is not None:
             self.phases(reading.prompt_tokens_total, reading.generation_tokens_total,
                         reading.prefill_seconds_total, reading.decode_seconds_total)
+
+
+    def _say(self, error: str | None) -> None:
+        """Say once that the upstream cannot be read (and why), and once that it can again."""
+        if error == self._failing:
+            return
+        if error is not None and self._failing is None:
+            log.warning("giul-asgi: node %r: the upstream's metrics at %s cannot be read: %s; load on "
+                        "the card beyond this host's is not seen until they can (another replica's is "
+                        "charged to ours) -> check that the URL serves the server's /metrics: "
+                        "giul-asgi probe --upstream URL", self.node, self.url, error)
+        elif error is None:
+            log.info("giul-asgi: node %r: the upstream's metrics at %s are read again", self.node, self.url)
+        self._failing = error
+        if self.trouble is not None:
+            self.trouble(None if error is None else f"the upstream's metrics cannot be read: {error}")
 
 
 __all__ = ["UPSTREAM_EVERY_S", "PhaseNote", "Upstream", "UpstreamNote"]

@@ -119,6 +119,8 @@ class LedgerTotals:
     #: nothing could be shared): its pid, so each worker's counters are a series of their
     #: own; None for the host's card, the same books from every process.
     process: str | None = None
+    #: Why the node's ``upstream`` cannot be read, while it cannot (None: it can, or none).
+    upstream_error: str | None = None
 
     @property
     def conservation_error_j(self) -> float:
@@ -205,6 +207,8 @@ class Ledger:
         #: Why this process's figures cannot see other processes on the card (no place to
         #: share through), said in every figure; None where they are shared or turned off.
         self.unshared: str | None = None
+        #: Why the node's upstream cannot be read, while it cannot (None: it can, or none).
+        self.upstream_error: str | None = None
         self._stopped = False
         #: The node's carbon intensity now (None: none configured): what every figure is
         #: graded with, one attribute read; a polled one is replaced by the reader thread.
@@ -754,8 +758,9 @@ class Ledger:
         chores: list[tuple[float, Callable[[], None]]] = []
         if self.node.upstream is not None:
             phases = self.note_phases if self.weighs_phases else None
-            chores.append((UPSTREAM_EVERY_S, Upstream(self.node.upstream, self.clock, self.note_upstream,
-                                                      self.deciding, phases)))
+            chores.append((UPSTREAM_EVERY_S, Upstream(
+                self.node.upstream, self.clock, self.note_upstream, self.deciding, phases,
+                node=self.node.name, trouble=self._upstream_trouble)))
         if self._carbon_feed is not None:
             chores.append((self._carbon_feed.tick_s, self._carbon_tick))
         if self._trace is not None:
@@ -763,6 +768,11 @@ class Ledger:
         chores.append((LOOK_EVERY_S, self.history.chore(self.host_totals)))
         chores.append((KEEP_EVERY_S, self._keep_prior))
         return chores
+
+    def _upstream_trouble(self, why: str | None) -> None:
+        """The upstream's metrics cannot be read, and why (None: they can): said in figures
+        and in the node's books while it lasts."""
+        self.upstream_error = why
 
     def deciding(self) -> bool:
         """Whether this process decides the card's spans (alone on it, or holding it)."""
@@ -1024,6 +1034,7 @@ class Ledger:
                 drawn_j=high("drawn", book.drawn_j), idle_charged_j=high("idle_charged", book.idle_charged_j),
                 idle_in_flight_j=book.idle_in_flight_j,
                 idle_unattributed_j=high("idle_unattributed", book.idle_unattributed_j),
+                upstream_error=self.upstream_error,
             )
         self._fire(settled)
         return totals

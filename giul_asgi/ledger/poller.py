@@ -516,8 +516,8 @@ class Poller:
         value = f"{reading.joules:.3f} J on its counter" if reading.joules is not None \
             else f"{reading.watts:.1f} W"
         labels = f"backend {getattr(reader, 'backend', '?')}, method {getattr(reader, 'method', '?')}"
-        idle = "the counter's period" if self.idle_s is None else f"{self.idle_s:g} s"
-        pace = "" if self._busy is None else f"; reads every {idle} while idle"
+        idle = "once a counter period" if self.idle_s is None else f"every {self.idle_s:g} s"
+        pace = "" if self._busy is None else f"; reads {idle} while idle"
         notes = "".join(f"; {note}" for note in getattr(reader, "notes", ()) or ())
         log.info("%s: ready, %s, first reading %s%s%s", what, labels, value, pace, notes)
 

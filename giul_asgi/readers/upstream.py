@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import ConfigError
+from ..errors import ConfigError, require_installed
 from .http import (
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_BACKOFF_S,
@@ -141,6 +141,9 @@ class UpstreamLoad:
         clock: Callable[[], float] = time.monotonic,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        require_installed("prometheus_client", f"upstream {url!r}",
+                          "pip install 'giul-asgi[prometheus]' (its parser reads the server's metrics)",
+                          "prometheus-client")
         parsed = check_url(url, "upstream")
         if parsed.path in ("", "/"):
             parsed = parsed.copy_with(path="/metrics")

@@ -22,9 +22,7 @@ worker thread, off the event loop.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
@@ -32,7 +30,7 @@ from urllib.parse import parse_qs
 import anyio.to_thread
 
 from ..asgi.routing import route_path
-from ..errors import ConfigError, GiulError
+from ..errors import ConfigError, GiulError, require_installed
 from ..exporters import ledger_totals
 from ..page import render_page
 from ..records import Lookup, RecordStore
@@ -56,7 +54,7 @@ LEDGER_FIELDS = (
     "reads", "read_errors", "last_error", "last_reading_age_s", "resets", "period_s",
     "lost_s", "windows_open", "estimated_j", "workers",
     "drawn_j", "allocated_j", "idle_charged_j", "idle_in_flight_j", "idle_unattributed_j",
-    "allocation_error_j",
+    "allocation_error_j", "upstream_error",
 )
 
 try:
@@ -232,19 +230,9 @@ class EnergyEndpoint:
 
 def _check_prometheus_client(metrics_path: str) -> None:
     """Serving ``metrics_path`` needs prometheus-client: a missing one is a bad setting, said
-    at startup, never a 500 at each scrape. Found, not imported: importing it runs its code
-    (its process collector reads ``/proc``), and the middleware is built on the event loop;
-    the first scrape imports it, on a worker thread."""
-    try:
-        found = "prometheus_client" in sys.modules or importlib.util.find_spec("prometheus_client")
-        why = "it is not installed"
-    except (ImportError, ValueError) as exc:
-        found, why = None, f"{type(exc).__name__}: {exc}"
-    if not found:
-        raise ConfigError(
-            f"metrics_path={metrics_path!r} needs prometheus-client, which cannot be imported ({why})",
-            remedy="pip install 'giul-asgi[prometheus]', or leave metrics_path unset",
-        )
+    at startup, never a 500 at each scrape."""
+    require_installed("prometheus_client", f"metrics_path={metrics_path!r}",
+                      "pip install 'giul-asgi[prometheus]', or leave metrics_path unset", "prometheus-client")
 
 
 def _histories(ledgers: Any) -> dict[str, list[Any]]:
