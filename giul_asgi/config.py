@@ -63,7 +63,9 @@ class Node(metaclass=KeepsItsError):
     card marks figures ``contended``.
     ``upstream`` is the inference server's Prometheus URL (vLLM, TGI, SGLang, TensorRT-LLM): its running
     requests are the card's whole load, so each span is shared by this gateway's part of
-    it and the rest is foreign (several replicas stay right with no shared state).
+    it and the rest is foreign (several replicas stay right with no shared state);
+    ``upstream_model`` counts only one model's requests, where the server runs others on
+    other cards.
     ``workers_dir`` (or ``$GIUL_ASGI_LOAD_DIR``) moves where the host's worker processes
     share the card (their windows in flight, books, statistics and records), which they do
     by default in a per-user directory on shared memory; ``False`` or ``"off"`` shares nothing.
@@ -117,6 +119,9 @@ class Node(metaclass=KeepsItsError):
     #: The inference server's Prometheus URL (vLLM, TGI, SGLang, TensorRT-LLM): its load beyond
     #: ours is foreign.
     upstream: str | None = None
+    #: Of the server's load, only this model's (its ``model_name`` label): a server that runs
+    #: other models on other cards (None: all of it is this card's).
+    upstream_model: str | None = None
     #: Where the host's processes share the card (an absolute path; default: a private place on
     #: /dev/shm); ``"off"`` (or false, no, 0) or False: share nothing (also ``$GIUL_ASGI_LOAD_DIR``).
     workers_dir: str | bool | None = None
@@ -192,7 +197,7 @@ class Node(metaclass=KeepsItsError):
         if not isinstance(self.options, Mapping):
             raise ConfigError(f"node {self.name!r}: options must be a table of keys")
         check_setting(self.workers_dir)
-        for key in ("url", "token", "upstream"):
+        for key in ("url", "token", "upstream", "upstream_model"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"node {self.name!r}: {key} must be a non-empty string")
@@ -202,6 +207,9 @@ class Node(metaclass=KeepsItsError):
                 raise ConfigError(
                     f"node {self.name!r}: {key} must start with http:// or https://, got {value!r}"
                 )
+        if self.upstream_model is not None and self.upstream is None:
+            raise ConfigError(f"node {self.name!r}: upstream_model counts one model of the upstream's load, "
+                              "and no upstream is given", remedy='add upstream = "http://host:port/metrics"')
         if self.upstream is not None:  # unread, it was silent while replicas charged the card twice
             require_installed("prometheus_client", f"node {self.name!r}: upstream",
                               "pip install 'giul-asgi[prometheus]' (its parser reads the server's "

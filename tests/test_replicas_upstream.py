@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from truecard import TrueCard, TrueReader
 
+from giul_asgi import ConfigError, load_config
 from giul_asgi.config import Node
 from giul_asgi.ledger import Ledger
 from giul_asgi.meter import Meter
@@ -123,3 +124,27 @@ def until(ok: Callable[[], bool], timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def test_a_node_counts_only_its_models_requests_where_the_server_runs_others_elsewhere() -> None:
+    """A stranger's trial: a server running a second model on its other card had that
+    model's requests booked as foreign on this card (0.55x, every figure contended)."""
+    card = TrueCard(idle_w=IDLE, seed=6)
+    served = Served(
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="ours"} 0\n'
+        'vllm:num_requests_running{model_name="elsewhere"} 3\n'
+    )
+    with serving(served):
+        node = Node("card", idle_w=IDLE, upstream=served.url + "/metrics", upstream_model="ours")
+        ledger = Ledger(node, TrueReader(card))
+        ledger.ensure_started()
+        try:
+            assert until(lambda: served.hits >= 3), "never scraped"
+            assert not ledger.book.decider.unseen.recent(None), "the other model's load was counted"
+        finally:
+            ledger.stop()
+    assert load_config({"node": [{"name": "n", "upstream": "http://h/metrics",
+                                  "upstream_model": "ours"}]}).nodes[0].upstream_model == "ours"
+    with pytest.raises(ConfigError, match="no upstream is given"):
+        Node("n", upstream_model="ours")

@@ -39,8 +39,10 @@ class Upstream:
 
     def __init__(self, url: str, clock: Callable[[], float], note: UpstreamNote,
                  deciding: Callable[[], bool], phases: PhaseNote | None = None, *,
-                 node: str = "", trouble: Callable[[str | None], None] | None = None) -> None:
+                 node: str = "", trouble: Callable[[str | None], None] | None = None,
+                 model: str | None = None) -> None:
         self.url, self.clock, self.note, self.deciding = url, clock, note, deciding
+        self.model = model
         self.phases = phases
         self.node = node
         self.trouble = trouble
@@ -54,7 +56,7 @@ class Upstream:
         if self.load is None:
             from ..readers.upstream import UpstreamLoad
 
-            self.load = UpstreamLoad(self.url, clock=self.clock)
+            self.load = UpstreamLoad(self.url, clock=self.clock, model=self.model)
         reading = self.load.read()
         self._say(reading.error)
         if not reading.ok:

@@ -760,7 +760,7 @@ class Ledger:
             phases = self.note_phases if self.weighs_phases else None
             chores.append((UPSTREAM_EVERY_S, Upstream(
                 self.node.upstream, self.clock, self.note_upstream, self.deciding, phases,
-                node=self.node.name, trouble=self._upstream_trouble)))
+                node=self.node.name, trouble=self._upstream_trouble, model=self.node.upstream_model)))
         if self._carbon_feed is not None:
             chores.append((self._carbon_feed.tick_s, self._carbon_tick))
         if self._trace is not None:
