@@ -335,8 +335,13 @@ def _stream_error(message: str) -> bytes:
 
 
 def app_from_env() -> FastAPI:
-    """For ``uvicorn --factory``: the config named by ``GIUL_GATEWAY_CONFIG``, else gateway.toml."""
-    return create_app(load_gateway_config(os.environ.get("GIUL_GATEWAY_CONFIG", DEFAULT_CONFIG)))
+    """For ``uvicorn --factory``: the config named by ``GIUL_GATEWAY_CONFIG``, else gateway.toml.
+    A bad one is one line and exit status 3, as a failed startup is (not uvicorn's traceback)."""
+    try:
+        return create_app(load_gateway_config(os.environ.get("GIUL_GATEWAY_CONFIG", DEFAULT_CONFIG)))
+    except ConfigError as exc:
+        print(f"giul-asgi gateway: {exc}", file=sys.stderr)
+        raise SystemExit(3) from None
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -352,7 +357,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"giul-asgi gateway: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # INFO: each node's reader line at startup (the README points to it); no access lines.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
 
 

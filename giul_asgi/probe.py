@@ -298,8 +298,8 @@ def _upstream_section(url: str) -> dict[str, Any]:
 
     try:
         load = UpstreamLoad(url)
-    except GiulError as exc:
-        return {"url": url, "reachable": False, "reason": exc.message}
+    except GiulError as exc:  # not read at all (prometheus-client missing): what to do about it
+        return {"url": url, "reachable": False, "reason": str(exc)}
     try:
         r = load.read()
         return {"url": load.url, "reachable": r.error is None, "server": r.server, "running": r.running,
@@ -439,8 +439,10 @@ def format_probe(report: dict[str, Any]) -> str:
         if section is None:
             continue
         if not section.get("reachable"):
-            lines.append(f"{title} {section['url']}: not reachable: "
-                         f"{section.get('reason') or (section.get('first_reading') or {}).get('error')}")
+            readings = (section.get("first_reading"), section.get("reading"))
+            why = section.get("reason") or section.get("error") or next(
+                (r["error"] for r in readings if r and r.get("error")), "no reason given")
+            lines.append(f"{title} {section['url']}: not read: {why}")
             _format_idle(section.get("idle"), lines)
             continue
         if key == "agent":

@@ -287,3 +287,21 @@ def test_meter_example_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
         fresh.close(timeout=1.0)
     out = capsys.readouterr().out
     assert "async:" in out and "sync:" in out and "simulated" in out
+
+
+def test_a_bad_config_under_uvicorn_factory_is_one_line_and_status_3(tmp_path: Path) -> None:
+    """A stranger's trial: ``uvicorn --factory examples.openai_gateway:app_from_env`` (the
+    example's own docstring) printed a whole traceback for a bad config, exit status 1."""
+    import os
+    import subprocess
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[model]]\nname = "m"\nupstream = "http://127.0.0.1:9/v1"\n'
+                   '[[node]]\nname = "a"\nidle_ww = 1.0\n')
+    env = dict(os.environ, GIUL_GATEWAY_CONFIG=str(bad), PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "uvicorn", "--factory", "examples.openai_gateway:app_from_env",
+               "--port", str(free_port())]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    said = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 3 and len(said) == 1 and "Traceback" not in said[0], said
+    assert said[0].startswith("giul-asgi gateway: ") and "idle_ww" in said[0], said
