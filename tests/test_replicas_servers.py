@@ -7,7 +7,6 @@ Together they charge the card once, not once each."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 from server import free_ports, serve
+from test_servers import server
 
 from giul_asgi.demo.engine import Speed
 from giul_asgi.demo.upstream import SimGpu, SimModel, Upstream
@@ -44,12 +44,10 @@ def replica(cfg: Path, port: int, place: Path, log: Path) -> Iterator[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIUL_ASGI_")}
     env["GIUL_ASGI_LOAD_DIR"] = str(place)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "examples" / "openai_gateway.py"), "--config", str(cfg),
-             "--port", str(port)], env=env, cwd=TESTS, stdout=out, stderr=out)
+    command = [sys.executable, str(ROOT / "examples" / "openai_gateway.py"), "--config", str(cfg),
+               "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
-    try:
+    with server(command, env, log) as proc:
         deadline = time.monotonic() + 60
         while True:
             assert proc.poll() is None, log.read_text()[-3000:]
@@ -61,13 +59,6 @@ def replica(cfg: Path, port: int, place: Path, log: Path) -> Iterator[str]:
                 pass
             time.sleep(0.2)
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def back_to_back(base: str, until: float, sent: list[int]) -> None:
