@@ -67,7 +67,6 @@ class Upstream:
             self.phases(reading.prompt_tokens_total, reading.generation_tokens_total,
                         reading.prefill_seconds_total, reading.decode_seconds_total)
 
-
     def _say(self, error: str | None) -> None:
         """Say once that the upstream cannot be read (and why), and once that it can again."""
         if error == self._failing:
