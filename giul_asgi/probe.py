@@ -293,16 +293,17 @@ def _dcgmi_section(gpus: Sequence[int], seconds: float, idle_seconds: float | No
         reader.close()
 
 
-def _upstream_section(url: str) -> dict[str, Any]:
+def _upstream_section(url: str, model: str | None = None) -> dict[str, Any]:
     from .readers.upstream import UpstreamLoad
 
     try:
-        load = UpstreamLoad(url)
+        load = UpstreamLoad(url, model=model)
     except GiulError as exc:  # not read at all (prometheus-client missing): what to do about it
         return {"url": url, "reachable": False, "reason": str(exc)}
     try:
         r = load.read()
-        return {"url": load.url, "reachable": r.error is None, "server": r.server, "running": r.running,
+        return {"url": load.url, "model": model, "reachable": r.error is None, "server": r.server,
+                "running": r.running, "waiting": r.waiting,
                 "generation_tokens_total": r.generation_tokens_total,
                 "prompt_tokens_total": r.prompt_tokens_total, "error": r.error, "notes": list(load.notes)}
     finally:
@@ -319,6 +320,7 @@ def probe_report(
     dcgm_url: str | None = None,
     dcgmi: bool = False,
     upstream_url: str | None = None,
+    upstream_model: str | None = None,
     idle_seconds: float | None = None,
     sample_seconds: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
@@ -344,7 +346,7 @@ def probe_report(
         if idle_seconds and not report["dcgmi"]["reachable"]:
             report["dcgmi"]["idle"] = _not_measured(f"dcgmi gave no sample ({report['dcgmi']['reason']})")
     if upstream_url:
-        report["upstream"] = _upstream_section(upstream_url)
+        report["upstream"] = _upstream_section(upstream_url, upstream_model)
     if idle_seconds and not (local or agent_url or dcgm_url or dcgmi):
         report["idle"] = _not_measured("no reader to measure it through: drop --no-local, or give "
                                        "--agent URL, --dcgm URL or --dcgmi")
@@ -460,8 +462,9 @@ def format_probe(report: dict[str, Any]) -> str:
                          f"joules {_fmt(r['joules'], '', 3)}, watts {_fmt(r['watts'])}"
                          + (f", error: {r['error']}" if r["error"] else ""))
         else:
-            lines.append(f"upstream {section['url']}: {section['server']}: "
-                         f"running {_fmt(section['running'])}, "
+            model = f" (model {section['model']})" if section.get("model") else ""
+            lines.append(f"upstream {section['url']}{model}: {section['server']}: "
+                         f"running {_fmt(section['running'])}, waiting {_fmt(section.get('waiting'))}, "
                          f"generation tokens {_fmt(section['generation_tokens_total'], '', 0)}, "
                          f"prompt tokens {_fmt(section['prompt_tokens_total'], '', 0)}")
         for note in section.get("notes") or []:
@@ -502,6 +505,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="probe the local DCGM host engine through `dcgmi dmon` (reader='dcgmi')")
     parser.add_argument("--upstream", metavar="URL", default=None,
                         help="a vLLM/TGI/SGLang/TensorRT-LLM /metrics URL to probe")
+    parser.add_argument("--upstream-model", metavar="NAME", default=None,
+                        help="count only this model's requests at --upstream (a node's upstream_model)")
     parser.add_argument("--no-local", action="store_true", help="skip local NVML")
 
 
@@ -517,6 +522,7 @@ def run(args: argparse.Namespace) -> int:
             token = fh.read().strip() or None
     report = probe_report(local=not args.no_local, gpus=gpus, agent_url=args.agent, agent_token=token,
                           dcgm_url=args.dcgm, dcgmi=args.dcgmi, upstream_url=args.upstream,
+                          upstream_model=args.upstream_model,
                           idle_seconds=args.idle,
                           sample_seconds=args.sample)
     print(json.dumps(report, indent=2) if args.json else format_probe(report))

@@ -106,6 +106,24 @@ def test_main_prints_json_and_refuses_bad_gpus(capsys: pytest.CaptureFixture[str
     assert main(["--gpus", "x"]) == 2
 
 
+def test_the_probe_counts_one_models_requests_as_a_nodes_upstream_model_would(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A stranger's trial: with a server running models on two cards, the probe summed every
+    model's requests and had no way to check a node's ``upstream_model`` before deploying."""
+    text = ("# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{model_name="ours"} 1\n'
+            'vllm:num_requests_running{model_name="other"} 4\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            'vllm:num_requests_waiting{model_name="ours"} 2\n'
+            'vllm:num_requests_waiting{model_name="other"} 0\n')
+    with serving(Served(text)) as up:
+        assert probe_report(local=False, upstream_url=up.url)["upstream"]["running"] == 5
+        assert main(["--no-local", "--upstream", up.url, "--upstream-model", "ours"]) == 0
+    said = capsys.readouterr().out
+    assert "(model ours): vllm: running 1.0, waiting 2.0" in said, said
+
+
 def test_an_agents_cards_are_timed_one_by_one_and_its_idle_floor_measured() -> None:
     """Two 100 ms cards whose steps fall half a period apart, summed, step every 50 ms: the
     probe once reported that (56 ms) as the counter period. Each card is timed on its own."""
