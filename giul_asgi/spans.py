@@ -24,6 +24,7 @@ alike.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -68,6 +69,24 @@ Piece = Span | Gap
 #: Windows an upstream's count has, as the host's processes say (the card's holder adds them
 #: up): how many surely, and the times (start, end) within the count's own of those it may.
 Counted = tuple[int, list[tuple[float, float]]]
+
+
+def counted(windows: Iterable[tuple[float, float]], t: float, spread_s: float, lag_s: float) -> Counted:
+    """Of ``windows`` (open, close; ``inf`` while open), those an upstream's count, taken within
+    ``t`` +- ``spread_s`` (the scrape's own time) and as old as ``lag_s`` (a server's count
+    may lag a request's start or end), surely has, and the times of those it may have: those
+    open all that time, and those that opened or closed in it (their part of it). A request
+    reaches the upstream after its window opens and has left it before the window closes."""
+    early, late = t - spread_s - lag_s, t + spread_s
+    surely, maybe = 0, []
+    for t_open, t_close in windows:
+        if t_open > late or t_close < early:
+            continue
+        if t_open <= early and t_close > late:
+            surely += 1
+        else:
+            maybe.append((max(t_open, early), min(t_close, late)))
+    return surely, maybe
 
 
 INF = math.inf
@@ -224,4 +243,4 @@ class CardSpan:
         return self.foreign_j + (self.above_j - self.part(self.covered))
 
 
-__all__ = ["NOBODY", "CardSpan", "Counted", "Coverage", "Gap", "Piece", "Span", "union_s"]
+__all__ = ["NOBODY", "CardSpan", "Counted", "Coverage", "Gap", "Piece", "Span", "counted", "union_s"]

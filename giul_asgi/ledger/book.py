@@ -403,7 +403,7 @@ class Book:
         surely, maybe = self.windows.ours_at(t, spread_s, COUNT_LAG_S)
         surely += others[0]
         maybe += others[1]
-        queued = min(surely, int(waiting)) if waiting > 0 and math.isfinite(waiting) else 0
+        queued = min(surely, int(waiting))  # the ledger's: finite, 0 or more
         if queued:  # a window of ours may be queued all through the count, not running
             surely -= queued
             maybe += [(t - spread_s - COUNT_LAG_S, t + spread_s)] * queued

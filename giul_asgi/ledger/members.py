@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Iterator
 from operator import attrgetter
 
-from ..spans import Counted, Coverage
+from ..spans import Counted, Coverage, counted
 from .window import Window
 
 Members = list[tuple[Window, float]]
@@ -189,22 +189,9 @@ class Windows:
         return self._busy + self._n * since, self._n
 
     def ours_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> Counted:
-        """How many of these windows an upstream's count, taken within ``t`` +- ``spread_s``
-        (the scrape's own time) and as old as ``lag_s`` (a server's count may lag a
-        request's start or end), surely has, and the times of those it may have: those open
-        all that time, and those that opened or closed in it (their part of it). A request
-        reaches the upstream after its window opens and has left it before the window closes."""
-        early, late = t - spread_s - lag_s, t + spread_s
-        surely, maybe = 0, []
-        for window in (*self.open.values(), *self.closing):
-            end = window.t_close
-            if window.t_open > late or (end is not None and end < early):
-                continue
-            if window.t_open <= early and (end is None or end > late):
-                surely += 1
-            else:
-                maybe.append((max(window.t_open, early), late if end is None else min(end, late)))
-        return surely, maybe
+        """These windows in an upstream's count taken at ``t`` (:func:`~giul_asgi.spans.counted`)."""
+        return counted(((w.t_open, math.inf if w.t_close is None else w.t_close)
+                        for w in (*self.open.values(), *self.closing)), t, spread_s, lag_s)
 
 
 def _summed(members: Iterator[tuple[Window, float]]) -> tuple[float, int]:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...spans import Counted, Coverage
+from ...spans import Counted, Coverage, counted
 from ..rows import alive
 from .files import FileMap
 from .layout import (
@@ -230,19 +230,10 @@ class Others:
         return any(r.busy(now, self.ramp_s, period) for r in self._remotes.values())
 
     def open_at(self, t: float, spread_s: float = 0.0, lag_s: float = 0.0) -> Counted:
-        """Holder: how many of the other ledgers' windows an upstream's count surely has, and
-        the times of those it may have (as :meth:`~giul_asgi.ledger.members.Windows.ours_at`)."""
-        early, late = t - spread_s - lag_s, t + spread_s
-        surely, maybe = 0, []
-        for remote in self._remotes.values():
-            for t_open, t_close in remote.windows.values():
-                if t_open > late or t_close < early:
-                    continue
-                if t_open <= early and t_close > late:
-                    surely += 1
-                else:
-                    maybe.append((max(t_open, early), min(t_close, late)))
-        return surely, maybe
+        """Holder: the other ledgers' windows in an upstream's count taken at ``t``
+        (:func:`~giul_asgi.spans.counted`)."""
+        times = ((t_open, t_close) for r in self._remotes.values() for t_open, t_close in r.windows.values())
+        return counted(times, t, spread_s, lag_s)
 
     def prune(self, before: float) -> None:
         """Forget every other ledger's windows wholly before ``before``."""
