@@ -44,7 +44,7 @@ from .decider import Decider
 from .doubt import RateDoubt
 from .members import Members, Windows
 from .phases import SpanSplit, Weighed
-from .prior import DRAINING, FLOOR, Prior
+from .prior import DRAINING, FLOOR, MIN_GUESS_S, Prior
 from .unseen import COUNT_LAG_S, most_at_once
 from .window import First, Split, TimeSplit, TokenSplit, Unwatched, Waiting, Window, spread
 
@@ -591,10 +591,16 @@ class Book:
             return
         measures = self.measures and not window.abandoned and window.lost_s <= 0
         if measures and window.filled_s > 0:
-            fill = self.prior.fill(window, window.alone, settling=True)
+            end = self._t_end if self._t_end is not None else window.t_close
+            waits = window.trouble is None and not self.stopped and end - window.t_close < MAX_WAIT_S
+            # The card's power in its first readings is no rate for a window that may have
+            # worked: they came after it (it was idle then, or its tail). A fresh process's
+            # first 100 ms window settled `measured` at 0.05-0.5x its truth, outside its
+            # uncertainty in 4 seeds of 6. It waits for a rate its node's windows teach,
+            # and without one is unknown (a window shorter than any work still settles so).
+            fill = self.prior.fill(window, window.alone, settling=window.seconds < MIN_GUESS_S)
             if fill is None:
-                end = self._t_end if self._t_end is not None else window.t_close
-                if window.trouble is None and not self.stopped and end - window.t_close < MAX_WAIT_S:
+                if waits:
                     return  # a cold start, nothing learnt yet to fill it from: wait for a rate
                 window.lost_s = window.filled_s
                 window.error = window.trouble or "no reading covered this window"
