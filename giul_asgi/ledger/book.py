@@ -129,6 +129,9 @@ class Book:
         self._by_weight = RateDoubt(ramp_s)
         self._waiting: deque[Waiting] = deque()
         self._t_end: float | None = None  # where the last booked piece ended
+        #: Where the first span read began: a window opened before it was not read from its
+        #: start (a fresh card's first readings came after it, or during it).
+        self._read_from: float | None = None
         #: What a foreign or unseen load took of the spans this book decided.
         self.external_j = 0.0
         #: The card's books where this book decides alone (:meth:`count`); a book that
@@ -288,6 +291,8 @@ class Book:
             self._gap(piece, settled)
         else:
             self.trouble = None
+            if self._read_from is None:
+                self._read_from = piece.t0
             self._span(piece, mine, settled)
         self._t_end = piece.t1
         self._see_ends(piece.t1, settled)
@@ -338,7 +343,7 @@ class Book:
                 self._most_w = draw  # a span of a step's length or so: a stamp's jitter is small in it
         if span.covered <= 0:
             if seconds > 0:
-                self.prior.learn_card(span.measured_j / seconds)
+                self.prior.learn_card(span.measured_j / seconds, seconds)
             return
         windows = self.windows
         members = windows.tails(span.t0, span.t1) if span.tails else windows.overlapping(span.t0, span.t1)
@@ -578,7 +583,10 @@ class Book:
 
     def _see_ends(self, t: float, settled: list[Window]) -> None:
         """Windows whose close (and ramp-down after it) the tape has now passed settle."""
+        learnt_at = self.prior.learnt_at
         for window in self.windows.ended(t):
+            if window.tried_at == learnt_at and t - window.t_close < MAX_WAIT_S:  # type: ignore[operator]
+                continue  # waits for a rate, and nothing was learnt since it looked
             window.seen_end = True
             self._try_settle(window, settled)
         self.windows.drop_settled()
@@ -593,17 +601,29 @@ class Book:
         if measures and window.filled_s > 0:
             end = self._t_end if self._t_end is not None else window.t_close
             waits = window.trouble is None and not self.stopped and end - window.t_close < MAX_WAIT_S
-            # The card's power in its first readings is no rate for a window that may have
-            # worked: they came after it (it was idle then, or its tail). A fresh process's
-            # first 100 ms window settled `measured` at 0.05-0.5x its truth, outside its
-            # uncertainty in 4 seeds of 6. It waits for a rate its node's windows teach,
-            # and without one is unknown (a window shorter than any work still settles so).
-            fill = self.prior.fill(window, window.alone, settling=window.seconds < MIN_GUESS_S)
+            if self._cold(window):
+                # The card's power in its first readings is no rate for a window that worked
+                # before them, unless the card was busy then: idle by then (or its own tail),
+                # it filled a fresh process's first 100 ms window, `measured` at 0.05-0.5x its
+                # truth, outside its uncertainty in 4 seeds of 6. It waits for what the node's
+                # settled windows teach (Prior.unread_fill).
+                window.tried_at = -1
+                idle_w = self.provenance.idle_watts
+                fill = self.prior.unread_fill(window, window.alone, idle_w / 2 if idle_w else None)
+                if fill is None and waits:
+                    window.tried_at = self.prior.learnt_at  # looked again once it changes
+                    return
+            else:
+                fill = self.prior.fill(window, window.alone, settling=True)
             if fill is None:
                 if waits:
                     return  # a cold start, nothing learnt yet to fill it from: wait for a rate
                 window.lost_s = window.filled_s
-                window.error = window.trouble or "no reading covered this window"
+                read = window.measured_s
+                window.error = window.trouble or (
+                    f"the card was read for {read * 1000:.0f} ms of its {window.seconds * 1000:.0f} ms "
+                    "and nothing was learnt to fill the rest from" if read > 0
+                    else "no reading covered this window")
                 measures = False
             else:
                 window.fill_j, window.fill_unc, window.basis = fill.joules, fill.uncertainty, fill.basis
@@ -619,6 +639,12 @@ class Book:
             if window.filled_s <= 0 and not window.unwatched:
                 self.prior.learn_settled(window, _measured_unc(window))
         settled.append(window)
+
+    def _cold(self, window: Window) -> bool:
+        """Whether the window began before the card's first span was read (and did work:
+        a window shorter than any work a card shows settles on the card's power)."""
+        start = self._read_from
+        return (start is None or window.t_open < start) and window.seconds >= MIN_GUESS_S
 
     def _unwatched_waits(self, window: Window, unwatched: Unwatched) -> bool:
         """Whether a window charged spans nobody could look for a foreign load in waits. A
@@ -697,6 +723,8 @@ class Book:
             error, trouble = error or self.error, None
         elif settled:
             joules, interpolated, basis = window.share + window.fill_j, window.fill_j, window.basis
+            if window.filled_s > 0 and window.measured_s <= 0:
+                interpolated = joules  # none of its own time was read, only (part of) its tail
             uncertainty = _measured_unc(window) + window.fill_unc
             idle = window.idle_share + self._idle_guess(window, window.filled_s)
         else:

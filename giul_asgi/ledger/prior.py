@@ -60,6 +60,11 @@ FLOOR = 0.05
 #: figure would be a near-zero with a doubt a thousand times its size (a request answered
 #: without a card's work, or whose work only the card's next steps can show).
 MIN_GUESS_S = 0.001
+#: A card read with no window of ours on it for this many of its periods, whose last span
+#: drew at least STEADY of their running mean: a load that stays, a rate for a window no
+#: reading covered.
+CARD_PERIODS = 2
+STEADY = 0.8
 #: Settled windows fit the line of share against seconds (see _Line) once there are this
 #: many, each counting this much less at every later one; the lengths must spread by this
 #: share of their mean for a slope and an offset (else one rate through the origin).
@@ -183,12 +188,17 @@ class Prior:
         self._span_rate = _Rate()  # the spans windows shared with no close inside
         self._run_rate = _Rate()  # the same, in spans windows covered whole
         self._card_w: float | None = None  # above-idle watts of spans no window was in
+        self._card_last, self._card_s = 0.0, 0.0  # the last of them, and their seconds
         self._host_rate = _Rate()  # spans only other processes' windows were in
         self._line = _Line()  # settled windows' share against their seconds
         #: Closed windows' mean weight per second (the split's: 1 by time, tokens a second
         #: by tokens), to scale a guess by how a window's weight stands to theirs.
         self._weights = _Rate()
         self._settled = 0
+        #: Bumped whenever a settled window teaches the prior: a window waiting for that
+        #: looks again only then (5,000 waiting windows retried at every reading took 65%
+        #: of a core for ten seconds: a hostile trial).
+        self.learnt_at = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUALS)
         self._growth: deque[float] = deque(maxlen=RESIDUALS)  # settled doubt added after close
         # The same, kept apart for windows with nothing reported at close (short ones, all
@@ -222,20 +232,26 @@ class Prior:
         it (``joules``) over their window-seconds in it (``covered``)."""
         self._host_rate.add(joules, covered)
 
-    def learn_card(self, watts: float) -> None:
+    def learn_card(self, watts: float, seconds: float = 0.0) -> None:
         """A span no window was in: the card's above-idle power then. Never a first figure's
         basis (an idle card's near-zero was one); the last resort of a fill at settling, for
-        a window that closed before the card's first step with nothing else learnt, so that
-        it settles (labelled estimated, and why) rather than wait ten seconds for a rate."""
+        a window that closed before the card's first step with nothing else learnt, where the
+        card was busy then, so that it settles (labelled estimated, and why) rather than wait
+        ten seconds for a rate."""
         card = self._card_w
         watts = max(0.0, watts)
         self._card_w = watts if card is None else card + 0.5 * (watts - card)
+        self._card_last = watts
+        before, self._card_s = self._card_s, self._card_s + seconds
+        if before < CARD_PERIODS * self.period() <= self._card_s:
+            self.learnt_at += 1  # a window waiting for a rate may take a steady busy card's
 
     def learn_settled(self, window: Window, measured_unc: float) -> None:
         """A window settled wholly measured: its rate, and how far its first guess fell."""
         seconds = window.seconds
         if seconds > 0:
             self._settled += 1
+            self.learnt_at += 1
             # As a window of the mean weight would have been charged: what a guess is scaled
             # from (1 by time; by tokens, a line through heterogeneous windows' shares had
             # their rates in its slope: 209 J/s against a mean of about 120).
@@ -284,6 +300,7 @@ class Prior:
             gro.extend(kept_gro)
         self._ranks = None
         self._granks = [None] * GROUPS
+        self.learnt_at += 1
         return True
 
     def _rates(self) -> dict[str, _Rate]:
@@ -421,6 +438,46 @@ class Prior:
         if rate is None or rate <= 0:
             return None
         return self._at(rate, window.filled_s, basis)
+
+    def unread_fill(self, window: Window, alone: bool, busy_w: float | None = None) -> Fill | None:
+        """The time of a window the card did not read from its start (it closed before the
+        card's first span, or straddled it): at what the node's settled windows were charged
+        a second of their time (their ramp-up, a job's late start and their tails in it), or,
+        where the card read half a period of it, its own measured rate; None before either.
+        A window none of whose time was read is priced whole, its tail in it; what of that
+        tail a reading took is in its share already. (One span's run rate, read before a late
+        job began or on a gauge still idle, filled such windows at 0.00-0.4x their truth, and
+        a 5 ms window's tail went unpriced: a hostile trial.) Before either, the card's power
+        in its first readings where it was busy then (at least ``busy_w``, the load a window
+        alone on it is charged); drawing less, that was no load of the window's, gone by then."""
+        rate, basis = self._prior.value, "the node's settled windows"
+        if rate is None or rate <= 0:
+            card = self._card_w
+            if window.measured_s >= self.period() / 2 and window.share > 0:
+                rate, basis = window.share / window.measured_s, "the window's own measured rate"
+            elif card is not None and self._steady_card(busy_w):
+                rate, basis = card, "the card's power in its first readings"
+            else:
+                return None
+        if window.measured_s > 0:
+            return self._at(rate, window.filled_s, basis)
+        tail = self._tail(window, alone)
+        whole = self._at(rate, window.filled_s + tail, basis)
+        # Its tail is taken no longer than itself, but a short job's card ramps down as any
+        # does: the rest of a full tail is in doubt (a 5 ms window's 4 J tail, unread: 0.45x
+        # its truth, outside, in 8 of 8).
+        doubt = whole.uncertainty + rate * max(0.0, self.ramp_s / 5 * float(alone) - tail)
+        return Fill(max(0.0, whole.joules - window.share), doubt, rate, basis)
+
+    def _steady_card(self, busy_w: float | None) -> bool:
+        """Whether the card's first readings (no window of ours in them) show a load that
+        stays: at least ``busy_w``, over a few counter periods (a gauge holds its value a
+        period), not falling. A burst's own ramp-down
+        tail read after it was a falling load: taken for a window's rate it filled a cold
+        burst at 0.34-0.6x its truth, outside for 16 of 20 (a hostile trial)."""
+        card = self._card_w
+        return (card is not None and busy_w is not None and self._card_s >= CARD_PERIODS * self.period()
+                and card >= busy_w and self._card_last >= STEADY * card)
 
     def growth_at(self) -> float:
         """How much the measured part's uncertainty grew from close to settling, per unit

@@ -139,6 +139,7 @@ class Window:
         "t_close",
         "t_open",
         "tokens",
+        "tried_at",
         "trouble",
         "unwatched",
         "usage",
@@ -154,6 +155,8 @@ class Window:
         self.busy_open = busy_open
         self.t_close: float | None = None
         self.busy_close = 0.0
+        #: What the prior had learnt when a cold fill last found nothing (-1: never tried).
+        self.tried_at = -1
         #: The windows in flight beside it on average over its time (its own book's), known
         #: at its close (:meth:`~giul_asgi.ledger.members.Windows.shut`); None while open.
         #: Kept, not recomputed: a first figure asked for it five times.
