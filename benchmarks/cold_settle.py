@@ -15,7 +15,8 @@ card's first readings, then warm requests that teach the node):
 - ``counter 20 ms, job 30 ms late``: the upstream starts each job after the window opens;
 - ``counter 20 ms, 5 ms job``: a short job whose ramp-down tail is most of its energy;
 - ``20 x 20 ms burst, instant gauge``: a cold burst read only as its own tail falls;
-- ``card busy 100 W, no job``: a card with a steady load: no wait is needed.
+- ``another's 50 W beside, 100 ms job``: a steady load of another's on the card all along,
+  charged with it (``foreign="charge"``): the card's first readings show only that load.
 
 Per shape: the cold windows' settled figure against their truth (median ratio, inside their
 uncertainty, methods); and, for 5,000 windows waiting at once with nothing to learn from,
@@ -103,9 +104,10 @@ class Rig:
         self.now[0] += seconds
 
     def truth(self, job: Any, seconds: float) -> float:
-        if job is None:  # the steady load's part of the window, as charged alone on the card
-            return self.steady_w * seconds
-        return float(job.truth(self.card.ramp_up, self.card.tau))
+        """What the window caused, and (foreign="charge") the steady load beside it that a
+        window alone on the card is charged."""
+        own = 0.0 if job is None else float(job.truth(self.card.ramp_up, self.card.tau))
+        return own + self.steady_w * seconds
 
 
 @dataclass
@@ -128,8 +130,7 @@ SHAPES = [
     Shape("counter 20 ms, 5 ms job", "counter", 0.02, [(0.005, 200.0, 0.0)]),
     Shape("20 x 20 ms burst, instant gauge", "instant", 0.1, [(0.02, 150.0, 0.0)] * 20,
           warm=(0.2, 200.0, 0.0)),
-    Shape("card busy 100 W, no job", "counter", 0.1, [(0.1, 0.0, 0.0)], idle_after=0.5,
-          warm=(0.0, 0.0, 0.0), steady_w=100.0),
+    Shape("another's 50 W beside, 100 ms job", "counter", 0.1, [(0.1, 200.0, 0.0)], steady_w=50.0),
 ]
 
 

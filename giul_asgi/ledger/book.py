@@ -343,7 +343,7 @@ class Book:
                 self._most_w = draw  # a span of a step's length or so: a stamp's jitter is small in it
         if span.covered <= 0:
             if seconds > 0:
-                self.prior.learn_card(span.measured_j / seconds, seconds)
+                self.prior.learn_card(span.measured_j / seconds)
             return
         windows = self.windows
         members = windows.tails(span.t0, span.t1) if span.tails else windows.overlapping(span.t0, span.t1)
@@ -603,13 +603,12 @@ class Book:
             waits = window.trouble is None and not self.stopped and end - window.t_close < MAX_WAIT_S
             if self._cold(window):
                 # The card's power in its first readings is no rate for a window that worked
-                # before them, unless the card was busy then: idle by then (or its own tail),
-                # it filled a fresh process's first 100 ms window, `measured` at 0.05-0.5x its
-                # truth, outside its uncertainty in 4 seeds of 6. It waits for what the node's
-                # settled windows teach (Prior.unread_fill).
+                # before them: idle by then (or its own tail, or another's load), it filled a
+                # fresh process's first 100 ms window, `measured` at 0.05-0.5x its truth,
+                # outside its uncertainty in 4 seeds of 6. It waits for what the node's
+                # settled windows teach (Prior.unread_fill), 10 s at most.
                 window.tried_at = -1
-                idle_w = self.provenance.idle_watts
-                fill = self.prior.unread_fill(window, window.alone, idle_w / 2 if idle_w else None)
+                fill = self.prior.unread_fill(window, window.alone)
                 if fill is None and waits:
                     window.tried_at = self.prior.learnt_at  # looked again once it changes
                     return

@@ -60,11 +60,12 @@ FLOOR = 0.05
 #: figure would be a near-zero with a doubt a thousand times its size (a request answered
 #: without a card's work, or whose work only the card's next steps can show).
 MIN_GUESS_S = 0.001
-#: A card read with no window of ours on it for this many of its periods, whose last span
-#: drew at least STEADY of their running mean: a load that stays, a rate for a window no
-#: reading covered.
-CARD_PERIODS = 2
-STEADY = 0.8
+#: A window the card did not read from its start waits until this many windows settled
+#: wholly measured, a counter period of their time in all (one window's rate ended the wait:
+#: 0.41-0.45x, outside for 8 of 8, where the first warm request drew less than the rest;
+#: five 5 ms requests that did no card work, 0.08-0.13x), or the host's other processes'
+#: windows were read for a period.
+SETTLED_MIN = 3
 #: Settled windows fit the line of share against seconds (see _Line) once there are this
 #: many, each counting this much less at every later one; the lengths must spread by this
 #: share of their mean for a slope and an offset (else one rate through the origin).
@@ -185,10 +186,10 @@ class Prior:
         self.ramp_s = ramp_s
         self.period = period
         self._prior = _Rate()  # settled windows, less their tails
+        self._together = _Rate()  # the windows in flight beside them, on average (theirs too)
         self._span_rate = _Rate()  # the spans windows shared with no close inside
         self._run_rate = _Rate()  # the same, in spans windows covered whole
         self._card_w: float | None = None  # above-idle watts of spans no window was in
-        self._card_last, self._card_s = 0.0, 0.0  # the last of them, and their seconds
         self._host_rate = _Rate()  # spans only other processes' windows were in
         self._line = _Line()  # settled windows' share against their seconds
         #: Closed windows' mean weight per second (the split's: 1 by time, tokens a second
@@ -230,21 +231,20 @@ class Prior:
     def learn_host(self, joules: float, covered: float) -> None:
         """A span of the card that only other processes' windows were in: what they took of
         it (``joules``) over their window-seconds in it (``covered``)."""
+        before = self._host_rate.seconds
         self._host_rate.add(joules, covered)
+        if before < self.period() <= self._host_rate.seconds:
+            self.learnt_at += 1  # a window waiting for a rate may take theirs now
 
-    def learn_card(self, watts: float, seconds: float = 0.0) -> None:
+    def learn_card(self, watts: float) -> None:
         """A span no window was in: the card's above-idle power then. Never a first figure's
         basis (an idle card's near-zero was one); the last resort of a fill at settling, for
-        a window that closed before the card's first step with nothing else learnt, where the
-        card was busy then, so that it settles (labelled estimated, and why) rather than wait
-        ten seconds for a rate."""
+        a window shorter than any work a card shows that closed before the card's first step
+        with nothing else learnt, so that it settles (labelled estimated, and why) rather than
+        wait ten seconds for a rate."""
         card = self._card_w
         watts = max(0.0, watts)
         self._card_w = watts if card is None else card + 0.5 * (watts - card)
-        self._card_last = watts
-        before, self._card_s = self._card_s, self._card_s + seconds
-        if before < CARD_PERIODS * self.period() <= self._card_s:
-            self.learnt_at += 1  # a window waiting for a rate may take a steady busy card's
 
     def learn_settled(self, window: Window, measured_unc: float) -> None:
         """A window settled wholly measured: its rate, and how far its first guess fell."""
@@ -257,6 +257,7 @@ class Prior:
             # their rates in its slope: 209 J/s against a mean of about 120).
             share = window.share / self._relative_weight(window.weight)
             self._prior.add(share, seconds + self._tail(window, window.alone))
+            self._together.add((window.concurrency or 1.0) * seconds, seconds)
             self._line.add(seconds, share)
         first = window.first
         if first is not None and first.scale > 0:
@@ -439,45 +440,51 @@ class Prior:
             return None
         return self._at(rate, window.filled_s, basis)
 
-    def unread_fill(self, window: Window, alone: bool, busy_w: float | None = None) -> Fill | None:
+    def unread_fill(self, window: Window, alone: bool) -> Fill | None:
         """The time of a window the card did not read from its start (it closed before the
         card's first span, or straddled it): at what the node's settled windows were charged
-        a second of their time (their ramp-up, a job's late start and their tails in it), or,
-        where the card read half a period of it, its own measured rate; None before either.
-        A window none of whose time was read is priced whole, its tail in it; what of that
-        tail a reading took is in its share already. (One span's run rate, read before a late
-        job began or on a gauge still idle, filled such windows at 0.00-0.4x their truth, and
-        a 5 ms window's tail went unpriced: a hostile trial.) Before either, the card's power
-        in its first readings where it was busy then (at least ``busy_w``, the load a window
-        alone on it is charged); drawing less, that was no load of the window's, gone by then."""
-        rate, basis = self._prior.value, "the node's settled windows"
-        if rate is None or rate <= 0:
-            card = self._card_w
-            if window.measured_s >= self.period() / 2 and window.share > 0:
-                rate, basis = window.share / window.measured_s, "the window's own measured rate"
-            elif card is not None and self._steady_card(busy_w):
-                rate, basis = card, "the card's power in its first readings"
-            else:
-                return None
+        a second of their time (their ramp-up, a job's late start and their tails in it), once
+        SETTLED_MIN have settled, else the host's other processes' rate, read for a period,
+        else its own where the card read most of it; scaled by its weight as a guess is. None
+        before any: it waits. A window none of
+        whose time was read is priced whole, its tail in it, the tail's length in doubt; what
+        of that tail a reading took is in its share already. (The card's power in its first
+        readings was idle by then, its own falling tail, or a foreign load; one span's run
+        rate was read before a late job began; the window's own read part was its idle end;
+        each filled such windows at 0.00-0.45x their truth: two hostile trials.)"""
+        read = window.measured_s
+        settled = self._prior
+        if self._settled >= SETTLED_MIN and settled.seconds >= self.period() and (settled.value or 0.0) > 0:
+            rate, basis = self._prior.value or 0.0, "the node's settled windows"
+        elif self._host_rate.seconds >= self.period() and (self._host_rate.value or 0.0) > 0:
+            rate, basis = self._host_rate.value or 0.0, "the host's other processes' spans"
+        elif read >= max(self.period(), window.seconds / 2) and window.share > 0:
+            # Read for most of its time: what it drew there. (Read for a third, its idle end
+            # after the work, it filled the rest at 0.09-0.18x: a hostile trial.)
+            rate, basis = window.share / read, "the window's own measured rate"
+        else:
+            return None
+        rate *= self._relative_weight(window.weight)
+        # A window's share of a card shared by n is about the card's draw over n, and that
+        # draw grows with n by anything from nothing to n-fold. A window with fewer beside it
+        # than the settled ones had (or more) is priced halfway between, in ratio, and in
+        # doubt to either end. (Alone after requests batched eight at a time: 0.22x, outside
+        # for 8 of 8, a hostile trial.)
+        beside = self._together.value or 1.0
+        ratio = max(1.0, beside) / max(1.0, window.concurrency or 1.0)
+        rate *= math.sqrt(ratio)
+        spread_ = max(math.sqrt(ratio), 1 / math.sqrt(ratio)) - 1
         if window.measured_s > 0:
-            return self._at(rate, window.filled_s, basis)
+            fill = self._at(rate, window.filled_s, basis)
+            return Fill(fill.joules, fill.uncertainty + spread_ * fill.joules, rate, basis)
         tail = self._tail(window, alone)
         whole = self._at(rate, window.filled_s + tail, basis)
         # Its tail is taken no longer than itself, but a short job's card ramps down as any
         # does: the rest of a full tail is in doubt (a 5 ms window's 4 J tail, unread: 0.45x
         # its truth, outside, in 8 of 8).
-        doubt = whole.uncertainty + rate * max(0.0, self.ramp_s / 5 * float(alone) - tail)
+        doubt = (whole.uncertainty + spread_ * whole.joules
+                 + rate * max(0.0, self.ramp_s / 5 * float(alone) - tail))
         return Fill(max(0.0, whole.joules - window.share), doubt, rate, basis)
-
-    def _steady_card(self, busy_w: float | None) -> bool:
-        """Whether the card's first readings (no window of ours in them) show a load that
-        stays: at least ``busy_w``, over a few counter periods (a gauge holds its value a
-        period), not falling. A burst's own ramp-down
-        tail read after it was a falling load: taken for a window's rate it filled a cold
-        burst at 0.34-0.6x its truth, outside for 16 of 20 (a hostile trial)."""
-        card = self._card_w
-        return (card is not None and busy_w is not None and self._card_s >= CARD_PERIODS * self.period()
-                and card >= busy_w and self._card_last >= STEADY * card)
 
     def growth_at(self) -> float:
         """How much the measured part's uncertainty grew from close to settling, per unit
