@@ -223,6 +223,16 @@ def test_a_kept_state_that_makes_no_sense_is_not_restored() -> None:
         assert fresh.learnt == 0 and fresh.first_guess(window(0.0, 0.05), True, 0.0) is None
 
 
+def test_a_state_kept_before_it_held_concurrency_is_still_restored() -> None:
+    good = taught().state()
+    assert {"together", "worked"} <= set(good["rates"])
+    older = {**good, "rates": {k: v for k, v in good["rates"].items() if k not in ("together", "worked")}}
+    fresh = Prior(0.1, lambda: 0.1)
+    assert fresh.restore(older) and fresh.learnt == taught().learnt
+    half = {**good, "rates": {k: v for k, v in good["rates"].items() if k != "worked"}}
+    assert not Prior(0.1, lambda: 0.1).restore(half)  # neither the old set nor the new
+
+
 def test_windows_with_nothing_reported_at_close_and_with_some_learn_their_spreads_apart() -> None:
     """Short windows (all guess at close) amid long ones (mostly reported) got the pooled
     spread: in a mix of 50 ms and 0.4 s windows, 16 at a time, the short ones' first figures

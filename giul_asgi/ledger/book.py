@@ -608,7 +608,7 @@ class Book:
                 # outside its uncertainty in 4 seeds of 6. It waits for what the node's
                 # settled windows teach (Prior.unread_fill), 10 s at most.
                 window.tried_at = -1
-                fill = self.prior.unread_fill(window, window.alone)
+                fill = self.prior.unread_fill(window, window.alone, _in_flight(window) or 1.0)
                 if fill is None and waits:
                     window.tried_at = self.prior.learnt_at  # looked again once it changes
                     return
@@ -636,7 +636,7 @@ class Book:
             self.idle_charged_j += window.idle_share
             self.estimated_j += window.fill_j
             if window.filled_s <= 0 and not window.unwatched:
-                self.prior.learn_settled(window, _measured_unc(window))
+                self.prior.learn_settled(window, _measured_unc(window), _in_flight(window) or 1.0)
         settled.append(window)
 
     def _cold(self, window: Window) -> bool:

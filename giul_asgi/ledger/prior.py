@@ -187,6 +187,9 @@ class Prior:
         self.period = period
         self._prior = _Rate()  # settled windows, less their tails
         self._together = _Rate()  # the windows in flight beside them, on average (theirs too)
+        #: Those that did work a card shows (more than half their own doubt): how many,
+        #: their rate without tails, and the most any of a half period or more drew a second.
+        self._worked_n, self._worked, self._most = 0, _Rate(), 0.0
         self._span_rate = _Rate()  # the spans windows shared with no close inside
         self._run_rate = _Rate()  # the same, in spans windows covered whole
         self._card_w: float | None = None  # above-idle watts of spans no window was in
@@ -246,8 +249,9 @@ class Prior:
         watts = max(0.0, watts)
         self._card_w = watts if card is None else card + 0.5 * (watts - card)
 
-    def learn_settled(self, window: Window, measured_unc: float) -> None:
-        """A window settled wholly measured: its rate, and how far its first guess fell."""
+    def learn_settled(self, window: Window, measured_unc: float, in_flight: float = 1.0) -> None:
+        """A window settled wholly measured: its rate, and how far its first guess fell
+        (``in_flight``: the windows on the card beside it, on average, the host's)."""
         seconds = window.seconds
         if seconds > 0:
             self._settled += 1
@@ -256,8 +260,14 @@ class Prior:
             # from (1 by time; by tokens, a line through heterogeneous windows' shares had
             # their rates in its slope: 209 J/s against a mean of about 120).
             share = window.share / self._relative_weight(window.weight)
-            self._prior.add(share, seconds + self._tail(window, window.alone))
-            self._together.add((window.concurrency or 1.0) * seconds, seconds)
+            tail = self._tail(window, window.alone)
+            self._prior.add(share, seconds + tail)
+            self._together.add(max(1.0, in_flight) * seconds, seconds)
+            if window.share > measured_unc / 2:  # it did work a card shows (a 429 does not)
+                self._worked_n += 1
+                self._worked.add(share, seconds)
+                if seconds >= self.period() / 2:
+                    self._most = max(self._most, share / (seconds + tail))
             self._line.add(seconds, share)
         first = window.first
         if first is not None and first.scale > 0:
@@ -290,7 +300,10 @@ class Prior:
         if self.learnt or not _sane(state):
             return False
         for name, rate in self._rates().items():
-            rate.restore(state["rates"][name])
+            if name in state["rates"]:  # a state kept before "together" and "worked": without
+                rate.restore(state["rates"][name])
+        if self._worked.seconds >= self.period():
+            self._worked_n = SETTLED_MIN
         self._line.restore(state["line"])
         self._settled = int(state["settled"])
         self._card_w = state["card_w"]
@@ -306,7 +319,7 @@ class Prior:
 
     def _rates(self) -> dict[str, _Rate]:
         return {"settled": self._prior, "span": self._span_rate, "run": self._run_rate,
-                "host": self._host_rate}
+                "host": self._host_rate, "together": self._together, "worked": self._worked}
 
     # -- guessing -------------------------------------------------------------------------
     def rate(self, window: Window, alone: bool | float, *, settling: bool = False,
@@ -440,7 +453,7 @@ class Prior:
             return None
         return self._at(rate, window.filled_s, basis)
 
-    def unread_fill(self, window: Window, alone: bool) -> Fill | None:
+    def unread_fill(self, window: Window, alone: bool, in_flight: float = 1.0) -> Fill | None:
         """The time of a window the card did not read from its start (it closed before the
         card's first span, or straddled it): at what the node's settled windows were charged
         a second of their time (their ramp-up, a job's late start and their tails in it), once
@@ -454,8 +467,11 @@ class Prior:
         each filled such windows at 0.00-0.45x their truth: two hostile trials.)"""
         read = window.measured_s
         settled = self._prior
-        if self._settled >= SETTLED_MIN and settled.seconds >= self.period() and (settled.value or 0.0) > 0:
-            rate, basis = self._prior.value or 0.0, "the node's settled windows"
+        most = 0.0
+        if (self._worked_n >= SETTLED_MIN and self._worked.seconds >= self.period()
+                and (settled.value or 0.0) > 0):
+            rate, basis = settled.value or 0.0, "the node's settled windows"
+            most = self._most  # it may have drawn as the hungriest of them did
         elif self._host_rate.seconds >= self.period() and (self._host_rate.value or 0.0) > 0:
             rate, basis = self._host_rate.value or 0.0, "the host's other processes' spans"
         elif read >= max(self.period(), window.seconds / 2) and window.share > 0:
@@ -471,18 +487,23 @@ class Prior:
         # doubt to either end. (Alone after requests batched eight at a time: 0.22x, outside
         # for 8 of 8, a hostile trial.)
         beside = self._together.value or 1.0
-        ratio = max(1.0, beside) / max(1.0, window.concurrency or 1.0)
+        ratio = max(1.0, beside) / max(1.0, in_flight)
         rate *= math.sqrt(ratio)
         spread_ = max(math.sqrt(ratio), 1 / math.sqrt(ratio)) - 1
+        # Requests that did no card work (a 429, a cache hit) beside ones that did make a mean
+        # no window drew: the doubt reaches the most one did (ten of them first: 0.005-0.065x,
+        # outside for 6 of 8, a hostile trial).
+        hungrier = max(0.0, most * math.sqrt(ratio) - rate)
         if window.measured_s > 0:
             fill = self._at(rate, window.filled_s, basis)
-            return Fill(fill.joules, fill.uncertainty + spread_ * fill.joules, rate, basis)
+            doubt = fill.uncertainty + spread_ * fill.joules + hungrier * window.filled_s
+            return Fill(fill.joules, doubt, rate, basis)
         tail = self._tail(window, alone)
         whole = self._at(rate, window.filled_s + tail, basis)
         # Its tail is taken no longer than itself, but a short job's card ramps down as any
         # does: the rest of a full tail is in doubt (a 5 ms window's 4 J tail, unread: 0.45x
         # its truth, outside, in 8 of 8).
-        doubt = (whole.uncertainty + spread_ * whole.joules
+        doubt = (whole.uncertainty + spread_ * whole.joules + hungrier * (window.filled_s + tail)
                  + rate * max(0.0, self.ramp_s / 5 * float(alone) - tail))
         return Fill(max(0.0, whole.joules - window.share), doubt, rate, basis)
 
@@ -543,6 +564,10 @@ MOST_SUM = 1e15
 MOST_RESIDUAL = 1e3
 
 
+#: The rates a kept state holds (one kept before "together" and "worked" has these alone).
+KEPT_RATES = frozenset({"settled", "span", "run", "host"})
+
+
 def _sane(state: Any) -> bool:
     """Whether a kept state is one :meth:`Prior.state` could have made: finite numbers within
     bounds, time and weight never negative, at most :data:`RESIDUALS` residuals in a list,
@@ -558,7 +583,7 @@ def _sane(state: Any) -> bool:
         ok = (state["schema"] == STATE_SCHEMA and type(state["settled"]) is int
               and 0 <= state["settled"] <= 2**53
               and (state["card_w"] is None or number(state["card_w"], 0.0, MOST_SUM))
-              and type(rates) is dict and set(rates) == {"settled", "span", "run", "host"}
+              and type(rates) is dict and set(rates) in (KEPT_RATES, KEPT_RATES | {"together", "worked"})
               and all(type(r) is list and len(r) == 2 and number(r[0], -MOST_SUM, MOST_SUM)
                       and number(r[1], 0.0, MOST_SUM) and (r[1] > 0 or r[0] == 0) for r in rates.values())
               and type(line) is list and len(line) == 6 and number(line[0], 0, 2**53)
