@@ -585,7 +585,8 @@ class Book:
         """Windows whose close (and ramp-down after it) the tape has now passed settle."""
         learnt_at = self.prior.learnt_at
         for window in self.windows.ended(t):
-            if window.tried_at == learnt_at and t - window.t_close < MAX_WAIT_S:  # type: ignore[operator]
+            closed = window.t_close
+            if window.tried_at == learnt_at and closed is not None and t - closed < MAX_WAIT_S:
                 continue  # waits for a rate, and nothing was learnt since it looked
             window.seen_end = True
             self._try_settle(window, settled)

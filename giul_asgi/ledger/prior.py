@@ -455,16 +455,16 @@ class Prior:
 
     def unread_fill(self, window: Window, alone: bool, in_flight: float = 1.0) -> Fill | None:
         """The time of a window the card did not read from its start (it closed before the
-        card's first span, or straddled it): at what the node's settled windows were charged
-        a second of their time (their ramp-up, a job's late start and their tails in it), once
-        SETTLED_MIN have settled, else the host's other processes' rate, read for a period,
-        else its own where the card read most of it; scaled by its weight as a guess is. None
-        before any: it waits. A window none of
-        whose time was read is priced whole, its tail in it, the tail's length in doubt; what
-        of that tail a reading took is in its share already. (The card's power in its first
-        readings was idle by then, its own falling tail, or a foreign load; one span's run
-        rate was read before a late job began; the window's own read part was its idle end;
-        each filled such windows at 0.00-0.45x their truth: two hostile trials.)"""
+        card's first span, or straddled it), ``in_flight`` windows beside it on the card: at
+        what the node's settled windows were charged a second of their time (their ramp-up, a
+        job's late start and their tails in it), once SETTLED_MIN that did work have settled;
+        else the host's other processes' rate, read for a period; else its own, where the card
+        read most of it. Scaled by its weight as a guess is. None before any: it waits. A
+        window none of whose time was read is priced whole, its tail in it, the tail's length
+        in doubt; what of that tail a reading took is in its share already. (The card's power
+        in its first readings was idle by then, its own falling tail, or a foreign load; one
+        span's run rate was read before a late job began; the window's own read part was its
+        idle end: each filled such windows at 0.00-0.45x their truth, hostile trials.)"""
         read = window.measured_s
         settled = self._prior
         most = 0.0
