@@ -206,6 +206,7 @@ def test_a_kept_state_that_makes_no_sense_is_not_restored() -> None:
     good = taught().state()
     bad: list[object] = [None, [], "x", {}, {**good, "schema": "other/1"}, {**good, "settled": -1},
                          {**good, "settled": 1.5}, {**good, "card_w": math.nan},
+                         {**good, "most_w": -1.0}, {**good, "most_w": math.inf},
                          {**good, "rates": {**good["rates"], "run": [1.0, -1.0]}},
                          {**good, "rates": {"run": [1.0, 1.0]}},
                          {**good, "line": [3.0, 1.0, 1.0, math.inf, 1.0, 1.0]},
@@ -226,7 +227,8 @@ def test_a_kept_state_that_makes_no_sense_is_not_restored() -> None:
 def test_a_state_kept_before_it_held_concurrency_is_still_restored() -> None:
     good = taught().state()
     assert {"together", "worked"} <= set(good["rates"])
-    older = {**good, "rates": {k: v for k, v in good["rates"].items() if k not in ("together", "worked")}}
+    older = {k: v for k, v in good.items() if k != "most_w"}
+    older["rates"] = {k: v for k, v in good["rates"].items() if k not in ("together", "worked")}
     fresh = Prior(0.1, lambda: 0.1)
     assert fresh.restore(older) and fresh.learnt == taught().learnt
     half = {**good, "rates": {k: v for k, v in good["rates"].items() if k != "worked"}}

@@ -290,6 +290,7 @@ class Prior:
     def state(self) -> dict[str, Any]:
         """What this prior has learnt, as plain values (JSON)."""
         return {"schema": STATE_SCHEMA, "settled": self._settled, "card_w": self._card_w,
+                "most_w": self._most,
                 "rates": {name: rate.state() for name, rate in self._rates().items()},
                 "line": self._line.state(), "residuals": list(self._residuals),
                 "growth": list(self._growth), "groups": [[list(r), list(g)] for r, g in self._by]}
@@ -307,6 +308,7 @@ class Prior:
         self._line.restore(state["line"])
         self._settled = int(state["settled"])
         self._card_w = state["card_w"]
+        self._most = float(state.get("most_w", 0.0))  # a state kept before it: none
         self._residuals.extend(state["residuals"])
         self._growth.extend(state["growth"])
         for (res, gro), (kept_res, kept_gro) in zip(self._by, state["groups"], strict=True):
@@ -583,6 +585,7 @@ def _sane(state: Any) -> bool:
         ok = (state["schema"] == STATE_SCHEMA and type(state["settled"]) is int
               and 0 <= state["settled"] <= 2**53
               and (state["card_w"] is None or number(state["card_w"], 0.0, MOST_SUM))
+              and number(state.get("most_w", 0.0), 0.0, MOST_SUM)
               and type(rates) is dict and set(rates) in (KEPT_RATES, KEPT_RATES | {"together", "worked"})
               and all(type(r) is list and len(r) == 2 and number(r[0], -MOST_SUM, MOST_SUM)
                       and number(r[1], 0.0, MOST_SUM) and (r[1] > 0 or r[0] == 0) for r in rates.values())
