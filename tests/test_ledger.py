@@ -960,3 +960,36 @@ def test_a_recycled_worker_keeps_how_many_ran_beside_the_windows_it_learnt_from(
         assert e.uncertainty_joules is not None
         outside += abs(e.joules - truth) > e.uncertainty_joules
     assert outside == 0
+
+
+def test_a_reader_failing_from_its_start_fills_from_a_kept_prior() -> None:
+    # A fourth hostile trial: with no span ever read, every window counted as one before the
+    # card's first reading, and a kept prior that had not counted windows that did work (an
+    # older release's, or one of short requests) settled them unknown where they had settled
+    # estimated, inside. A fault's windows fill as a failure's do.
+    old = Run(seed=4)
+    for _ in range(20):
+        old.request(0.3, 180.0)
+        old.advance(0.2)
+    kept = old.ledger.book.prior.state()
+    four = ("settled", "span", "run", "host")  # what an older release kept
+    older = {k: v for k, v in kept.items() if k not in ("together", "worked", "most_w")}
+    older["rates"] = {k: v for k, v in kept["rates"].items() if k in four}
+    for state in (kept, older):
+        new = Run(seed=5)
+        assert new.ledger.book.prior.restore(state)
+        meter = Meter(new.ledger)
+        meter.open()
+        job = new.card.start_job(180.0)
+        for _ in range(30):  # the reader raises at every read
+            new.clock.now += 0.01
+            new.ledger.ingest(Reading(new.clock.now, error="NVMLError_GpuIsLost"))
+        new.card.stop_job(job)
+        meter.close()
+        for _ in range(100):
+            new.clock.now += 0.01
+            new.ledger.ingest(Reading(new.clock.now, error="NVMLError_GpuIsLost"))
+        e = meter.figure()
+        truth = job.truth(new.card.ramp_up, new.card.tau)
+        assert e.settled and e.method == "estimated" and e.joules is not None, e
+        assert e.uncertainty_joules is not None and abs(e.joules - truth) <= e.uncertainty_joules, e

@@ -641,10 +641,12 @@ class Book:
         settled.append(window)
 
     def _cold(self, window: Window) -> bool:
-        """Whether the window began before the card's first span was read (and did work:
-        a window shorter than any work a card shows settles on the card's power)."""
+        """Whether the window began before the card's first span was read, with no fault (a
+        reader failing from the start fills from what the node learnt, a kept prior too) and
+        doing work (a window shorter than any work a card shows settles on the card's power)."""
         start = self._read_from
-        return (start is None or window.t_open < start) and window.seconds >= MIN_GUESS_S
+        return ((start is None or window.t_open < start) and window.trouble is None
+                and window.seconds >= MIN_GUESS_S)
 
     def _unwatched_waits(self, window: Window, unwatched: Unwatched) -> bool:
         """Whether a window charged spans nobody could look for a foreign load in waits. A

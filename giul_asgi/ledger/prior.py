@@ -289,8 +289,11 @@ class Prior:
 
     def state(self) -> dict[str, Any]:
         """What this prior has learnt, as plain values (JSON)."""
+        # What only unread_fill reads sits beside "rates", not in it: a worker of an older
+        # release restores the rest (one that found six rates there threw the state away).
         return {"schema": STATE_SCHEMA, "settled": self._settled, "card_w": self._card_w,
-                "most_w": self._most,
+                "most_w": self._most, "together": self._together.state(),
+                "worked": self._worked.state(),
                 "rates": {name: rate.state() for name, rate in self._rates().items()},
                 "line": self._line.state(), "residuals": list(self._residuals),
                 "growth": list(self._growth), "groups": [[list(r), list(g)] for r, g in self._by]}
@@ -301,9 +304,11 @@ class Prior:
         if self.learnt or not _sane(state):
             return False
         for name, rate in self._rates().items():
-            if name in state["rates"]:  # a state kept before "together" and "worked": without
-                rate.restore(state["rates"][name])
-        if self._worked.seconds >= self.period():
+            rate.restore(state["rates"][name])
+        # A state kept before "together" and "worked": its settled windows stand for both.
+        self._together.restore(state.get("together", [0.0, 0.0]))
+        self._worked.restore(state.get("worked", state["rates"]["settled"]))
+        if self._worked.seconds >= self.period() and int(state["settled"]) >= SETTLED_MIN:
             self._worked_n = SETTLED_MIN
         self._line.restore(state["line"])
         self._settled = int(state["settled"])
@@ -321,7 +326,7 @@ class Prior:
 
     def _rates(self) -> dict[str, _Rate]:
         return {"settled": self._prior, "span": self._span_rate, "run": self._run_rate,
-                "host": self._host_rate, "together": self._together, "worked": self._worked}
+                "host": self._host_rate}
 
     # -- guessing -------------------------------------------------------------------------
     def rate(self, window: Window, alone: bool | float, *, settling: bool = False,
@@ -566,7 +571,7 @@ MOST_SUM = 1e15
 MOST_RESIDUAL = 1e3
 
 
-#: The rates a kept state holds (one kept before "together" and "worked" has these alone).
+#: The rates a kept state holds in "rates" (every release reads these).
 KEPT_RATES = frozenset({"settled", "span", "run", "host"})
 
 
@@ -586,9 +591,11 @@ def _sane(state: Any) -> bool:
               and 0 <= state["settled"] <= 2**53
               and (state["card_w"] is None or number(state["card_w"], 0.0, MOST_SUM))
               and number(state.get("most_w", 0.0), 0.0, MOST_SUM)
-              and type(rates) is dict and set(rates) in (KEPT_RATES, KEPT_RATES | {"together", "worked"})
+              and type(rates) is dict and set(rates) == KEPT_RATES
               and all(type(r) is list and len(r) == 2 and number(r[0], -MOST_SUM, MOST_SUM)
-                      and number(r[1], 0.0, MOST_SUM) and (r[1] > 0 or r[0] == 0) for r in rates.values())
+                      and number(r[1], 0.0, MOST_SUM) and (r[1] > 0 or r[0] == 0)
+                      for r in (*rates.values(), state.get("together", [0.0, 0.0]),
+                                state.get("worked", [0.0, 0.0])))
               and type(line) is list and len(line) == 6 and number(line[0], 0, 2**53)
               and all(number(x, 0.0 if i in (1, 2, 4) else -MOST_SUM, MOST_SUM)  # sw, sx, sxx >= 0
                       for i, x in enumerate(line) if i)
