@@ -148,8 +148,10 @@ class RecordingStats(EnergyStats):
         return len(self.kept)
 
 
-async def settled_records(stats: RecordingStats, n: int = 1, timeout: float = 2.0) -> list[Record]:
-    """Wait (at most ``timeout``) until ``n`` figures have settled into ``stats``."""
+async def settled_records(stats: RecordingStats, n: int = 1, timeout: float = 12.0) -> list[Record]:
+    """Wait (at most ``timeout``) until ``n`` figures have settled into ``stats``. A fresh
+    app's first request (no lifespan: it starts the reader) may close before the card's first
+    reading, and then waits up to 10 s for a rate its node's windows teach."""
     deadline = time.monotonic() + timeout
     while len(stats) < n and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
