@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from truecard import Foreign, TrueCard, TrueReader
 
 from giul_asgi.config import Node
+from giul_asgi.energy import Energy
 from giul_asgi.ledger import Ledger, TokenSplit
 from giul_asgi.ledger.book import MAX_WAIT_S
 from giul_asgi.meter import Meter
@@ -755,6 +756,15 @@ def _late(run: Run, seconds: float, watts: float, lag: float) -> None:
     meter.close()
 
 
+def _taught(run: Run, first: Meter) -> Energy:
+    """``first``'s figure once three windows like it (100 ms at 200 W) have settled."""
+    for _ in range(3):
+        run.request(0.1, 200.0)
+        run.advance(0.3)
+    run.advance(0.5)
+    return first.figure()
+
+
 def test_a_window_before_the_first_reading_settles_on_a_rate_its_windows_teach() -> None:
     # The card's power in its first readings (idle by then, or the window's own tail) filled
     # a fresh process's first 100 ms window: `measured` at 0.05-0.5x its truth, outside its
@@ -764,11 +774,7 @@ def test_a_window_before_the_first_reading_settles_on_a_rate_its_windows_teach()
         first, truth = _before_any_reading(run)
         run.advance(0.5)
         assert not first.settled_now  # nothing learnt: it waits rather than guess from idle
-        for _ in range(3):
-            run.request(0.1, 200.0)
-            run.advance(0.3)
-        run.advance(0.5)
-        e = first.figure()
+        e = _taught(run, first)
         assert e.settled and e.method == "estimated", e
         assert e.joules is not None and e.uncertainty_joules is not None
         assert abs(e.joules - truth) <= e.uncertainty_joules, (seed, e.joules, e.uncertainty_joules, truth)
@@ -881,11 +887,7 @@ def test_a_window_before_the_first_reading_is_not_filled_at_another_load_on_the_
         run.card.start_job(50.0)  # the other load, there all along
         first, job_truth = _before_any_reading(run)
         run.advance(1.0)
-        for _ in range(3):
-            run.request(0.1, 200.0)
-            run.advance(0.3)
-        run.advance(0.5)
-        e = first.figure()
+        e = _taught(run, first)
         assert e.settled and e.method == "estimated", e
         assert "first readings" not in (e.error or ""), e.error
         truth = job_truth + 50.0 * 0.1  # charged alone on the card: the load beside it too
