@@ -240,7 +240,10 @@ async def test_headers_block_and_record_carry_both_bases() -> None:
         # The first request (no lifespan) starts the reader: it may close before the card's
         # first reading, and wait for what later windows teach. The second is read.
         await drive(mw)
-        await anyio.sleep(0.1)
+        ledger = mw.ledgers.get(node)
+        with anyio.fail_after(10):
+            while ledger.totals().reads < 10:  # the card read for a few of its steps
+                await anyio.sleep(0.01)
         sent = await drive(mw)
         start = start_of(sent)
         block = json_.loads(body_of(sent))["energy"]
