@@ -46,11 +46,14 @@ class Run:
             self.clock.now = min(end, self.clock.now + 0.01 * self.rng.uniform(0.5, 1.5))
             self.ledger.ingest(self.reader.read())
 
-    def request(self, seconds: float, watts: float, tokens: int | None = None) -> tuple[Meter, float]:
+    def request(self, seconds: float, watts: float, tokens: int | None = None,
+                lag: float = 0.0) -> tuple[Meter, float]:
+        """A window whose job runs from ``lag`` after it opens (an upstream that starts late)."""
         meter = Meter(self.ledger)
         meter.open()
+        self.advance(lag)
         job = self.card.start_job(watts)
-        self.advance(seconds)
+        self.advance(seconds - lag)
         self.card.stop_job(job)
         meter.tokens(tokens)
         meter.close()
@@ -746,16 +749,6 @@ def _before_any_reading(run: Run, watts: float = 200.0, seconds: float = 0.1,
     return meter, job.truth(run.card.ramp_up, run.card.tau)
 
 
-def _late(run: Run, seconds: float, watts: float, lag: float) -> None:
-    meter = Meter(run.ledger)
-    meter.open()
-    run.advance(lag)
-    job = run.card.start_job(watts)
-    run.advance(seconds - lag)
-    run.card.stop_job(job)
-    meter.close()
-
-
 def _taught(run: Run, first: Meter) -> Energy:
     """``first``'s figure once three windows like it (100 ms at 200 W) have settled."""
     for _ in range(3):
@@ -807,7 +800,7 @@ def test_a_window_before_the_first_reading_is_filled_from_whole_settled_windows(
         first, truth = _before_any_reading(run, seconds=seconds, lag=lag)
         run.advance(1.0)  # the card read idle for a second
         for _ in range(3):
-            _late(run, then, 200.0, lag)
+            run.request(then, 200.0, lag=lag)
             run.advance(0.3)
         run.advance(0.5)
         e = first.figure()

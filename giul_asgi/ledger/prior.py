@@ -241,10 +241,10 @@ class Prior:
 
     def learn_card(self, watts: float) -> None:
         """A span no window was in: the card's above-idle power then. Never a first figure's
-        basis (an idle card's near-zero was one); the last resort of a fill at settling, for
-        a window shorter than any work a card shows that closed before the card's first step
-        with nothing else learnt, so that it settles (labelled estimated, and why) rather than
-        wait ten seconds for a rate."""
+        basis (an idle card's near-zero was one), nor a cold window's (:meth:`unread_fill`);
+        the last resort of a fill at settling with nothing else learnt (a reader's failure, a
+        window shorter than any work a card shows before the card's first step), so that it
+        settles (labelled estimated, and why) rather than wait ten seconds for a rate."""
         card = self._card_w
         watts = max(0.0, watts)
         self._card_w = watts if card is None else card + 0.5 * (watts - card)
