@@ -69,6 +69,27 @@ def test_a_counter_that_moves_at_every_read_is_stamped_at_read_time() -> None:
     assert min(watts) > 190 and max(watts) < 210
 
 
+def test_a_counter_that_moves_at_every_read_keeps_read_time_when_a_read_comes_late() -> None:
+    # Its first reads, before eight showed it moves at every read, taught a line at their
+    # pace (10 ms); a read that came 18-25 ms after the one before was then put on that
+    # line's grid, ms from the read: 70 W of idle x a few ms booked as above idle in one
+    # span, the next below the floor (a window's settled figure 0.2-0.4 J over its truth,
+    # outside its 0.05 J doubt, in the attribution matrix's "counter moves every read").
+    rng = random.Random(3)
+    readings, t = [], 5.0
+    for i in range(200):
+        readings.append(Reading(t, joules=math.floor(200.0 * t * 1000) / 1000))
+        t += rng.uniform(0.018, 0.025) if i % 7 == 6 else rng.uniform(0.009, 0.011)
+    tape = Tape("counter", IDLE, period_hint=0.1)
+    pieces = spans(tape.feed_all(readings))
+    assert tape.steps.every_read
+    known = [p for p in pieces if p.t0 >= readings[12].t]  # once its reads said so
+    read_times = {r.t for r in readings}
+    assert all(p.t1 in read_times for p in known)
+    watts = [p.total_j / p.seconds for p in known]
+    assert min(watts) > 190 and max(watts) < 210
+
+
 def test_a_millijoule_wobble_down_is_not_a_reset() -> None:
     tape = Tape("counter", IDLE)
     readings = counter_readings(200.0, period=0.1, seconds=1.0)
