@@ -664,11 +664,10 @@ class Ledger:
             return
         state = kept.load()
         with self._lock:
-            prior = self.book.prior
-            restored = state is not None and prior.restore(state)
+            restored = state is not None and self.book.restore(state)
             if restored and self._note is not None:
                 self._note(("pr", state))  # replay starts from it too
-            self._kept, self._kept_learnt = kept, prior.learnt
+            self._kept, self._kept_learnt = kept, self.book.prior.learnt
         if restored:
             log.info("node %r: starts from what this server's earlier workers learnt of the card "
                      "(%d windows)", node.name, self._kept_learnt)
@@ -679,10 +678,10 @@ class Ledger:
         if kept is None:
             return
         with self._lock:
-            prior = self.book.prior
-            if prior.learnt == self._kept_learnt:
+            learnt = self.book.prior.learnt
+            if learnt == self._kept_learnt:
                 return
-            self._kept_learnt, state = prior.learnt, prior.state()
+            self._kept_learnt, state = learnt, self.book.kept()
         kept.save(state)
 
     def _seat_books(self) -> SeatBooks:
