@@ -28,9 +28,11 @@ before it: stretch k at the rate per weight of stretch k-1 misses by::
 (``O_j`` member j's seconds in a stretch, ``W`` its weights' sum), whose variance is
 ``c^2 x p^2 x sum_j a_j^2``: ``c^2`` is the ratio of the sums of squared misses over the sums of
 ``p^2 x sum_j a_j^2``. Why a contrast of neighbouring stretches rather than each span against one
-rate for the node, or the spread of each span's watts per window-second: a change common to every
-member (a batch's draw per request falls as it grows; a card warms) cancels in it, as it does in
-the shares; and where the requests in flight are a fair sample of the mix (a steady batch of
+rate for the node, or the spread of each span's watts per window-second: a slow change common to
+every member (a card warms) all but cancels in it, as it does in the shares (one that follows how
+many are in flight does not: a batch whose draw per request falls as it grows, up to a cap, is
+read as members' spread, benchmarks/results/simulated_batch-2026-12-07.md); and where the
+requests in flight are a fair sample of the mix (a steady batch of
 long prompts and long answers), a stretch's members deviate from the node's mean by little in
 sum, but whoever joins or leaves still deviates from those beside it. Stretches rather than
 spans: one span misses also by how far a counter step's stamp is off (a few ms of the card's
