@@ -21,6 +21,7 @@ import argparse
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -55,7 +57,7 @@ APP = textwrap.dedent("""
 
 
 def one_run(folder: Path, tree: Path, max_requests: int, lengths: list[float],
-            at_once: int) -> dict[str, int]:
+            at_once: int) -> dict[str, Any]:
     port = free_port()
     place = folder / f"place-{port}"
     place.mkdir(mode=0o700)
@@ -89,13 +91,16 @@ def one_run(folder: Path, tree: Path, max_requests: int, lengths: list[float],
         with ThreadPoolExecutor(at_once) as pool:
             answers = [a for a in pool.map(ask, lengths) if a is not None]
         time.sleep(2.0)
-        counts = {"answered": len(answers), "unknown": 0, "inside": 0, "outside": 0, "unsettled": 0}
+        counts: dict[str, Any] = {"answered": len(answers), "unknown": 0, "inside": 0, "outside": 0,
+                                  "unsettled": 0, "widths": []}
         for joules, unc, id in answers:
             if joules == "unknown" or unc == "unknown":
                 counts["unknown"] += 1
                 if os.environ.get("RECYCLED_DEBUG"):
                     print("unknown", id, file=sys.stderr)
                 continue
+            if float(joules) > 0:
+                counts["widths"].append(float(unc) / float(joules))
             settled = None
             for _ in range(6):  # any worker answers; a record written by a dead one too
                 try:
@@ -124,30 +129,35 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=150)
     parser.add_argument("--at-once", type=int, default=16)
     parser.add_argument("--max-requests", type=int, nargs="+", default=[20, 0])
+    parser.add_argument("--seconds", type=float, nargs="+", default=[0.4, 0.05, 0.05, 0.05, 0.05],
+                        help="request lengths, in turn (default: the trial's four of 50 ms to one of 0.4 s)")
     parser.add_argument("--trees", type=Path, nargs="+", default=[ROOT], help="checkouts to run, interleaved")
     args = parser.parse_args()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     print(f"# First figures of recycled workers ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)\n")
     print(f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, Python "
           f"{platform.python_version()}, tree {head.stdout.strip()}. gunicorn -w 4, {args.requests} requests "
-          f"(four of 50 ms to one of 0.4 s, shuffled), {args.at_once} at a time, simulated card.\n")
+          f"({' '.join(f'{s:g}' for s in args.seconds)} s in turn, shuffled), {args.at_once} at a time, "
+          "simulated card.\n")
     trees = {tree: _commit(tree) for tree in args.trees}
-    print("| tree | --max-requests | run | answered | unknown | numeric inside | outside | not settled |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| tree | --max-requests | run | answered | unknown | numeric inside | outside | not settled "
+          "| first width, median |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "recycled_app.py").write_text(APP)
         for run in range(1, args.runs + 1):
             for tree, commit in trees.items():  # interleaved
                 for max_requests in args.max_requests:
-                    lengths = [0.4 if i % 5 == 0 else 0.05 for i in range(args.requests)]
+                    lengths = [args.seconds[i % len(args.seconds)] for i in range(args.requests)]
                     random.Random(run).shuffle(lengths)
                     c = one_run(folder, tree, max_requests, lengths, args.at_once)
                     numeric = c["inside"] + c["outside"]
                     share = f"{100 * c['inside'] / numeric:.0f}% ({c['inside']}/{numeric})" if numeric \
                         else "-"
+                    width = f"{100 * statistics.median(c['widths']):.0f}%" if c["widths"] else "-"
                     print(f"| {commit} | {max_requests or 'none'} | {run} | {c['answered']} | {c['unknown']} "
-                          f"| {share} | {c['outside']} | {c['unsettled']} |", flush=True)
+                          f"| {share} | {c['outside']} | {c['unsettled']} | {width} |", flush=True)
 
 
 def _commit(tree: Path) -> str:
