@@ -365,7 +365,7 @@ def replay(loaded: Loaded, *, split: str | None = None, idle_w: float | None = N
             reader_box.append(_Recorded(event[1], clock))
             ledger.attach(reader_box[-1])
         elif kind == "pr":  # the prior an earlier worker of the server kept, as live restored it
-            ledger.book.restore(event[1])
+            ledger.book.prior.restore(event[1])
         elif kind == "f":
             ledger.failed(GiulError(event[1]))
         elif kind == "p":

@@ -10,7 +10,6 @@ import random
 import statistics
 from dataclasses import dataclass
 
-import pytest
 from truecard import Job, TrueCard, TrueReader
 
 from giul_asgi.config import Node
@@ -226,63 +225,3 @@ def test_a_batch_that_runs_unchanged_learns_no_spread_rather_than_an_absurd_one(
         assert units is not None and all(math.isfinite(a) and math.isfinite(b) for a, b in units)
         t = t1
     assert doubt.quantile() <= Z90 * COLD_SPREAD * 1.0001, doubt.quantile()
-
-
-def test_a_recycled_worker_starts_from_the_members_spread_its_server_learnt() -> None:
-    """A worker's book learns how far members draw from the split's one rate from two
-    contrasts of four spans at least; gunicorn's recycled worker (or a restarted server)
-    began from the cold spread, so its first second of batched requests were priced as if
-    any of them could draw anything from nothing to twice the mean: first figures about
-    100% wide, the truth within a few percent. The server's kept prior carries the spread
-    learnt (through JSON, as the kept file does), and the new worker's first batch is as
-    narrow as the old one's, the truth still inside for 9 in 10."""
-    import json
-
-    for seed in range(3):
-        old = Run(seed=seed)
-        old.serve(staggered(64, random.Random(seed), 1.0, 300.0, count=2))
-        kept = json.loads(json.dumps(old.ledger.book.kept()))
-        new, cold = Run(seed=seed + 10), Run(seed=seed + 10)
-        assert new.ledger.book.restore(kept)
-        assert cold.ledger.book.prior.restore(kept)  # what the server's next worker kept before
-        assert new.ledger.book._by_time.quantile() == old.ledger.book._by_time.quantile()
-        batch = staggered(64, random.Random(seed + 10), 1.0, 300.0)
-        done, done_cold = new.serve(batch), cold.serve(batch)
-        settled, first = inside(done), inside(done, first=True)
-        assert settled >= 0.9 and first >= 0.9, (settled, first)
-        assert first_width(done) < 0.4 < first_width(done_cold), (first_width(done), first_width(done_cold))
-
-
-def test_a_kept_spread_that_makes_no_sense_is_not_restored() -> None:
-    """The kept file is another worker's, in a place shared on the host: a doubt that is not
-    five finite sums from nothing to their bound for each kind of contrast is left cold (the
-    prior beside it restores as before); a book that learnt keeps its own."""
-    import json
-
-    from giul_asgi.ledger.doubt import COLD_SPREAD, MOST_COUNT, MOST_KEPT, RateDoubt
-    from giul_asgi.ledger.phases import Z90
-
-    old = Run(seed=0)
-    old.serve(staggered(64, random.Random(0), 1.0, 300.0, count=2))
-    kept = json.loads(json.dumps(old.ledger.book.kept()))
-    good = kept["split_doubt"]["time"]
-    assert RateDoubt(0.1).restore(good)
-    bad_lists: list[object] = [None, [], [1.0] * 4, [1.0] * 6, [math.nan, 1, 1, 1, 1], [math.inf, 1, 1, 1, 1],
-                               [-1.0, 1, 1, 1, 1], [1, 1, 1, 1, MOST_COUNT * 2], [MOST_KEPT * 10, 1, 1, 1, 1],
-                               [True, 1, 1, 1, 1], ["1", 1, 1, 1, 1], {"a": 1}]
-    for bad in bad_lists:
-        for part in ("stretches", "spans"):
-            doubt = RateDoubt(0.1)
-            assert not doubt.restore({**good, part: bad}), (part, bad)
-            assert doubt.quantile() == pytest.approx(Z90 * COLD_SPREAD), (part, bad)
-    not_states: list[object] = [None, [], "x", 1.0, {"stretches": good["stretches"]}]
-    for not_a_state in not_states:
-        assert not RateDoubt(0.1).restore(not_a_state)
-    # the prior restores beside a doubt that makes no sense, or none (an older release's state)
-    for doubts in ({"time": {"stretches": [math.nan] * 5}}, None, "x"):
-        fresh = Run(seed=1)
-        assert fresh.ledger.book.restore({**kept, "split_doubt": doubts})
-        assert fresh.ledger.book.prior.learnt == old.ledger.book.prior.learnt
-        assert fresh.ledger.book._by_time.quantile() == pytest.approx(Z90 * COLD_SPREAD)
-    # a book that learnt keeps its own
-    assert not old.ledger.book._by_time.restore(good | {"stretches": [0.0, 1e9, 0.0, 0.0, 100.0]})

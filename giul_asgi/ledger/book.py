@@ -37,7 +37,6 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..energy import Provenance, Share
 from ..spans import NOBODY, CardSpan, Counted, Coverage, Gap, Piece, Span
@@ -707,26 +706,6 @@ class Book:
             return None, None
         contended = bool(by_power) or bool(by_process)
         return contended, (level if level else None) if by_power is not None else None
-
-    # -- kept for the server's next worker --------------------------------------------------
-    def kept(self) -> dict[str, Any]:
-        """What this book learnt, as plain values (JSON): the prior's state, and beside it how
-        far members draw from each split's one rate (an older release restores the prior and
-        leaves the rest)."""
-        return {**self.prior.state(),
-                "split_doubt": {"time": self._by_time.state(), "weight": self._by_weight.state()}}
-
-    def restore(self, state: Any) -> bool:
-        """Start from another worker's :meth:`kept` where nothing is learnt yet: False, changing
-        nothing, where the prior makes no sense. A state kept before the split's doubts (or
-        with doubts that make none) restores the prior alone."""
-        if not self.prior.restore(state):
-            return False
-        doubts = state.get("split_doubt")
-        if type(doubts) is dict:
-            self._by_time.restore(doubts.get("time"))
-            self._by_weight.restore(doubts.get("weight"))
-        return True
 
     def note_processes(self, foreign: bool | None) -> None:
         """What the card's process list says: a process other than the node's server."""

@@ -110,10 +110,6 @@ COLD_SPREAD = 1 / math.sqrt(3)
 #: spread from 10 to 2 contrasts; at 50%, the 15 W / 45 W mix of tests/test_doubt.py held the
 #: truth for 87% of settled figures).
 SHORT = 0.25
-#: The most a kept doubt's sums may hold (squared joules, watts and seconds) and its count of
-#: contrasts: what another worker's :meth:`RateDoubt.state` could have made.
-MOST_KEPT = 1e18
-MOST_COUNT = 1e6
 #: A contrast whose stretches' weights differ more than this many times is left out: the
 #: lighter one's energy, its stamps and whatever tail it holds, scaled by the ratio, is all its
 #: miss (a single span with 0.2 ms of a member beside a full one, 661x, took a 100 ms
@@ -246,20 +242,6 @@ class _Contrasts:
         self.stated = self.stated * keep + stated
         self.count = self.count * keep + 1.0
 
-    def state(self) -> list[float]:
-        return [self.miss, self.scale, self.stamps, self.stated, self.count]
-
-    def restore(self, state: list[float]) -> None:
-        self.miss, self.scale, self.stamps, self.stated, self.count = state
-
-
-def _sane(state: object) -> bool:
-    """Whether a kept :meth:`_Contrasts.state` is one it could have made: five finite sums,
-    none below zero, within :data:`MOST_KEPT` (the count within :data:`MOST_COUNT`)."""
-    return (type(state) is list and len(state) == 5
-            and all(type(x) in (int, float) and 0.0 <= x <= MOST_KEPT for x in state)
-            and state[4] <= MOST_COUNT)
-
 
 def _chi2(k: float, u: float) -> float:
     """The chi-square quantile at ``u`` for ``k`` degrees (Wilson-Hilferty)."""
@@ -294,27 +276,6 @@ class RateDoubt:
         if self._quantile is None:
             self._quantile = self._predict()
         return self._quantile
-
-    def state(self) -> dict[str, list[float]]:
-        """What this doubt has learnt, as plain values (JSON): the server's next worker starts
-        from it, as from the node's prior (:meth:`restore`)."""
-        return {"stretches": self._stretches.state(), "spans": self._spans.state()}
-
-    def restore(self, state: object) -> bool:
-        """Start from ``state`` (another worker's :meth:`state`) where nothing is learnt yet;
-        False, changing nothing, for a state that makes no sense. A recycled worker learnt
-        the members' spread anew, two contrasts of four spans at least: a batch of 256 in
-        one round closed half its requests at the cold spread (first figures 95% wide, the
-        truth within 5%)."""
-        if self._stretches.count or self._spans.count or type(state) is not dict:
-            return False
-        stretches, spans = state.get("stretches"), state.get("spans")
-        if not (_sane(stretches) and _sane(spans)):
-            return False
-        self._stretches.restore(stretches)  # type: ignore[arg-type]
-        self._spans.restore(spans)  # type: ignore[arg-type]
-        self._quantile = None
-        return True
 
     def stamp_sq(self) -> float:
         """The squared seconds by which a step's stamp strays beyond the tape's stated doubt,
@@ -424,4 +385,4 @@ class RateDoubt:
         self._closed = {}
 
 
-__all__ = ["COLD_SPREAD", "MIN_CONTRASTS", "MOST_COUNT", "MOST_KEPT", "SHORT", "RateDoubt"]
+__all__ = ["COLD_SPREAD", "MIN_CONTRASTS", "SHORT", "RateDoubt"]

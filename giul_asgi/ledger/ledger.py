@@ -664,10 +664,11 @@ class Ledger:
             return
         state = kept.load()
         with self._lock:
-            restored = state is not None and self.book.restore(state)
+            prior = self.book.prior
+            restored = state is not None and prior.restore(state)
             if restored and self._note is not None:
                 self._note(("pr", state))  # replay starts from it too
-            self._kept, self._kept_learnt = kept, self.book.prior.learnt
+            self._kept, self._kept_learnt = kept, prior.learnt
         if restored:
             log.info("node %r: starts from what this server's earlier workers learnt of the card "
                      "(%d windows)", node.name, self._kept_learnt)
@@ -678,10 +679,10 @@ class Ledger:
         if kept is None:
             return
         with self._lock:
-            learnt = self.book.prior.learnt
-            if learnt == self._kept_learnt:
+            prior = self.book.prior
+            if prior.learnt == self._kept_learnt:
                 return
-            self._kept_learnt, state = learnt, self.book.kept()
+            self._kept_learnt, state = prior.learnt, prior.state()
         kept.save(state)
 
     def _seat_books(self) -> SeatBooks:
