@@ -58,7 +58,7 @@ def test_the_update_period_is_learnt_not_assumed() -> None:
 
 def test_a_counter_that_moves_at_every_read_is_stamped_at_read_time() -> None:
     tape = Tape("counter", IDLE, period_hint=0.1)
-    readings = counter_readings(200.0, period=None, poll=0.02)
+    readings = counter_readings(200.0, period=None, poll=0.01)  # the plain pace: 5-15 ms
     pieces = spans(tape.feed_all(readings))
     assert tape.steps.every_read
     late = pieces[len(pieces) // 2:]
@@ -83,11 +83,28 @@ def test_a_counter_that_moves_at_every_read_keeps_read_time_when_a_read_comes_la
     tape = Tape("counter", IDLE, period_hint=0.1)
     pieces = spans(tape.feed_all(readings))
     assert tape.steps.every_read
-    known = [p for p in pieces if p.t0 >= readings[12].t]  # once its reads said so
+    known = [p for p in pieces if p.t0 >= readings[40].t]  # once its reads said so
     read_times = {r.t for r in readings}
     assert all(p.t1 in read_times for p in known)
     watts = [p.total_j / p.seconds for p in known]
     assert min(watts) > 190 and max(watts) < 210
+
+
+def test_a_stepped_counter_read_slower_than_its_steps_is_not_taken_for_one_that_moves_at_every_read() -> None:
+    # A hostile trial: a 20 ms counter read every 22-32 ms (a starved reader, a node's period
+    # set long) changes at every read, and was taken for one that moves at every read: each
+    # step stamped at its read with no doubt, up to 20 ms off (28% of settled figures outside).
+    # A 10 ms counter at the plain pace (5-15 ms) is not one either; a counter that moves at
+    # every read, read at that pace, is.
+    for period, poll in ((0.02, 0.027), (0.01, 0.01), (0.02, 0.01)):
+        tape = Tape("counter", IDLE, period_hint=0.1)
+        pieces = spans(tape.feed_all(counter_readings(200.0, period=period, poll=poll, jitter=0.0005)))
+        assert not tape.steps.every_read, (period, poll)
+        late = pieces[len(pieces) // 2:]
+        assert all(p.stamp_s > 0 for p in late), (period, poll)
+    tape = Tape("counter", IDLE, period_hint=0.1)
+    tape.feed_all(counter_readings(200.0, period=None, poll=0.01))
+    assert tape.steps.every_read
 
 
 def test_a_millijoule_wobble_down_is_not_a_reset() -> None:

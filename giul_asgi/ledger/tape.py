@@ -41,6 +41,13 @@ STALE_PERIODS = 20
 STALE_MIN_S = 2.0
 #: Fewer than this share of reads unchanged: the counter moves at every read.
 EVERY_READ_SHARE = 0.9
+#: Only reads at most this long after the one before tell (and no more than NARROW of the
+#: hint): a counter stepping every 20 ms read every 22-32 ms (a starved reader, or a node's
+#: period set long) changes at every read too, and was taken for one that moves at every read,
+#: each step stamped at its read with no doubt, up to a period off (28% of settled figures
+#: outside, a hostile trial). Every 10 ms or more, a stepped counter changes at under 90% of
+#: such reads; the plain pace (5-15 ms) makes half its reads this short.
+EVERY_READ_GAP_S = 0.01
 #: Watts we allow a card before a drop is a reset rather than a wobble (when none seen yet).
 DEFAULT_MAX_W = 2000.0
 #: Brackets kept for learning the period and phase.
@@ -89,10 +96,11 @@ class StepClock:
 
     def saw(self, changed: bool, gap: float = 0.0) -> None:
         """A read that did or did not see the value change, ``gap`` after the one before:
-        only reads well inside the expected period apart tell a counter that moves at every
-        read from a stepped one (read once a period, a stepped counter changes at every read
-        too; the learnt period is no guide: one that moves at every read is learnt as the gap)."""
-        if gap < NARROW * self.hint:
+        only reads well inside any counter's period apart (:data:`EVERY_READ_GAP_S`) tell a
+        counter that moves at every read from a stepped one (read once a period, a stepped
+        counter changes at every read too; the learnt period is no guide: one that moves at
+        every read is learnt as the gap)."""
+        if gap < min(NARROW * self.hint, EVERY_READ_GAP_S):
             self._reads.append(changed)
 
     @property
