@@ -69,10 +69,11 @@ spread unless the contrasts themselves say more; before :data:`MIN_CONTRASTS`,
 (its sd ``1/sqrt(3)`` of the mean). The long sums forget over minutes, and a mix that turns
 unlike after a minute of requests drawing alike was priced at the alike spread for as long (the
 old contrasts' scale outweighs the new misses): so what the last :data:`RECENT_CONTRASTS`
-contrasts alone say (at the median of their chi-square, :data:`RECENT_SHORT`) is a floor under
-it, and the mix is priced as unlike from its second round (87% of settled figures outside for a
-minute and more before, 9% after with its first round's, a hostile trial's shape in
-tests/test_doubt.py). Requests that stay alike keep a recent floor as small as the long bound.
+contrasts alone say (at the median of their chi-square, :data:`RECENT_SHORT`, up to the cold
+spread) is a floor under it, and the mix is priced as unlike from its second round (87% of
+settled figures outside for a minute and more before, 9% after with its first round's, a
+hostile trial's shape in tests/test_doubt.py). Requests that stay alike keep a recent floor
+about as small as the long bound.
 
 The book keeps each window's doubt per unit of spread, span by span, and prices it at the
 spread learnt by the window's close (its first figure) and again when it settles: a spread
@@ -328,12 +329,16 @@ class RateDoubt:
         # what they say is itself wider.
         upper = min(upper, max(COLD_SPREAD ** 2, (stretches.miss - stamps) / stretches.scale))
         # And never narrower than what the last few contrasts say, for a mix that changed
-        # (their estimate alone, unscaled by their count, left 42 of 384 outside, against 35).
+        # (their estimate alone, unscaled by their count, left 42 of 384 outside, against 35),
+        # up to the cold spread: eight contrasts of a batch drawing alike on a 20 ms counter,
+        # the stamps' noise most of their misses, swung from nothing to 10x the cold spread
+        # (uncapped, its figures 2-7x as wide, a hostile trial).
         recent = self._recent
         if recent.count >= MIN_CONTRASTS and recent.scale > 0:
             k = recent.count
             stamps = self._stamps(stamp_sq, recent)
-            upper = max(upper, (recent.miss * k / _chi2(k, RECENT_SHORT) - stamps) / recent.scale)
+            said = (recent.miss * k / _chi2(k, RECENT_SHORT) - stamps) / recent.scale
+            upper = max(upper, min(said, COLD_SPREAD ** 2))
         return upper
 
     def _stamps(self, stamp_sq: float, contrasts: _Contrasts | None = None) -> float:
