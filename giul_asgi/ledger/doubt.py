@@ -117,8 +117,8 @@ COLD_SPREAD = 1 / math.sqrt(3)
 #: spread from 10 to 2 contrasts; at 50%, the 15 W / 45 W mix of tests/test_doubt.py held the
 #: truth for 87% of settled figures).
 SHORT = 0.25
-#: The recent contrasts' memory, in contrasts: their bound is a floor under the long one, so
-#: that a mix that turns unlike is priced so within a few stretches, not once the long sums
+#: The recent contrasts' memory, in contrasts: what they say is a floor under the long bound,
+#: so that a mix that turns unlike is priced so within a few stretches, not once the long sums
 #: (RATES_TAU_S of span-seconds) forget the alike one before it (the module). 4 followed the
 #: mix sooner but fell short of it more often between rounds (68 of 384 outside against 42,
 #: each as its plain estimate); 16 as 8.
