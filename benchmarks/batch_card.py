@@ -27,6 +27,7 @@ import statistics
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -122,17 +123,61 @@ def run(exponent: float, seed: int, in_flight: int, seconds: float) -> dict[str,
         if clock.now >= next_read:
             ledger.ingest(reader.read())
             next_read = clock.now + 0.01 * rng.uniform(0.5, 1.5)
-    settled = [(m.figure(), truth, first, unc) for m, truth, first, unc, _ in done]
-    settled = [(e, truth, first, unc) for e, truth, first, unc in settled
+    return _summary([(m.figure(), truth, first, unc) for m, truth, first, unc, _ in done], ledger)
+
+
+async def run_nvml(exponent: float, seed: int, in_flight: int, seconds: float) -> dict[str, float]:
+    """The same on the production path and the real clock: ``Node(reader="nvml")`` over
+    benchmarks/fake_pynvml (its counter stepping every 100 ms), its own poller thread."""
+    import asyncio
+    import time
+
+    import fake_pynvml
+
+    card = BatchCard(time.monotonic, seed, per_w=20.0 * in_flight ** (1 - exponent),  # type: ignore[arg-type]
+                     exponent=exponent)
+    fake_pynvml.install([fake_pynvml.Gpu(card)], fake_pynvml.Driver(seed=seed))
+    ledger = Ledger(Node("batch", idle_w=IDLE_W, reader="nvml", workers_dir=False))
+    ledger.ensure_started()
+    rng = random.Random(seed)
+    done: list[tuple[Meter, float, float, float]] = []
+
+    async def one(delay: float, length: float) -> None:
+        await asyncio.sleep(delay)
+        meter = Meter(ledger)
+        meter.open()
+        began = card.begin()
+        await asyncio.sleep(length)
+        truth = card.end() - began
+        meter.close()
+        first = meter.figure()
+        if first.joules is not None and first.uncertainty_joules is not None:
+            done.append((meter, truth, first.joules, first.uncertainty_joules))
+
+    arrivals, t = [], 0.0
+    while t < seconds:
+        arrivals.append(one(t, min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5)))))
+        t += rng.expovariate(in_flight / 0.65)
+    try:
+        await asyncio.gather(*arrivals)
+        await asyncio.sleep(1.5)
+        return _summary([(m.figure(), truth, first, unc) for m, truth, first, unc in done], ledger)
+    finally:
+        ledger.stop()
+        fake_pynvml.uninstall()
+
+
+def _summary(figures: list[tuple[Any, float, float, float]], ledger: Ledger) -> dict[str, float]:
+    settled = [(e, truth, first, unc) for e, truth, first, unc in figures
                if e.settled and e.joules is not None and e.uncertainty_joules is not None]
     learnt = ledger.book._by_time.learnt()
     return {
         "n": len(settled),
-        "settled inside": sum(abs(e.joules - truth) <= e.uncertainty_joules for e, truth, _, _ in settled)  # type: ignore[operator]
+        "settled inside": sum(abs(e.joules - truth) <= e.uncertainty_joules for e, truth, _, _ in settled)
         / len(settled),
         "first inside": sum(abs(first - truth) <= unc for _, truth, first, unc in settled) / len(settled),
-        "settled error": statistics.median(abs(e.joules - truth) / truth for e, truth, _, _ in settled),  # type: ignore[operator]
-        "settled width": statistics.median(e.uncertainty_joules / e.joules for e, _, _, _ in settled),  # type: ignore[operator]
+        "settled error": statistics.median(abs(e.joules - truth) / truth for e, truth, _, _ in settled),
+        "settled width": statistics.median(e.uncertainty_joules / e.joules for e, _, _, _ in settled),
         "first width": statistics.median(unc / first for _, _, first, unc in settled),
         "c": math.sqrt(learnt) if learnt is not None else math.nan,
     }
@@ -144,17 +189,26 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--path", choices=("virtual", "nvml"), default="virtual",
+                        help="virtual: Python reader, virtual clock; nvml: the production path, real clock")
     args = parser.parse_args()
     print(f"# batch_card.py, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()} "
           f"({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
+    where = ("the NVML reader over fake_pynvml, real clock" if args.path == "nvml"
+             else "the Python reader, virtual clock")
     print(f"    about {args.in_flight} requests in flight for {args.seconds:g} s (0.2-2 s each), seeds "
-          f"0-{args.seeds - 1}, virtual clock, 100 ms counter\n")
+          f"0-{args.seeds - 1}, {where}, 100 ms counter\n")
     print("| exponent | seed | n | settled inside | first inside | settled error (median) | settled width "
           "| first width | spread learnt (c) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for exponent in args.exponents:
         for seed in range(args.seeds):
-            r = run(exponent, seed, args.in_flight, args.seconds)
+            if args.path == "nvml":
+                import asyncio
+
+                r = asyncio.run(run_nvml(exponent, seed, args.in_flight, args.seconds))
+            else:
+                r = run(exponent, seed, args.in_flight, args.seconds)
             print(f"| {exponent:g} | {seed} | {r['n']:.0f} | {100 * r['settled inside']:.0f}% "
                   f"| {100 * r['first inside']:.0f}% | {100 * r['settled error']:.1f}% "
                   f"| {100 * r['settled width']:.1f}% | {100 * r['first width']:.1f}% | {r['c']:.2f} |",
