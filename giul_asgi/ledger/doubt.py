@@ -228,12 +228,15 @@ class _Contrasts:
         #: Forget by contrasts (this many: the recent ones) rather than by span-seconds.
         self.memory = memory
 
-    def add(self, before: _Stretch, now: _Stretch) -> None:
+    def add(self, before: _Stretch, now: _Stretch) -> tuple[float, float, float, float, float] | None:
+        """Add the contrast of ``now`` with ``before``; returns its terms (squared miss, scale,
+        stamps, stated stamps, ``now``'s span-seconds) for other sums to :meth:`take`, or None
+        where it says nothing of rates."""
         # The stretch at the rate of the one before it: what that misses is a contrast of
         # who drew what (a common change of every member's draw cancels in it).
         ratio = now.weight / before.weight
         if not 1 / MAX_RATIO <= ratio <= MAX_RATIO:
-            return  # one stretch's energy scaled many times over: it says nothing of rates
+            return None  # one stretch's energy scaled many times over: it says nothing of rates
         miss = now.energy - before.energy * ratio
         # sum_j (s_j - ratio x b_j)^2 over both stretches' members, a member absent from one
         # counting nothing there: the squares of each, less what the few in both share.
@@ -242,7 +245,7 @@ class _Contrasts:
         whole = now.squares + ratio * ratio * before.squares
         a_sq = max(0.0, whole - 2 * ratio * shared)
         if not self.flat and a_sq <= FLAT * whole:
-            return  # nobody's seconds changed: it says nothing of who drew what
+            return None  # nobody's seconds changed: it says nothing of who drew what
         window_s = now.window_s + before.window_s
         watts = (now.energy + before.energy) / window_s if window_s > 0 else 0.0
         # A step stamped off by d moves d of the card's whole draw across it: at the
@@ -254,9 +257,16 @@ class _Contrasts:
         between = max(now.start_stamp, before.end_stamp)
         stated = ((now.end_stamp * w_now) ** 2 + (between * (w_now + w_before)) ** 2
                   + (before.start_stamp * w_before) ** 2) / 3
-        keep = math.exp(-(1 / self.memory if self.memory else now.span_s / RATES_TAU_S))
-        self.miss = self.miss * keep + miss * miss
-        self.scale = self.scale * keep + watts * watts * a_sq
+        terms = (miss * miss, watts * watts * a_sq, stamps, stated, now.span_s)
+        self.take(terms)
+        return terms
+
+    def take(self, terms: tuple[float, float, float, float, float]) -> None:
+        """Add a contrast's terms (:meth:`add`'s), forgetting the older ones as these sums do."""
+        miss_sq, scale, stamps, stated, span_s = terms
+        keep = math.exp(-(1 / self.memory if self.memory else span_s / RATES_TAU_S))
+        self.miss = self.miss * keep + miss_sq
+        self.scale = self.scale * keep + scale
         self.stamps = self.stamps * keep + stamps
         self.stated = self.stated * keep + stated
         self.count = self.count * keep + 1.0
@@ -283,7 +293,7 @@ class RateDoubt:
         self._tau = ramp_s / 5
         self._closed: dict[int, tuple[float, float]] = {}  # id: (its close, weight a second)
         self._stretches = _Contrasts(flat=False)  # of stretches of BLOCK_SPANS spans: the members'
-        self._recent = _Contrasts(flat=False, memory=RECENT_CONTRASTS)  # the same, the last few
+        self._recent = _Contrasts(memory=RECENT_CONTRASTS)  # the same contrasts, the last few
         self._spans = _Contrasts()  # of single spans: the stamps'
         self._stretch = _Stretch()
         self._prev: _Stretch | None = None
@@ -392,8 +402,9 @@ class RateDoubt:
             return
         prev, self._prev, self._stretch = self._prev, stretch, _Stretch()
         if prev is not None and prev.weight > 0:
-            self._stretches.add(prev, stretch)
-            self._recent.add(prev, stretch)
+            terms = self._stretches.add(prev, stretch)
+            if terms is not None:  # the same contrast, in the sums that remember the last few
+                self._recent.take(terms)
 
     def _tails(self, span: CardSpan, members: Members, weighed: list[float], stretch: _Stretch) -> None:
         """Closed members' tails in ``span``, as their seconds in the stretch."""
