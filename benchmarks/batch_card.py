@@ -25,6 +25,7 @@ import platform
 import random
 import statistics
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ class BatchCard(TrueCard):
     """A :class:`TrueCard` (its steps and jitter) whose draw above idle is ``per_w x N^exponent``
     with N requests in flight, each request's part of it alike; no ramps."""
 
-    def __init__(self, clock: VirtualClock, seed: int, per_w: float, exponent: float) -> None:
+    def __init__(self, clock: Callable[[], float], seed: int, per_w: float, exponent: float) -> None:
         super().__init__(idle_w=IDLE_W, clock=clock, seed=seed)
         self.per_w, self.exponent = per_w, exponent
         self.n = 0
@@ -84,17 +85,27 @@ class BatchCard(TrueCard):
         return self.idle_w * (t - self.t0) + self._above[i] + self._draw(self._n[i]) * (t - self._t[i])
 
 
-def run(exponent: float, seed: int, in_flight: int, seconds: float) -> dict[str, float]:
-    clock = VirtualClock(100.0)
-    # The card draws per_w x N^exponent: at the mean in flight, 20 W a request, whatever the exponent.
-    card = BatchCard(clock, seed, per_w=20.0 * in_flight ** (1 - exponent), exponent=exponent)
-    reader = TrueReader(card)
-    ledger = Ledger(Node("batch", idle_w=IDLE_W), reader, poll=False)
-    rng = random.Random(seed)
+def _card(clock: Callable[[], float], seed: int, in_flight: int, exponent: float) -> BatchCard:
+    """The card: per_w x N^exponent, 20 W a request at the mean in flight, whatever the exponent."""
+    return BatchCard(clock, seed, per_w=20.0 * in_flight ** (1 - exponent), exponent=exponent)
+
+
+def _arrivals(rng: random.Random, in_flight: int, seconds: float) -> list[tuple[float, float]]:
+    """(start, length) of each request: 0.2-2 s long, arriving at random, ``in_flight`` on average."""
     arrivals, t = [], 0.0
     while t < seconds:
         arrivals.append((t, min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5)))))
         t += rng.expovariate(in_flight / 0.65)
+    return arrivals
+
+
+def run(exponent: float, seed: int, in_flight: int, seconds: float) -> dict[str, float]:
+    clock = VirtualClock(100.0)
+    card = _card(clock, seed, in_flight, exponent)
+    reader = TrueReader(card)
+    ledger = Ledger(Node("batch", idle_w=IDLE_W), reader, poll=False)
+    rng = random.Random(seed)
+    arrivals = _arrivals(rng, in_flight, seconds)
     t0, next_read = clock.now, clock.now
     running: list[tuple[Meter, float, float]] = []
     done: list[tuple[Meter, float, float, float, float]] = []  # meter, truth, first, first unc
@@ -134,12 +145,10 @@ async def run_nvml(exponent: float, seed: int, in_flight: int, seconds: float) -
 
     import fake_pynvml
 
-    card = BatchCard(time.monotonic, seed, per_w=20.0 * in_flight ** (1 - exponent),  # type: ignore[arg-type]
-                     exponent=exponent)
+    card = _card(time.monotonic, seed, in_flight, exponent)
     fake_pynvml.install([fake_pynvml.Gpu(card)], fake_pynvml.Driver(seed=seed))
     ledger = Ledger(Node("batch", idle_w=IDLE_W, reader="nvml", workers_dir=False))
     ledger.ensure_started()
-    rng = random.Random(seed)
     done: list[tuple[Meter, float, float, float]] = []
 
     async def one(delay: float, length: float) -> None:
@@ -154,12 +163,9 @@ async def run_nvml(exponent: float, seed: int, in_flight: int, seconds: float) -
         if first.joules is not None and first.uncertainty_joules is not None:
             done.append((meter, truth, first.joules, first.uncertainty_joules))
 
-    arrivals, t = [], 0.0
-    while t < seconds:
-        arrivals.append(one(t, min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5)))))
-        t += rng.expovariate(in_flight / 0.65)
+    arrivals = _arrivals(random.Random(seed), in_flight, seconds)
     try:
-        await asyncio.gather(*arrivals)
+        await asyncio.gather(*(one(t, length) for t, length in arrivals))
         await asyncio.sleep(1.5)
         return _summary([(m.figure(), truth, first, unc) for m, truth, first, unc in done], ledger)
     finally:
