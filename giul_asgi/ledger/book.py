@@ -231,7 +231,7 @@ class Book:
             # The prior's First is this window's own, made now: completed in place (two
             # dataclasses.replace calls cost a close 2-3 us: benchmarks/results/first_in_place-2026-12-07.md).
             first = window.first = self.prior.first_guess(window, True, _measured_unc(window))
-            if first is not None and self._spans is None:
+            if first is not None and self._spans is None and not first.bound:
                 ahead = self._ahead(window, first.guess)
                 if ahead > 0:
                     first.unc = _measured_unc(window, ahead)
@@ -618,6 +618,8 @@ class Book:
             if fill is None:
                 if waits:
                     return  # a cold start, nothing learnt yet to fill it from: wait for a rate
+                fill = self.prior.bounded_fill(window)
+            if fill is None:
                 window.lost_s = window.filled_s
                 read = window.measured_s
                 window.error = window.trouble or (
@@ -785,7 +787,7 @@ class Book:
         # to twice the width they needed); before, added (a cold spread is no quantile, and
         # in quadrature a fresh process's early figures fell outside: a suite run's 3.28 J
         # off against 2.78 +- 0.5).
-        interpolated_unc = spread_ * first.scale + FLOOR * guess + fill_unc
+        interpolated_unc = spread_ * first.scale + FLOOR * guess + fill_unc + first.bound
         unc = (math.hypot(measured_unc, interpolated_unc) if self.prior.calibrated(first)
                else measured_unc + interpolated_unc)
         return (window.share + fill_j + left, unc, fill_j + left,

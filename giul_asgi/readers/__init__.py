@@ -6,9 +6,10 @@ Readers are built by name through :data:`~giul_asgi.readers.registry.READERS` fr
 
 from __future__ import annotations
 
-from .base import Kind, LoadDriven, NullReader, Process, ProcessLister, Reader, ReaderSpec, Reading
+from .base import Capped, Kind, LoadDriven, NullReader, Process, ProcessLister, Reader, ReaderSpec, Reading
 
 __all__ = [
+    "Capped",
     "Kind",
     "LoadDriven",
     "NullReader",
