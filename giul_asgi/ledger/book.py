@@ -618,8 +618,6 @@ class Book:
             if fill is None:
                 if waits:
                     return  # a cold start, nothing learnt yet to fill it from: wait for a rate
-                fill = self.prior.bounded_fill(window)
-            if fill is None:
                 window.lost_s = window.filled_s
                 read = window.measured_s
                 window.error = window.trouble or (

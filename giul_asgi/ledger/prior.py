@@ -451,29 +451,18 @@ class Prior:
         """With nothing learnt, a first figure from the most the card can draw above idle:
         over the window's time not shared yet (none of it read, or read by no span yet) and
         a ramp-down tail, the part is somewhere between nothing and all of it: half, give or
-        take half. None where the card's ceiling is not known."""
-        half = self._half_bound(window.seconds - window.measured_s - window.lost_s)
-        if half is None:
-            return None
-        return First(window.share, half, 0.0, measured_unc, window.filled_s, BOUND_BASIS, bound=half)
+        take half. None where the card's ceiling is not known.
 
-    def bounded_fill(self, window: Window) -> Fill | None:
-        """The last resort of a window's time no reading covered, once waiting for a rate is
-        over: half what the card could have drawn in it and a tail, give or take half (a
-        range, not a rate's guess: 10 s of a card nobody here had metered used to end
-        ``unknown``). None where the card's ceiling is not known."""
-        half = self._half_bound(window.filled_s)
-        if half is None:
-            return None
-        return Fill(half, half, 0.0, BOUND_BASIS)
-
-    def _half_bound(self, seconds: float) -> float | None:
-        """Half the most the card can draw above idle over ``seconds`` and a ramp-down tail
-        (``ramp_s / 5`` from at most that draw: an exponential's area)."""
+        Only a first figure: each window's range is the whole card's (its own job may have
+        drawn all of it), so a cold burst's ranges add up to many cards. A settled figure is
+        booked, and a window no rate came for within 10 s stays unknown there."""
         ceiling = self.ceiling_w
         if ceiling is None:
             return None
-        return ceiling * (max(0.0, seconds) + self.ramp_s / 5) / 2
+        # Its tail: ramp_s / 5 from at most the ceiling (an exponential's area).
+        unread = max(0.0, window.seconds - window.measured_s - window.lost_s)
+        half = ceiling * (unread + self.ramp_s / 5) / 2
+        return First(window.share, half, 0.0, measured_unc, window.filled_s, BOUND_BASIS, bound=half)
 
     def _relative_weight(self, weight: float | None) -> float:
         """How a window's weight stands to the closed windows' mean (within 10x either way):
