@@ -88,8 +88,6 @@ from giul_asgi.ledger import Ledger
 from giul_asgi.meter import Meter
 
 IDLE_W = 70.0
-#: The board's enforced power limit (an H100 SXM's): no scenario draws past it.
-LIMIT_W = 700.0
 
 
 @dataclass
@@ -272,7 +270,7 @@ def _spread(values: list[float]) -> tuple[float, float, float] | None:
 
 
 async def run(scenario: Scenario, seed: int, path: str = "truecard") -> Row:
-    card = TrueCard(idle_w=IDLE_W, period=scenario.period, seed=seed, limit_w=LIMIT_W)
+    card = TrueCard(idle_w=IDLE_W, period=scenario.period, seed=seed)
     if scenario.foreign is not None:
         card.add_foreign(scenario.foreign)
     faulty: FaultyReader | None = None
@@ -298,7 +296,7 @@ async def run(scenario: Scenario, seed: int, path: str = "truecard") -> Row:
     # table), at most startup_timeout; no warm-up beyond that: the first request starts at once.
     # (Until 2026-12-07 the first request started before the reader was built: on the NVML
     # path, whose start costs 50 ms, the first window of a 30-100 ms scenario closed before
-    # it and said unknown, as a server without lifespan's first request still does.)
+    # it, as a server without lifespan's first request still does.)
     await ledger.wait_ready(Options().startup_timeout)
     t_start = time.monotonic()
     t_start_ns = time.monotonic_ns()

@@ -49,12 +49,10 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
 from truecard import TrueCard, TrueReader  # noqa: E402
 
-from giul_asgi import Energy, Meter, Node  # noqa: E402
+from giul_asgi import Meter, Node  # noqa: E402
 from giul_asgi.ledger import Ledger, Ledgers  # noqa: E402
 
 IDLE = 70.0
-#: The board's enforced power limit, as an H100 SXM reports it (NVML's enforced limit).
-LIMIT_W = 700.0
 LENGTHS = (0.0, 0.02, 0.05, 0.05, 0.1, 0.3, 0.3, 1.0)
 #: How late a ``late`` trial's job may start after its window opens (s).
 LATE_S = 0.03
@@ -70,14 +68,6 @@ class Figure:
     settled: float | None
     truth: float | None
     stepped: bool  # the node had seen a counter step when the first figure was made
-    #: The first figure is a range from the card's power limit (nothing learnt yet): its doubt
-    #: is as wide as itself by design.
-    ranged: bool = False
-
-
-def ranged(energy: Energy) -> bool:
-    """Whether a first figure rests on the card's power limit rather than a learnt rate."""
-    return energy.error is not None and "power limit" in energy.error
 
 
 class _Clock:
@@ -92,10 +82,10 @@ class _Fresh:
     """A fresh ledger on the counter card (virtual clock), and how to let time pass: read every
     ~10 ms (5-15, from ``rng``)."""
 
-    def __init__(self, seed: int, name: str, rng: random.Random, limit_w: float | None = None) -> None:
+    def __init__(self, seed: int, name: str, rng: random.Random) -> None:
         self.rng = rng
         self.clock = _Clock()
-        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed, limit_w=limit_w)
+        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed)
         self.reader = TrueReader(self.card)
         self.ledger = Ledger(Node(name, idle_w=IDLE), self.reader, poll=False)
 
@@ -111,7 +101,7 @@ def counter_trial(seed: int, late_s: float = 0.0) -> list[Figure]:
     """A fresh ledger's 12 requests on the counter card; each job starts up to ``late_s``
     after its window opens (at least a tenth of it)."""
     rng = random.Random(seed)
-    fresh = _Fresh(seed, "cold", rng, limit_w=LIMIT_W)  # one request at a time: within a board's limit
+    fresh = _Fresh(seed, "cold", rng)
     card, ledger, advance = fresh.card, fresh.ledger, fresh.advance
     advance(rng.uniform(0.0, 0.05))
     out: list[tuple[Meter, Figure]] = []
@@ -131,7 +121,7 @@ def counter_trial(seed: int, late_s: float = 0.0) -> list[Figure]:
             (ledger.totals().measured_j != 0.0)
         first = meter.figure()
         out.append((meter, Figure(index, seconds, first.joules, first.uncertainty_joules, first.method,
-                                  None, job.truth(card.ramp_up, card.tau), stepped, ranged=ranged(first))))
+                                  None, job.truth(card.ramp_up, card.tau), stepped)))
         advance(rng.uniform(0.05, 0.6))
     advance(2.0)
     for meter, figure in out:
@@ -157,7 +147,7 @@ def alike_trial(seed: int, seconds: float = 0.03, n: int = 40) -> list[Figure]:
         meter.close()
         first = meter.figure()
         out.append((meter, Figure(index, length, first.joules, first.uncertainty_joules, first.method,
-                                  None, job.truth(card.ramp_up, card.tau), True, ranged=ranged(first))))
+                                  None, job.truth(card.ramp_up, card.tau), True)))
         advance(seconds + rng.uniform(0.25, 0.5))
     advance(2.0)
     for meter, figure in out:
@@ -212,8 +202,7 @@ def _play(fresh: _Fresh, plan: list[tuple[float, float, float]], out: list[tuple
             meter.close()
             first = meter.figure()
             out.append((meter, Figure(len(out), t1 - t0, first.joules, first.uncertainty_joules,
-                                      first.method, None, job.truth(card.ramp_up, card.tau), True,
-                                      ranged=ranged(first))))
+                                      first.method, None, job.truth(card.ramp_up, card.tau), True)))
 
 
 def _settled(fresh: _Fresh, out: list[tuple[Meter, Figure]], seconds: float) -> list[Figure]:
@@ -280,7 +269,7 @@ def mixed_trial(seed: int, n: int = 300, in_flight: int = 16) -> list[Figure]:
         meter.close()
         first = meter.figure()
         out.append((meter, Figure(len(out), seconds, first.joules, first.uncertainty_joules, first.method,
-                                  None, job.truth(card.ramp_up, card.tau), True, ranged=ranged(first))))
+                                  None, job.truth(card.ramp_up, card.tau), True)))
     for _ in range(300):
         clock.now += 0.01
         ledger.ingest(reader.read())
@@ -333,7 +322,7 @@ def draining_trial(seed: int, bursts: int = 12, skip: int = 30) -> list[Figure]:
             meter.close()
             first = meter.figure()
             out.append((meter, Figure(int(began > end - 0.3), seconds, first.joules, first.uncertainty_joules,
-                                      first.method, None, None, True, ranged=ranged(first))))
+                                      first.method, None, None, True)))
             heapq.heappush(events, (t, 0, client))
         advance(clock.now + 3.0)
     advance(clock.now + 2.0)
@@ -356,7 +345,7 @@ async def simulated_trial(seed: int) -> list[Figure]:
             first = meter.figure()
             stepped = ledger.totals().measured_j != 0.0
             out.append((meter, Figure(index, seconds, first.joules, first.uncertainty_joules, first.method,
-                                      None, None, stepped, ranged=ranged(first))))
+                                      None, None, stepped)))
             await asyncio.sleep(rng.uniform(0.05, 0.4))
         for meter, figure in out:
             figure.settled = (await meter.settled(timeout=5.0)).joules

@@ -353,13 +353,6 @@ def _fields(state: _State, gpu: Gpu, values: list[SimpleNamespace]) -> int:
     return NVML_SUCCESS
 
 
-def _limit(state: _State, gpu: Gpu, out: Any) -> int:
-    if gpu.card.limit_w is None:
-        return NVML_ERROR_NOT_SUPPORTED
-    out._obj.value = int(gpu.card.limit_w * 1000)
-    return NVML_SUCCESS
-
-
 def _processes(state: _State, gpu: Gpu, out: list[SimpleNamespace]) -> int:
     if gpu.fail is not None:
         return gpu.fail
@@ -379,7 +372,6 @@ _FUNCTIONS: dict[str, Callable[..., int]] = {
     "nvmlDeviceGetName": _entry("small", lambda state, gpu: NVML_SUCCESS),
     "nvmlDeviceGetUUID": _entry("small", lambda state, gpu: NVML_SUCCESS),
     "nvmlDeviceGetMigMode": _entry("small", lambda state, gpu: NVML_SUCCESS),
-    "nvmlDeviceGetEnforcedPowerLimit": _entry("small", _limit),
 }
 
 
@@ -423,12 +415,6 @@ def nvmlDeviceGetUUID(handle: Gpu) -> str:
 def nvmlDeviceGetMigMode(handle: Gpu) -> tuple[int, int]:
     _nvmlCheckReturn(_nvmlGetFunctionPointer("nvmlDeviceGetMigMode")(handle))
     return (0, 0)
-
-
-def nvmlDeviceGetEnforcedPowerLimit(handle: Gpu) -> int:
-    c_limit = c_uint()
-    _nvmlCheckReturn(_nvmlGetFunctionPointer("nvmlDeviceGetEnforcedPowerLimit")(handle, byref(c_limit)))
-    return c_limit.value
 
 
 def nvmlDeviceGetTotalEnergyConsumption(handle: Gpu) -> int:

@@ -115,10 +115,6 @@ class TrueCard:
     tau: float = 0.02
     clock: Callable[[], float] = time.monotonic
     seed: int = 0
-    #: The board's enforced power limit, which readers then report (None: they report none,
-    #: and jobs sum without bound): a scenario that sets it may not draw past it (start_job
-    #: refuses), since a real board never does.
-    limit_w: float | None = None
     jobs: list[Job] = field(default_factory=list)
     foreign: list[Foreign] = field(default_factory=list)
 
@@ -132,19 +128,8 @@ class TrueCard:
     def start_job(self, watts: float) -> Job:
         with self._lock:
             job = Job(watts, self.clock())
-            self._within_limit(job.start, watts)
             self.jobs.append(job)
             return job
-
-    def _within_limit(self, t: float, watts: float) -> None:
-        """Refuse a job that would take the card past its limit (jobs running or in their
-        tail, foreign loads at their level, the idle floor)."""
-        if self.limit_w is None:
-            return
-        drawn = self.idle_w + watts + sum(f.watts for f in self.foreign)
-        drawn += sum(j.watts for j in self.jobs if j.stop is None or t < j.stop + 5 * self.tau)
-        if drawn > self.limit_w:
-            raise ValueError(f"the scenario draws {drawn:.0f} W, past the card's {self.limit_w:.0f} W limit")
 
     def start_phased(self, prefill_w: float, decode_w: float) -> PhasedJob:
         """A request whose prefill draws ``prefill_w`` until :meth:`end_prefill`, then
@@ -152,7 +137,6 @@ class TrueCard:
         with self._lock:
             t = self.clock()
             job = PhasedJob(Job(decode_w, t), Job(prefill_w - decode_w, t))
-            self._within_limit(t, prefill_w)
             self.jobs += [job.level, job.burst]
             return job
 
@@ -230,7 +214,6 @@ class TrueReader:
         self.period = card.period if gauge != "every_read" else 0.02
         self.clock = card.clock
         self.reads = 0
-        self.ceiling_w: float | None = card.limit_w  # as NVML's enforced limit says it
 
     def read(self) -> Reading:
         self.reads += 1
@@ -267,7 +250,6 @@ class FaultyReader:
         self.hang_s = hang_s
         self.source, self.method, self.kind = reader.source, reader.method, reader.kind
         self.backend, self.period, self.clock = reader.backend, reader.period, reader.clock
-        self.ceiling_w = reader.ceiling_w
         self.start = reader.clock()
         self.after = after
         self._frozen: Reading | None = None

@@ -103,7 +103,7 @@ class NvmlSource:
             out.append({
                 "index": probe.index, "uuid": probe.uuid, "name": probe.name, "t": self.clock(),
                 "energy_j": reading.energy_j, "power_w": reading.power_w, "mig": probe.mig,
-                "error": reading.error, "limit_w": probe.limit_w,
+                "error": reading.error,
             })
         return out
 

@@ -70,8 +70,6 @@ class FakeGpu:
     #: under MIG, the compute pids of each slice (MIG device handles)
     mig_slices: list[list[int]] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
-    #: nvmlDeviceGetEnforcedPowerLimit's answer (mW); None: NotSupported, as older drivers say
-    limit_mw: int | None = None
 
     def counter_mj(self) -> int:
         return int(self.energy_mj)
@@ -230,11 +228,6 @@ class FakeNvml:
     def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
         self._check(gpu, gpu.counter, "counter")
         return gpu.counter_mj()
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, gpu: FakeGpu) -> int:
-        self._check(gpu, gpu.limit_mw is not None, "limit")
-        assert gpu.limit_mw is not None
-        return gpu.limit_mw
 
     def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
         self._check(gpu, gpu.average, "average")

@@ -45,8 +45,7 @@ class CountingSource:
 
 
 def test_readings_follow_the_schema() -> None:
-    gpus = [FakeGpu(energy_mj=1_234_567, power_mw=250_500, limit_mw=700_000),
-            FakeGpu(counter=False, mig=True, uuid="GPU-b")]
+    gpus = [FakeGpu(energy_mj=1_234_567, power_mw=250_500), FakeGpu(counter=False, mig=True, uuid="GPU-b")]
     with running_agent(reader=NvmlSource(nvml=FakeNvml(gpus)), cache_s=0.0) as url:
         before = time.monotonic()
         body = httpx.get(f"{url}/readings").json()
@@ -56,10 +55,8 @@ def test_readings_follow_the_schema() -> None:
     first, second = body["gpus"]
     assert first["uuid"].startswith("GPU-fake-0000")
     assert first == {"index": 0, "uuid": first["uuid"], "name": "NVIDIA H100 80GB HBM3",
-                     "t": first["t"], "energy_j": 1234.567, "power_w": 250.5, "mig": False, "error": None,
-                     "limit_w": 700.0}
+                     "t": first["t"], "energy_j": 1234.567, "power_w": 250.5, "mig": False, "error": None}
     assert second["energy_j"] is None and second["power_w"] == 100.0 and second["mig"] is True
-    assert second["limit_w"] is None  # a board that would not say its limit
     assert second["uuid"] == "GPU-b"
 
 

@@ -21,7 +21,7 @@ from server import free_port
 from giul_asgi.agent import NvmlSource
 from giul_asgi.errors import ConfigError, ReaderUnavailable
 from giul_asgi.readers.agent import AgentReader, ClockAlignment
-from giul_asgi.readers.base import Capped, Reader, ReaderSpec
+from giul_asgi.readers.base import Reader, ReaderSpec
 from giul_asgi.readers.registry import READERS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -41,17 +41,6 @@ def test_sums_the_nodes_gpus_and_places_readings_at_their_own_time() -> None:
     assert reading.ok and reading.joules == pytest.approx(3.5)
     assert before - 0.05 <= reading.t <= after
     assert reader.url.endswith("/readings")
-
-
-def test_the_agents_power_limits_are_the_nodes_ceiling_where_it_gives_every_one() -> None:
-    gpus = [FakeGpu(limit_mw=700_000), FakeGpu(limit_mw=300_000), FakeGpu()]
-    with running_agent(reader=NvmlSource(nvml=FakeNvml(gpus)), cache_s=0.0) as url:
-        capped = AgentReader(ReaderSpec(gpus=(0, 1), url=url))
-        uncapped = AgentReader(ReaderSpec(gpus=(1, 2), url=url))  # GPU 2 would not say
-        capped.close()
-        uncapped.close()
-    assert isinstance(capped, Capped) and capped.ceiling_w == pytest.approx(1000.0)
-    assert uncapped.ceiling_w is None
 
 
 def test_a_skewed_agent_clock_is_translated_to_ours() -> None:

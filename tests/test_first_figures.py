@@ -22,19 +22,11 @@ def test_first_figures_of_fresh_ledgers_cover_their_settled_ones_9_in_10_on_a_co
     covered = [f for f in both if abs(f.first - f.settled) <= f.first_unc]
     truth = [f for f in both if abs(f.first - f.truth) <= f.first_unc]
     assert len(covered) >= 0.9 * len(both) and len(truth) >= 0.9 * len(both)
-    # Never a near-zero; and no wider than the figure itself once the node saw a step,
-    # unless it is a range from the card's power limit (nothing learnt yet), which holds its
-    # truth and its settled figure every time.
+    # Never a near-zero; and no wider than the figure itself once the node saw a step.
     assert not [f for f in both if f.settled > 0 and f.first < 0.1 * f.settled]
-    guessed = [f for f in both if not f.ranged]
-    wide = [f for f in guessed if f.stepped and f.first_unc > f.first]
-    assert len(wide) <= 0.03 * len(guessed), wide[:3]
-    ranges = [f for f in both if f.ranged]
-    assert ranges and all(f.first_method == "estimated" for f in ranges)
-    assert [f for f in ranges if abs(f.first - f.truth) > f.first_unc
-            or abs(f.first - f.settled) > f.first_unc] == []
-    # A node that knows nothing, not even its card's limit, says so: no figure rather than
-    # a made-up one.
+    wide = [f for f in both if f.stepped and f.first_unc > f.first]
+    assert len(wide) <= 0.03 * len(both), wide[:3]
+    # A node that knows nothing says so: no figure rather than a made-up one.
     for f in figures:
         if f.first is None:
             assert f.first_method == "unknown"

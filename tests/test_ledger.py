@@ -33,10 +33,9 @@ class Clock:
 class Run:
     """A ledger fed by a virtual poller: reads every ~10 ms of virtual time."""
 
-    def __init__(self, node: Node | None = None, gauge: str = "counter", seed: int = 0,
-                 limit_w: float | None = None) -> None:
+    def __init__(self, node: Node | None = None, gauge: str = "counter", seed: int = 0) -> None:
         self.clock = Clock()
-        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed, limit_w=limit_w)
+        self.card = TrueCard(idle_w=IDLE, clock=self.clock, seed=seed)
         self.reader = TrueReader(self.card, gauge)  # type: ignore[arg-type]
         self.ledger = Ledger(node or Node("n", idle_w=IDLE), self.reader, poll=False)
         self.rng = random.Random(seed)
@@ -781,43 +780,6 @@ def test_a_window_before_the_first_reading_with_nothing_to_learn_from_is_unknown
     e = first.figure()
     assert e.settled and e.joules is None and e.method == "unknown", e
     assert "no reading covered this window" in (e.error or "")
-
-
-def test_a_window_before_the_first_reading_on_a_card_with_a_limit_is_priced_within_it() -> None:
-    # The card says the most it can draw (NVML's enforced power limit): what it cannot have
-    # told is somewhere between nothing and that. The first figure ranges over it, estimated,
-    # rather than say unknown; the settled one, booked, does not (a cold burst's ranges would
-    # add up to many cards): no rate within 10 s, it is unknown as before.
-    for seed in range(6):
-        run = Run(seed=seed, limit_w=700.0)
-        first, truth = _before_any_reading(run, watts=[40.0, 200.0, 600.0][seed % 3])
-        e = first.figure()
-        assert not e.settled and e.method == "estimated", e
-        assert e.joules is not None and e.uncertainty_joules is not None
-        assert abs(e.joules - truth) <= e.uncertainty_joules, (seed, e, truth)
-        assert "power limit" in (e.error or "")
-        # Half of all the card could draw above idle in its 0.1 s and a tail, give or take half.
-        assert e.uncertainty_joules >= 630.0 * 0.12 / 2
-        run.advance(11.0)
-        s = first.figure()
-        assert s.settled and s.method == "unknown" and s.joules is None, s
-        assert run.ledger.totals().estimated_j == 0.0
-
-
-def test_a_range_from_the_limit_gives_way_to_what_settled_windows_teach() -> None:
-    run = Run(seed=4, limit_w=700.0)
-    first, _ = _before_any_reading(run)
-    ranged = first.figure()
-    assert "power limit" in (ranged.error or "") and ranged.uncertainty_joules is not None
-    run.advance(0.5)
-    e = _taught(run, first)
-    assert e.settled and "power limit" not in (e.error or ""), e
-    later, truth = run.request(0.1, 200.0)
-    f = later.figure()
-    assert f.joules is not None and f.uncertainty_joules is not None
-    assert "power limit" not in (f.error or ""), f
-    assert f.uncertainty_joules < 0.5 * ranged.uncertainty_joules
-    assert abs(f.joules - truth) <= f.uncertainty_joules
 
 
 @pytest.mark.parametrize(("gauge", "lag", "seconds", "then"), [

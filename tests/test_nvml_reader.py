@@ -16,7 +16,7 @@ from fake_nvml import (
 )
 
 from giul_asgi.errors import ConfigError, ReaderUnavailable
-from giul_asgi.readers.base import Capped, Process, ProcessLister, Reader, ReaderSpec
+from giul_asgi.readers.base import Process, ProcessLister, Reader, ReaderSpec
 from giul_asgi.readers.nvml import POLL_HINT_S, GpuReading, NvmlReader, probe_nvml, read_gpu
 
 
@@ -50,17 +50,6 @@ def test_probed_once_then_only_the_chosen_call_is_made() -> None:
     for _ in range(3):
         reader.read()
     assert gpu.calls == ["counter"] * 3
-
-
-def test_the_ceiling_is_the_sum_of_the_boards_enforced_limits_and_none_if_one_will_not_say() -> None:
-    both = NvmlReader((0, 1), nvml=FakeNvml([FakeGpu(limit_mw=700_000), FakeGpu(limit_mw=350_500)]))
-    assert isinstance(both, Capped) and both.ceiling_w == pytest.approx(1050.5)
-    assert [p.limit_w for p in both.probes] == [700.0, 350.5]
-    one_silent = NvmlReader((0, 1), nvml=FakeNvml([FakeGpu(limit_mw=700_000), FakeGpu()]))
-    assert one_silent.ceiling_w is None  # half a ceiling would be a lie about the other board
-    failing = FakeGpu(limit_mw=700_000, fail=NVML_ERROR_UNKNOWN)
-    assert probe_nvml(FakeNvml([failing]))[0].limit_w is None
-    assert NvmlReader((0,), nvml=FakeNvml([FakeGpu(limit_mw=0)])).ceiling_w is None
 
 
 def test_not_supported_counter_falls_back_to_instant_power_field() -> None:

@@ -289,7 +289,7 @@ class Upstream:
             gpus.append({
                 "index": index, "uuid": f"GPU-sim-{index:04d}", "name": self.gpus[index].name,
                 "t": t, "energy_j": card.energy_mj() / 1000.0, "power_w": round(card.instant_w(), 3),
-                "mig": False, "error": None, "limit_w": card.cap_w,
+                "mig": False, "error": None,
             })
         return JSONResponse({"schema": SCHEMA, "host": self.host, "simulated": True,
                              "now": self.clock(), "gpus": gpus})

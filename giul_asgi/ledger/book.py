@@ -231,7 +231,7 @@ class Book:
             # The prior's First is this window's own, made now: completed in place (two
             # dataclasses.replace calls cost a close 2-3 us: benchmarks/results/first_in_place-2026-12-07.md).
             first = window.first = self.prior.first_guess(window, True, _measured_unc(window))
-            if first is not None and self._spans is None and not first.bound:
+            if first is not None and self._spans is None:
                 ahead = self._ahead(window, first.guess)
                 if ahead > 0:
                     first.unc = _measured_unc(window, ahead)
@@ -785,7 +785,7 @@ class Book:
         # to twice the width they needed); before, added (a cold spread is no quantile, and
         # in quadrature a fresh process's early figures fell outside: a suite run's 3.28 J
         # off against 2.78 +- 0.5).
-        interpolated_unc = spread_ * first.scale + FLOOR * guess + fill_unc + first.bound
+        interpolated_unc = spread_ * first.scale + FLOOR * guess + fill_unc
         unc = (math.hypot(measured_unc, interpolated_unc) if self.prior.calibrated(first)
                else measured_unc + interpolated_unc)
         return (window.share + fill_j + left, unc, fill_j + left,

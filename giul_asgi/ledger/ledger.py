@@ -41,7 +41,7 @@ from ..errors import GiulError, ReaderUnavailable
 from ..hostshare import CardTable, SeatBooks, card_key, log_unshared, resolve, server_identity
 from ..hostshare.place import remedy
 from ..hostshare.priors import KeptPrior, prior_name
-from ..readers.base import Capped, Continuing, Process, Reader, Reading
+from ..readers.base import Continuing, Process, Reader, Reading
 from ..readers.mig import Mig, mig_of
 from ..spans import NOBODY, CardSpan, Counted, Gap, Span
 from .book import Book, Split, TimeSplit, TokenSplit, Window
@@ -407,9 +407,6 @@ class Ledger:
             if idle_w is None:
                 idle_w = getattr(reader, "simulated_idle_w", None)
             self.tape = Tape(reader.kind, idle_w, period_hint=self.node.period_s or reader.period)
-            ceiling = reader.ceiling_w if isinstance(reader, Capped) else None
-            if ceiling is not None and idle_w is not None and ceiling > idle_w:
-                self.book.prior.ceiling_w = ceiling - idle_w
             self.mig = mig_of(reader)
             if self._note is not None:
                 self._note(("at", {"kind": reader.kind, "method": reader.method,

@@ -306,8 +306,7 @@ class PhaseSplit:
         rates = self.rates.fit()
         end = window.phase_end
         unshared = max(0.0, window.seconds - window.measured_s - window.lost_s - window.filled_s)
-        if (rates is None or end is None or math.isnan(end) or unshared <= 0 or first.guess <= 0
-                or first.bound):  # a range from the card's limit is no rate to rescale
+        if rates is None or end is None or math.isnan(end) or unshared <= 0 or first.guess <= 0:
             return first
         # What of its prefill the shared spans did not hold is in the part not shared yet.
         prefill = min(unshared, max(0.0, end - window.t_open - window.shared_prefill_s))

@@ -74,8 +74,6 @@ LINE_KEEP = 0.97
 LINE_SPREAD = 0.25
 #: Rates forget with this time constant, in window-seconds taught.
 RATE_TAU_S = 5.0
-#: What a figure resting on the card's power limit says it rests on.
-BOUND_BASIS = "the card's power limit (nothing learnt yet)"
 #: What :meth:`Prior.state` says it is.
 STATE_SCHEMA = "giul-asgi/prior/1"
 
@@ -201,9 +199,6 @@ class Prior:
         #: by tokens), to scale a guess by how a window's weight stands to theirs.
         self._weights = _Rate()
         self._settled = 0
-        #: The most the node's cards can draw above idle (their power limits, less the idle
-        #: floor), where the reader knows it: a first figure's range before anything is learnt.
-        self.ceiling_w: float | None = None
         #: Bumped whenever a settled window teaches the prior: a window waiting for that
         #: looks again only then (5,000 waiting windows retried at every reading took 65%
         #: of a core for ten seconds: a hostile trial).
@@ -438,7 +433,7 @@ class Prior:
                          measured_unc, window.filled_s, "the node's prior")
         rate, tail, basis = self.rate(window, alone)
         if rate is None or rate <= 0:
-            return self._bounded(window, measured_unc)
+            return None
         rate *= weighs
         # The residual's unit is the guess itself, with at least a quarter period of time
         # in it: a window closing just after a step still waits on how the next one falls.
@@ -446,23 +441,6 @@ class Prior:
             window.share, rate * (unshared + tail), rate * max(unshared + tail, self.period() / 4),
             measured_unc, window.filled_s, basis,
         )
-
-    def _bounded(self, window: Window, measured_unc: float) -> First | None:
-        """With nothing learnt, a first figure from the most the card can draw above idle:
-        over the window's time not shared yet (none of it read, or read by no span yet) and
-        a ramp-down tail, the part is somewhere between nothing and all of it: half, give or
-        take half. None where the card's ceiling is not known.
-
-        Only a first figure: each window's range is the whole card's (its own job may have
-        drawn all of it), so a cold burst's ranges add up to many cards. A settled figure is
-        booked, and a window no rate came for within 10 s stays unknown there."""
-        ceiling = self.ceiling_w
-        if ceiling is None:
-            return None
-        # Its tail: ramp_s / 5 from at most the ceiling (an exponential's area).
-        unread = max(0.0, window.seconds - window.measured_s - window.lost_s)
-        half = ceiling * (unread + self.ramp_s / 5) / 2
-        return First(window.share, half, 0.0, measured_unc, window.filled_s, BOUND_BASIS, bound=half)
 
     def _relative_weight(self, weight: float | None) -> float:
         """How a window's weight stands to the closed windows' mean (within 10x either way):

@@ -68,11 +68,6 @@ class First:
     #: Fewer windows open at close than the window mostly ran beside (a burst draining): the
     #: card's draw per window rises as they go, so its guess misses otherwise (its class).
     draining: bool = False
-    #: Nothing learnt to guess from, only the most the card can draw: the guess is half of
-    #: that over the window's unread time and its tail, and this its doubt (the other half),
-    #: so the figure's range is all the card could have done. Such a guess teaches no
-    #: residual (its ``scale`` is 0): it is no rate's miss.
-    bound: float = 0.0
 
 
 @dataclass(slots=True)

@@ -6,10 +6,9 @@ Readers are built by name through :data:`~giul_asgi.readers.registry.READERS` fr
 
 from __future__ import annotations
 
-from .base import Capped, Kind, LoadDriven, NullReader, Process, ProcessLister, Reader, ReaderSpec, Reading
+from .base import Kind, LoadDriven, NullReader, Process, ProcessLister, Reader, ReaderSpec, Reading
 
 __all__ = [
-    "Capped",
     "Kind",
     "LoadDriven",
     "NullReader",

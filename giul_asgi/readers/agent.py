@@ -103,8 +103,6 @@ class AgentReader:
         forced = opts.raw.get("kind")
         wanted = opts.choice("kind", ("counter", "power"), "counter")
         self.kind: Kind = "power" if wanted == "power" else "counter"
-        #: The most the node's GPUs can draw together, as the agent's first answer said (Capped).
-        self.ceiling_w: float | None = None
         first = self._fetch()
         if isinstance(first, str):
             if self._poller.last_status in (401, 403):
@@ -114,9 +112,7 @@ class AgentReader:
                     remedy="give the node the agent's token (token = ...), or none if it has none",
                 )
             self.notes.append(f"agent not reachable at start ({first}): readings are gaps until it is")
-        else:
-            self.ceiling_w = _ceiling(self._selected(first))
-        if not isinstance(first, str) and forced is None:
+        elif forced is None:
             gpus = self._selected(first)
             if not isinstance(gpus, str) and not all(g.get("energy_j") is not None for g in gpus) \
                     and all(g.get("power_w") is not None for g in gpus):
@@ -213,16 +209,5 @@ class AgentReader:
         self._poller.close()
 
 
-def _ceiling(gpus: list[dict[str, Any]] | str) -> float | None:
-    """The sum of the node's GPUs' power limits where the agent gave every one (an older
-    agent gives none)."""
-    if isinstance(gpus, str):
-        return None
-    limits = [w for g in gpus
-              if isinstance(w := g.get("limit_w"), int | float) and math.isfinite(w) and w > 0]
-    if not gpus or len(limits) < len(gpus):
-        return None
-    return float(sum(limits))
-
-
 __all__ = ["AgentReader", "ClockAlignment"]
+

@@ -68,15 +68,6 @@ class Reader(Protocol):
 
 
 @runtime_checkable
-class Capped(Protocol):
-    """A reader that knows the most its node's cards can draw together, idle included (the
-    sum of their enforced power limits; None where a card would not say): what a window's
-    first figure may range over before the node has learnt any rate."""
-
-    ceiling_w: float | None
-
-
-@runtime_checkable
 class ProcessLister(Protocol):
     """A reader that can also list the compute processes on its card (NVML can)."""
 

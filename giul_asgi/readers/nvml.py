@@ -88,8 +88,6 @@ class GpuProbe:
     uuid: str | None = None
     #: whether the compute-process list answers (None: not asked)
     processes: bool | None = None
-    #: the board's enforced power limit, watts (None: it would not say)
-    limit_w: float | None = None
 
 
 def instant_power_mw(nvml: Any, handle: Any) -> float:
@@ -173,14 +171,9 @@ def probe_gpu(nvml: Any, index: int, handle: Any) -> GpuProbe:
         procs = True
     except Exception:
         procs = False
-    limit_w: float | None
-    try:
-        limit_w = float(nvml.nvmlDeviceGetEnforcedPowerLimit(handle)) / 1000.0
-    except Exception:  # an older driver, or a fake without it
-        limit_w = None
     return GpuProbe(
         index, name, checks["counter"], checks["instant"], checks["average"], mig,
-        uuid=uuid, processes=procs, limit_w=limit_w if limit_w and limit_w > 0 else None,
+        uuid=uuid, processes=procs,
     )
 
 
@@ -317,10 +310,6 @@ class NvmlReader:
         self._open = True
 
         self.mig = any(p.mig for p in self.probes)
-        limits = [p.limit_w for p in self.probes]
-        #: The most the node's boards can draw together (Capped): their enforced limits.
-        self.ceiling_w: float | None = (
-            sum(w for w in limits if w is not None) if all(w is not None for w in limits) else None)
         self.notes: list[str] = [
             f"GPU {p.index} is in MIG mode: energy is the whole board's, not a slice's"
             for p in self.probes if p.mig

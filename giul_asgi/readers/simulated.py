@@ -303,8 +303,6 @@ class SimulatedReader:
         self.clock = card.clock
         self._fail = fail
         self.reads = 0
-        #: The card's cap: it never draws more (Capped).
-        self.ceiling_w: float | None = card.cap_w
 
     def read(self) -> Reading:
         self.reads += 1

@@ -92,8 +92,6 @@ class LocalSimulatedReader:
             start_j=self._rng.uniform(1e5, 1e6), seed=self._rng.randrange(2**32),
         )
         self._job = self.card.start_job(0.0)
-        #: The card never draws above its cap (Capped).
-        self.ceiling_w: float | None = cap
         self._offset = 0.0  # what the counter reads beyond this copy's own (a last holder's)
         self._load: LoadSource | None = None
         self._seen: tuple[float, float] | None = None  # (t, window-seconds) at the last read
