@@ -10,9 +10,10 @@ that, integrated over its life, independent of the ledger. A ledger reads it (a 
 stepping every 100 ms, jittered, integer millijoules) on a virtual clock, requests arriving at
 random with about ``--in-flight`` open; it prints, per exponent, how many figures hold their
 truth and how wide they are, and the spread the time split learnt (0 for requests drawing
-alike).
+alike). ``--unlike R``: light and heavy requests at random, R times apart (the card then draws
+``N^(exponent - 1)`` times the masses in flight).
 
-    python benchmarks/batch_card.py
+    python benchmarks/batch_card.py [--unlike 3] [--path nvml]
 """
 
 from __future__ import annotations
@@ -44,45 +45,52 @@ IDLE_W = 70.0
 
 class BatchCard(TrueCard):
     """A :class:`TrueCard` (its steps and jitter) whose draw above idle is ``per_w x N^exponent``
-    with N requests in flight, each request's part of it alike; no ramps."""
+    with N requests in flight, each request's part of it alike; no ramps. A request of ``mass``
+    m draws m times a request of mass 1 beside it (the card: ``per_w x N^(exponent - 1) x`` the
+    masses in flight): unlike requests."""
 
     def __init__(self, clock: Callable[[], float], seed: int, per_w: float, exponent: float) -> None:
         super().__init__(idle_w=IDLE_W, clock=clock, seed=seed)
         self.per_w, self.exponent = per_w, exponent
         self.n = 0
-        # At each event: its time, the card's energy above idle and one member's integral so
-        # far, and the requests in flight after it.
+        self.mass = 0.0
+        # At each event: its time, the card's energy above idle and one member of mass 1's
+        # integral so far, and the requests in flight after it and their masses.
         self._t: list[float] = [self.t0]
         self._above: list[float] = [0.0]
         self._member: list[float] = [0.0]
-        self._n: list[int] = [0]
+        self._n: list[tuple[int, float]] = [(0, 0.0)]
 
-    def _draw(self, n: int) -> float:
-        return self.per_w * n ** self.exponent if n > 0 else 0.0
+    def _per_member(self, n: int) -> float:
+        return self.per_w * n ** (self.exponent - 1) if n > 0 else 0.0
 
     def _advance(self, t: float) -> None:
         dt = t - self._t[-1]
         self._t.append(t)
-        self._above.append(self._above[-1] + self._draw(self.n) * dt)
-        self._member.append(self._member[-1] + (self._draw(self.n) / self.n * dt if self.n else 0.0))
+        self._above.append(self._above[-1] + self._per_member(self.n) * self.mass * dt)
+        self._member.append(self._member[-1] + self._per_member(self.n) * dt)
 
-    def begin(self) -> float:
+    def begin(self, mass: float = 1.0) -> float:
         """A request starts now: the member integral at its start."""
         self._advance(self.clock())
         self.n += 1
-        self._n.append(self.n)
+        self.mass += mass
+        self._n.append((self.n, self.mass))
         return self._member[-1]
 
-    def end(self) -> float:
-        """A request ends now: the member integral at its end."""
+    def end(self, mass: float = 1.0) -> float:
+        """A request ends now: the member integral at its end (its truth: its mass times the
+        integral's change over its life)."""
         self._advance(self.clock())
         self.n -= 1
-        self._n.append(self.n)
+        self.mass = self.mass - mass if self.n else 0.0
+        self._n.append((self.n, self.mass))
         return self._member[-1]
 
     def energy(self, t: float) -> float:
         i = bisect.bisect_right(self._t, t) - 1
-        return self.idle_w * (t - self.t0) + self._above[i] + self._draw(self._n[i]) * (t - self._t[i])
+        n, mass = self._n[i]
+        return self.idle_w * (t - self.t0) + self._above[i] + self._per_member(n) * mass * (t - self._t[i])
 
 
 def _card(clock: Callable[[], float], seed: int, in_flight: int, exponent: float) -> BatchCard:
@@ -90,36 +98,44 @@ def _card(clock: Callable[[], float], seed: int, in_flight: int, exponent: float
     return BatchCard(clock, seed, per_w=20.0 * in_flight ** (1 - exponent), exponent=exponent)
 
 
-def _arrivals(rng: random.Random, in_flight: int, seconds: float) -> list[tuple[float, float]]:
-    """(start, length) of each request: 0.2-2 s long, arriving at random, ``in_flight`` on average."""
+def _arrivals(rng: random.Random, in_flight: int, seconds: float,
+              unlike: float = 1.0) -> list[tuple[float, float, float]]:
+    """(start, length, mass) of each request: 0.2-2 s long, arriving at random, ``in_flight`` on
+    average; its mass 1, or where ``unlike`` > 1, a light or a heavy one at random, ``unlike``
+    times apart (mean 1). (In turn, light then heavy, the contrasts of neighbouring stretches
+    see their deviations cancel, on any card: 27-61% of settled figures inside. A limit of the
+    split's doubt, benchmarks/results/batch_card-2026-12-07b.md.)"""
     arrivals, t = [], 0.0
+    masses = (1.0, 1.0) if unlike <= 1 else (2 / (1 + unlike), 2 * unlike / (1 + unlike))
     while t < seconds:
-        arrivals.append((t, min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5)))))
+        mass = rng.choice(masses)
+        arrivals.append((t, min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5))), mass))
         t += rng.expovariate(in_flight / 0.65)
     return arrivals
 
 
-def run(exponent: float, seed: int, in_flight: int, seconds: float) -> dict[str, float]:
+def run(exponent: float, seed: int, in_flight: int, seconds: float,
+        unlike: float = 1.0) -> dict[str, float]:
     clock = VirtualClock(100.0)
     card = _card(clock, seed, in_flight, exponent)
     reader = TrueReader(card)
     ledger = Ledger(Node("batch", idle_w=IDLE_W), reader, poll=False)
     rng = random.Random(seed)
-    arrivals = _arrivals(rng, in_flight, seconds)
+    arrivals = _arrivals(rng, in_flight, seconds, unlike)
     t0, next_read = clock.now, clock.now
-    running: list[tuple[Meter, float, float]] = []
+    running: list[tuple[Meter, float, float, float]] = []
     done: list[tuple[Meter, float, float, float, float]] = []  # meter, truth, first, first unc
     while arrivals or running:
         now = clock.now - t0
         while arrivals and arrivals[0][0] <= now:
-            _, length = arrivals.pop(0)
+            _, length, mass = arrivals.pop(0)
             meter = Meter(ledger)
             meter.open()
-            running.append((meter, card.begin(), now + length))
+            running.append((meter, card.begin(mass), now + length, mass))
         for item in list(running):
-            meter, began, until = item
+            meter, began, until, mass = item
             if now >= until:
-                truth = card.end() - began
+                truth = mass * (card.end(mass) - began)
                 meter.close()
                 running.remove(item)
                 first = meter.figure()
@@ -137,7 +153,8 @@ def run(exponent: float, seed: int, in_flight: int, seconds: float) -> dict[str,
     return _summary([(m.figure(), truth, first, unc) for m, truth, first, unc, _ in done], ledger)
 
 
-async def run_nvml(exponent: float, seed: int, in_flight: int, seconds: float) -> dict[str, float]:
+async def run_nvml(exponent: float, seed: int, in_flight: int, seconds: float,
+                   unlike: float = 1.0) -> dict[str, float]:
     """The same on the production path and the real clock: ``Node(reader="nvml")`` over
     benchmarks/fake_pynvml (its counter stepping every 100 ms), its own poller thread."""
     import asyncio
@@ -151,21 +168,21 @@ async def run_nvml(exponent: float, seed: int, in_flight: int, seconds: float) -
     ledger.ensure_started()
     done: list[tuple[Meter, float, float, float]] = []
 
-    async def one(delay: float, length: float) -> None:
+    async def one(delay: float, length: float, mass: float) -> None:
         await asyncio.sleep(delay)
         meter = Meter(ledger)
         meter.open()
-        began = card.begin()
+        began = card.begin(mass)
         await asyncio.sleep(length)
-        truth = card.end() - began
+        truth = mass * (card.end(mass) - began)
         meter.close()
         first = meter.figure()
         if first.joules is not None and first.uncertainty_joules is not None:
             done.append((meter, truth, first.joules, first.uncertainty_joules))
 
-    arrivals = _arrivals(random.Random(seed), in_flight, seconds)
+    arrivals = _arrivals(random.Random(seed), in_flight, seconds, unlike)
     try:
-        await asyncio.gather(*(one(t, length) for t, length in arrivals))
+        await asyncio.gather(*(one(t, length, mass) for t, length, mass in arrivals))
         await asyncio.sleep(1.5)
         return _summary([(m.figure(), truth, first, unc) for m, truth, first, unc in done], ledger)
     finally:
@@ -197,13 +214,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--path", choices=("virtual", "nvml"), default="virtual",
                         help="virtual: Python reader, virtual clock; nvml: the production path, real clock")
+    parser.add_argument("--unlike", type=float, default=1.0,
+                        help="light and heavy requests at random, this many times apart (1: alike)")
     args = parser.parse_args()
     print(f"# batch_card.py, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()} "
           f"({os.cpu_count()} CPUs, Python {platform.python_version()})\n")
     where = ("the NVML reader over fake_pynvml, real clock" if args.path == "nvml"
              else "the Python reader, virtual clock")
-    print(f"    about {args.in_flight} requests in flight for {args.seconds:g} s (0.2-2 s each), seeds "
-          f"0-{args.seeds - 1}, {where}, 100 ms counter\n")
+    mix = "alike" if args.unlike <= 1 else f"light and heavy at random, {args.unlike:g}x apart"
+    print(f"    about {args.in_flight} requests in flight for {args.seconds:g} s (0.2-2 s each, {mix}), "
+          f"seeds 0-{args.seeds - 1}, {where}, 100 ms counter\n")
     print("| exponent | seed | n | settled inside | first inside | settled error (median) | settled width "
           "| first width | spread learnt (c) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -212,9 +232,9 @@ def main() -> None:
             if args.path == "nvml":
                 import asyncio
 
-                r = asyncio.run(run_nvml(exponent, seed, args.in_flight, args.seconds))
+                r = asyncio.run(run_nvml(exponent, seed, args.in_flight, args.seconds, args.unlike))
             else:
-                r = run(exponent, seed, args.in_flight, args.seconds)
+                r = run(exponent, seed, args.in_flight, args.seconds, args.unlike)
             print(f"| {exponent:g} | {seed} | {r['n']:.0f} | {100 * r['settled inside']:.0f}% "
                   f"| {100 * r['first inside']:.0f}% | {100 * r['settled error']:.1f}% "
                   f"| {100 * r['settled width']:.1f}% | {100 * r['first width']:.1f}% | {r['c']:.2f} |",
