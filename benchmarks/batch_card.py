@@ -103,8 +103,8 @@ def _arrivals(rng: random.Random, in_flight: int, seconds: float,
     """(start, length, mass) of each request: 0.2-2 s long, arriving at random, ``in_flight`` on
     average; its mass 1, or where ``unlike`` > 1, a light or a heavy one at random, ``unlike``
     times apart (mean 1). (In turn, light then heavy, the contrasts of neighbouring stretches
-    see their deviations cancel, on any card: 27-61% of settled figures inside. A limit of the
-    split's doubt, benchmarks/results/batch_card-2026-12-07b.md.)"""
+    see their deviations cancel: 52-61% of settled figures inside on an additive card. A limit
+    of the split's doubt, benchmarks/results/batch_card-2026-12-07b.md.)"""
     arrivals, t = [], 0.0
     masses = (1.0, 1.0) if unlike <= 1 else (2 / (1 + unlike), 2 * unlike / (1 + unlike))
     while t < seconds:

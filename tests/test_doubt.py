@@ -265,30 +265,14 @@ def test_a_batch_drawing_alike_on_a_20_ms_counter_is_not_widened_by_its_last_con
         assert inside(done) >= 0.9 and inside(done, first=True) >= 0.9
 
 
-@pytest.mark.parametrize("exponent", [0.6, 0.0])
-def test_a_batch_drawing_alike_on_a_card_whose_draw_grows_slower_stays_narrow(exponent: float) -> None:
-    # About 16 in flight on a card drawing batch^0.6, or a fixed draw (a cap), as a GPU under
-    # continuous batching does (benchmarks/batch_card.py): requests within 0.3-0.6% of their
-    # truth said 80-91% and 200-265% wide, the card's falling draw per request read as their
-    # spread. The spans' fit of the card's law takes it off: 9-19%.
-    for seed in range(2):
-        r = batch_card.run(exponent, seed, 16, 20.0)
-        assert r["settled inside"] >= 0.9 and r["first inside"] >= 0.9, r
-        assert r["settled width"] < 0.3 and r["first width"] < 0.35, r
-
-
 @pytest.mark.parametrize("exponent", [1.0, 0.6, 0.0])
 def test_unlike_requests_keep_their_doubt_whatever_the_cards_law(exponent: float) -> None:
-    # Light and heavy requests at random, 3x apart: the law fit must not take their spread
-    # for the card's (on the capped card it is taken; their contrasts then still see them).
+    # Light and heavy requests at random, 3x apart, ~16 in flight, on a card whose draw is the
+    # sum of theirs, grows as the batch^0.6, or is fixed (a cap; benchmarks/batch_card.py). A
+    # guard for any change that learns the card's law (one that did, 196eb4d, was reverted: a
+    # few heavy requests always in flight beside bursts of light ones looked like a sublinear
+    # card, and 10-77% of settled figures fell outside, /work/hostile57.md).
     r = batch_card.run(exponent, 0, 16, 20.0, unlike=3.0)
     assert r["settled error"] > 0.3  # shared by time, they are charged far from what they caused
     assert r["settled inside"] >= 0.9 and r["first inside"] >= 0.9, r
-
-
-def test_unlike_requests_in_rounds_on_an_additive_card_keep_the_additive_law() -> None:
-    for seed in range(4):
-        run = Run(seed)
-        run.serve(rounds([15.0, 45.0], random.Random(seed)))
-        assert run.ledger.book._by_time.law().exponent == 1.0
 

@@ -30,7 +30,8 @@ before it: stretch k at the rate per weight of stretch k-1 misses by::
 ``p^2 x sum_j a_j^2``. Why a contrast of neighbouring stretches rather than each span against one
 rate for the node, or the spread of each span's watts per window-second: a slow change common to
 every member (a card warms) all but cancels in it, as it does in the shares (one that follows how
-many are in flight does not: see the card's law below); and where the
+many are in flight does not: a batch whose draw per request falls as it grows, up to a cap, is
+read as members' spread, benchmarks/results/simulated_batch-2026-12-07.md); and where the
 requests in flight are a fair sample of the mix (a steady batch of
 long prompts and long answers), a stretch's members deviate from the node's mean by little in
 sum, but whoever joins or leaves still deviates from those beside it. Stretches rather than
@@ -73,18 +74,6 @@ spread) is a floor under it, and the mix is priced as unlike from its second rou
 settled figures outside for a minute and more before, 9% after with its first round's, a
 hostile trial's shape in tests/test_doubt.py). Requests that stay alike keep a recent floor
 about as small as the long bound.
-
-A GPU's draw under continuous batching grows slower than its batch: a batch whose draw per
-request falls as it grows, up to a cap, was read as the members' spread (requests drawing alike
-within 0.3% of their truth said 80-91% on a card drawing ``batch^0.6``, 200-265% on a capped one,
-benchmarks/results/batch_card-2026-12-07.md). So the spans also fit a law of the card's draw
-against the members in flight, ``N^exponent`` for each of :data:`LAWS` (a span's members' seconds
-each at ``Nbar^(exponent - 1)``, ``Nbar`` its mean in flight: a second of a member beside
-``Nbar`` others), and where one explains the spans' energies with a quarter of the additive
-law's squared misses (:data:`PREFER`, after :data:`LAW_SPANS` spans; unlike requests on an
-additive card came to half at worst, a capped or ``batch^0.6`` card's to 0.01-0.15), the
-members' contrasts are learnt under it too, their seconds so priced, and its bound is said
-where it is the narrower. The additive law's contrasts are always learnt: the model's own.
 
 The book keeps each window's doubt per unit of spread, span by span, and prices it at the
 spread learnt by the window's close (its first figure) and again when it settles: a spread
@@ -138,15 +127,6 @@ RECENT_CONTRASTS = 8.0
 #: not a bound (at SHORT's 25%, the mixed phases' settled figures were 113-150% wide against
 #: 99-113%; at the median 107-120%, and the changed mix's 35 of 384 outside against 25).
 RECENT_SHORT = 0.5
-#: The laws of the card's draw against its members in flight tried: N^exponent with N in flight
-#: (1: the sum of its members' draws, the model above; below 1, a batch whose draw per member
-#: falls as it grows, as a GPU's under continuous batching; 0, a fixed draw, a cap).
-LAWS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)
-#: Another law is taken only where the spans' squared misses about it are at most this share
-#: of the law in use's (_LawFit.chosen).
-PREFER = 0.25
-#: Nor before this many spans were fitted: a few can favour any law.
-LAW_SPANS = 30.0
 #: A contrast whose stretches' weights differ more than this many times is left out: the
 #: lighter one's energy, its stamps and whatever tail it holds, scaled by the ratio, is all its
 #: miss (a single span with 0.2 ms of a member beside a full one, 661x, took a 100 ms
@@ -298,61 +278,56 @@ def _chi2(k: float, u: float) -> float:
     return max(1e-9, k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3)
 
 
-class _Law:
-    """The members' contrasts under one law of the card's draw against its members in flight
-    (``exponent``: the card draws ``N^exponent`` with N in flight, 1 the sum of its members'
-    draws): its stretches, their contrasts, the last few, and the single spans'."""
+class RateDoubt:
+    """The members' spread about a weights-per-second split's one rate, learnt from the
+    spans the book shares by it, and each member's doubt from it (see the module)."""
 
-    __slots__ = ("exponent", "last", "prev", "recent", "spans", "stretch", "stretches")
+    __slots__ = ("_closed", "_last", "_prev", "_quantile", "_recent", "_spans", "_stretch",
+                 "_stretches", "_tau")
 
-    def __init__(self, exponent: float) -> None:
-        self.exponent = exponent
-        self.stretches = _Contrasts(flat=False)  # of stretches of BLOCK_SPANS spans: the members'
-        self.recent = _Contrasts(memory=RECENT_CONTRASTS)  # the same contrasts, the last few
-        self.spans = _Contrasts()  # of single spans: the stamps'
-        self.stretch = _Stretch()
-        self.prev: _Stretch | None = None
-        self.last: _Stretch | None = None  # the span before, alone
+    def __init__(self, ramp_s: float = 0.1) -> None:
+        # A closed member's ramp-down tail, about ramp_s / 5 at its rate (the book's edges),
+        # falls in the spans after its close, which the split gives to the others: a miss of
+        # the card's, already in their edge doubt, not a member's rate. Counted as the closed
+        # member's own seconds, it leaves the stretches' misses to the rates.
+        self._tau = ramp_s / 5
+        self._closed: dict[int, tuple[float, float]] = {}  # id: (its close, weight a second)
+        self._stretches = _Contrasts(flat=False)  # of stretches of BLOCK_SPANS spans: the members'
+        self._recent = _Contrasts(memory=RECENT_CONTRASTS)  # the same contrasts, the last few
+        self._spans = _Contrasts()  # of single spans: the stamps'
+        self._stretch = _Stretch()
+        self._prev: _Stretch | None = None
+        self._last: _Stretch | None = None  # the span before, alone
+        self._quantile: float | None = None
 
-    def learn(self, piece: _Stretch) -> None:
-        last, self.last = self.last, piece
-        if last is not None and last.weight > 0:
-            self.spans.add(last, piece)
-        stretch = self.stretch
-        stretch.merge(piece)
-        if stretch.spans < BLOCK_SPANS:
-            return
-        prev, self.prev, self.stretch = self.prev, stretch, _Stretch()
-        if prev is not None and prev.weight > 0:
-            terms = self.stretches.add(prev, stretch)
-            if terms is not None:  # the same contrast, in the sums that remember the last few
-                self.recent.take(terms)
-
-    def forget(self) -> None:
-        self.stretch = _Stretch()
-        self.prev = self.last = None
+    def quantile(self) -> float:
+        """How far, relative to the rate, 9 members in 10 draw from it: the normal 90%
+        quantile of the spread's upper bound (the cold spread's before MIN_CONTRASTS)."""
+        if self._quantile is None:
+            self._quantile = self._predict()
+        return self._quantile
 
     def stamp_sq(self) -> float:
         """The squared seconds by which a step's stamp strays beyond the tape's stated doubt,
         as the single spans' misses say beyond what the stretches' spread bound and the stated
         doubts explain of them (0: none seen)."""
-        spans = self.spans
+        spans = self._spans
         if spans.stamps <= 0:
             return 0.0
-        spread_sq = self.upper(0.0)  # the widest: what is left for the stamps, the least
+        spread_sq = self._upper(0.0)  # the widest: what is left for the stamps, the least
         return max(0.0, spans.miss - spread_sq * spans.scale - spans.stated) / spans.stamps
 
     def learnt(self) -> float | None:
         """The members' relative variance ``c^2`` the stretches say, the stamps' part taken
         off (None: nothing learnt)."""
-        stretches = self.stretches
+        stretches = self._stretches
         if stretches.scale <= 0:
             return None
         return max(0.0, stretches.miss - self._stamps(self.stamp_sq())) / stretches.scale
 
-    def upper(self, stamp_sq: float) -> float:
+    def _upper(self, stamp_sq: float) -> float:
         """The spread's (``c^2``) upper bound from the stretches, ``stamp_sq`` taken off."""
-        stretches = self.stretches
+        stretches = self._stretches
         k = stretches.count
         if k < MIN_CONTRASTS or stretches.scale <= 0:
             return COLD_SPREAD ** 2
@@ -368,7 +343,7 @@ class _Law:
         # up to the cold spread: eight contrasts of a batch drawing alike on a 20 ms counter,
         # the stamps' noise most of their misses, swung from nothing to 10x the cold spread
         # (uncapped, its figures 2-7x as wide, a hostile trial).
-        recent = self.recent
+        recent = self._recent
         if recent.count >= MIN_CONTRASTS and recent.scale > 0:
             k = recent.count
             stamps = self._stamps(stamp_sq, recent)
@@ -379,95 +354,11 @@ class _Law:
     def _stamps(self, stamp_sq: float, contrasts: _Contrasts | None = None) -> float:
         """The stamps' expected part of the stretches' squared misses (``contrasts``: of
         those sums; the long ones by default)."""
-        sums = contrasts if contrasts is not None else self.stretches
+        sums = contrasts if contrasts is not None else self._stretches
         return stamp_sq * sums.stamps + sums.stated
 
-
-class _LawFit:
-    """Which law of the card's draw against its members in flight its spans follow: for each
-    of :data:`LAWS`, the squared misses of the spans' energy about one rate times the members'
-    seconds at ``Nbar^(exponent - 1)`` (a least-squares fit through the origin), from sums that
-    forget with the span-seconds as the contrasts' do. A span costs a few products a law: the
-    members' contrasts are learnt under the law chosen, not under each (under each, the
-    learning cost six times as much a member)."""
-
-    __slots__ = ("count", "ee", "ef", "ff")
-
-    def __init__(self) -> None:
-        self.ee = self.count = 0.0
-        self.ef = [0.0] * len(LAWS)
-        self.ff = [0.0] * len(LAWS)
-
-    def add(self, energy: float, weights: list[float], span_s: float) -> None:
-        keep = math.exp(-span_s / RATES_TAU_S)
-        self.ee = self.ee * keep + energy * energy
-        self.count = self.count * keep + 1.0
-        ef, ff = self.ef, self.ff
-        for i, weight in enumerate(weights):
-            ef[i] = ef[i] * keep + energy * weight
-            ff[i] = ff[i] * keep + weight * weight
-
-    def chosen(self, current: float) -> float:
-        """The law to learn the members' contrasts under, given the ``current`` one: after
-        LAW_SPANS spans, the one whose fit misses least where it misses at most PREFER of the
-        current's squared misses; the current one otherwise, unless it no longer misses at
-        most twice PREFER of the additive law's (then the additive). Each change starts a law's
-        contrasts anew, so a law is not left for one about as good."""
-        if self.count < LAW_SPANS:
-            return 1.0
-        misses = [self.ee - ef * ef / ff if ff > 0 else math.inf
-                  for ef, ff in zip(self.ef, self.ff, strict=True)]
-        now = LAWS.index(current) if current in LAWS else 0
-        if misses[now] > 2 * PREFER * misses[0]:
-            now = 0
-        best = min(range(len(LAWS)), key=misses.__getitem__)
-        return LAWS[best] if misses[best] < PREFER * misses[now] else LAWS[now]
-
-
-class RateDoubt:
-    """The members' spread about a weights-per-second split's one rate, learnt from the
-    spans the book shares by it, and each member's doubt from it (see the module)."""
-
-    __slots__ = ("_additive", "_closed", "_fit", "_other", "_quantile", "_tau")
-
-    def __init__(self, ramp_s: float = 0.1) -> None:
-        # A closed member's ramp-down tail, about ramp_s / 5 at its rate (the book's edges),
-        # falls in the spans after its close, which the split gives to the others: a miss of
-        # the card's, already in their edge doubt, not a member's rate. Counted as the closed
-        # member's own seconds, it leaves the stretches' misses to the rates.
-        self._tau = ramp_s / 5
-        self._closed: dict[int, tuple[float, float]] = {}  # id: (its close, weight a second)
-        self._fit = _LawFit()
-        self._additive = _Law(1.0)  # always learnt: the model's own, and the fallback
-        self._other: _Law | None = None  # the law the spans say, where it is not the additive
-        self._quantile: float | None = None
-
-    def law(self) -> _Law:
-        """The law whose members' spread is said: the one the spans follow, once its own
-        contrasts are MIN_CONTRASTS (a law just taken starts from nothing) and where it says
-        no more than the additive law's bound; else the additive."""
-        other, additive = self._other, self._additive
-        if other is None or other.stretches.count < MIN_CONTRASTS:
-            return additive
-        return min((other, additive), key=lambda law: law.upper(law.stamp_sq()))
-
-    def quantile(self) -> float:
-        """How far, relative to the rate, 9 members in 10 draw from it: the normal 90%
-        quantile of the spread's upper bound (the cold spread's before MIN_CONTRASTS)."""
-        if self._quantile is None:
-            law = self.law()
-            self._quantile = Z90 * math.sqrt(law.upper(law.stamp_sq()))
-        return self._quantile
-
-    def stamp_sq(self) -> float:
-        """The squared seconds by which a step's stamp strays beyond the tape's stated doubt
-        (the law said's single spans)."""
-        return self.law().stamp_sq()
-
-    def learnt(self) -> float | None:
-        """The members' relative variance ``c^2`` the stretches say under the law said, the
-        stamps' part taken off (None: nothing learnt)."""
-        return self.law().learnt()
+    def _predict(self) -> float:
+        return Z90 * math.sqrt(self._upper(self.stamp_sq()))
 
     def units(self, span: CardSpan, members: Members, weights: list[float] | None,
               above: float) -> list[tuple[float, float]] | None:
@@ -499,48 +390,30 @@ class RateDoubt:
         if not (sum(weighed) > 0 and math.isfinite(above)):
             self._forget()
             return
-        tails, tail_weight = self._tails(span, members, weighed)
-        # The members in flight through the span, on average (at least one: a member there
-        # for part of it is alone then). The mean rather than the count piece by piece: the
-        # pieces' sweep doubled the learning's cost a member, for widths within a few points
-        # (benchmarks/batch_card.py, batch^0.6 and a cap: 10-17% and 12-20% against 10-16%
-        # and 9-16%).
-        total_s = sum(overlaps)
-        in_flight = max(1.0, total_s / span.seconds) if span.seconds > 0 else 1.0
-        self._fit.add(above, [(total_s + sum(tails.values())) * in_flight ** (exponent - 1)
-                              for exponent in LAWS], span.seconds)
-        other = self._other
-        exponent = self._fit.chosen(other.exponent if other is not None else 1.0)
-        if exponent == 1.0:
-            self._other = other = None
-        elif other is None or other.exponent != exponent:
-            self._other = other = _Law(exponent)  # its contrasts from here on
-        for law in (self._additive, other):
-            if law is None:
-                continue
-            # Each member's seconds and weight (and each closed one's tail) as the law prices
-            # a second of one beside the others.
-            factor = in_flight ** (law.exponent - 1)
-            if factor == 1.0:
-                piece = _Stretch.of_span(span, above, members, overlaps, weighed)
-            else:
-                piece = _Stretch.of_span(span, above, members, [o * factor for o in overlaps],
-                                         [w * factor for w in weighed])
-            if tails:
-                piece.add(tails if factor == 1.0 else {key: s * factor for key, s in tails.items()},
-                          tail_weight * factor)
-            law.learn(piece)
-        self._quantile = None
+        piece = _Stretch.of_span(span, above, members, overlaps, weighed)
+        self._tails(span, members, weighed, piece)
+        last, self._last = self._last, piece
+        if last is not None and last.weight > 0:
+            self._spans.add(last, piece)
+            self._quantile = None
+        stretch = self._stretch
+        stretch.merge(piece)
+        if stretch.spans < BLOCK_SPANS:
+            return
+        prev, self._prev, self._stretch = self._prev, stretch, _Stretch()
+        if prev is not None and prev.weight > 0:
+            terms = self._stretches.add(prev, stretch)
+            if terms is not None:  # the same contrast, in the sums that remember the last few
+                self._recent.take(terms)
 
-    def _tails(self, span: CardSpan, members: Members,
-               weighed: list[float]) -> tuple[dict[int, float], float]:
-        """Closed members' tails in ``span``: their seconds there, and the weight of those."""
+    def _tails(self, span: CardSpan, members: Members, weighed: list[float], stretch: _Stretch) -> None:
+        """Closed members' tails in ``span``, as their seconds in the stretch."""
         closed, tau, t0, t1 = self._closed, self._tau, span.t0, span.t1
         closed.update({id(window): (t_close, weight / overlap)
                        for (window, overlap), weight in zip(members, weighed, strict=True)
                        if (t_close := window.t_close) is not None and t_close < t1 and overlap > 0})
         if not closed or tau <= 0:
-            return {}, 0.0
+            return
         for key in [key for key, (t_close, _) in closed.items() if t0 - t_close > 5 * tau]:
             del closed[key]  # its tail is all but gone
         # tau x (e^(-since/tau) - e^(-(t1 - t_close)/tau)): for a member closed by t0, its
@@ -548,13 +421,12 @@ class RateDoubt:
         fade, exp = 1 - math.exp(-(t1 - t0) / tau), math.exp
         tails = {key: tau * exp((t_close - t0) / tau) * fade if t_close <= t0
                  else tau * (1 - exp((t_close - t1) / tau)) for key, (t_close, _) in closed.items()}
-        return tails, sum(map(operator.mul, tails.values(), (per_s for _, per_s in closed.values())))
+        stretch.add(tails, sum(map(operator.mul, tails.values(), (per_s for _, per_s in closed.values()))))
 
     def _forget(self) -> None:
         """The spans run on past one that teaches nothing: no stretch spans it."""
-        self._additive.forget()
-        if self._other is not None:
-            self._other.forget()
+        self._stretch = _Stretch()
+        self._prev = self._last = None
         self._closed = {}
 
 
