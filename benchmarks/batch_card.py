@@ -114,14 +114,16 @@ def _arrivals(rng: random.Random, in_flight: int, seconds: float,
     return arrivals
 
 
-def run(exponent: float, seed: int, in_flight: int, seconds: float,
-        unlike: float = 1.0) -> dict[str, float]:
+def run(exponent: float, seed: int, in_flight: int, seconds: float, unlike: float = 1.0,
+        arrivals: list[tuple[float, float, float]] | None = None) -> dict[str, float]:
+    """One run on the virtual clock (``arrivals``: (start, length, mass) each, instead of
+    :func:`_arrivals`')."""
     clock = VirtualClock(100.0)
     card = _card(clock, seed, in_flight, exponent)
     reader = TrueReader(card)
     ledger = Ledger(Node("batch", idle_w=IDLE_W), reader, poll=False)
     rng = random.Random(seed)
-    arrivals = _arrivals(rng, in_flight, seconds, unlike)
+    arrivals = sorted(arrivals) if arrivals is not None else _arrivals(rng, in_flight, seconds, unlike)
     t0, next_read = clock.now, clock.now
     running: list[tuple[Meter, float, float, float]] = []
     done: list[tuple[Meter, float, float, float, float]] = []  # meter, truth, first, first unc
