@@ -78,6 +78,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fake_pynvml
+from batch_card import BatchCard
 from threads import named_thread_times
 from truecard import Fault, FaultyReader, Foreign, Gauge, TrueCard, TrueReader
 
@@ -126,6 +127,10 @@ class Scenario:
     #: An upstream whose /metrics show its token counters and its requests' summed prefill and
     #: decode seconds (vLLM's), read by the phase split.
     phase_metrics: bool = False
+    #: A card whose draw grows as its batch^law (benchmarks/batch_card.BatchCard, 20 W a request
+    #: at ``law_batch`` in flight, no ramps) rather than the sum of its jobs' watts.
+    law: float | None = None
+    law_batch: int = 16
 
 
 #: Seconds of good reads before a scenario's fault.
@@ -270,7 +275,8 @@ def _spread(values: list[float]) -> tuple[float, float, float] | None:
 
 
 async def run(scenario: Scenario, seed: int, path: str = "truecard") -> Row:
-    card = TrueCard(idle_w=IDLE_W, period=scenario.period, seed=seed)
+    card = (TrueCard(idle_w=IDLE_W, period=scenario.period, seed=seed) if scenario.law is None
+            else BatchCard.at_mean(time.monotonic, seed, scenario.law_batch, scenario.law))
     if scenario.foreign is not None:
         card.add_foreign(scenario.foreign)
     faulty: FaultyReader | None = None
@@ -518,6 +524,10 @@ def scenarios(quick: bool) -> list[Scenario]:
         # review: ours took the whole card, 2.0x).
         Scenario("upstream metrics, another replica back to back",
                  spaced(24 // k, 0.3, 0.02, random.Random(24)), upstream=True, replica=True),
+        # A GPU under continuous batching draws less per request as the batch grows: the time
+        # split's doubt reads that as the requests' spread (batch_card-2026-12-07b.md).
+        Scenario("staggered batch of 16, card drawing batch^0.6",
+                 batch(16, random.Random(16), 1.0, 320.0, rounds=3 // k or 1), law=0.6),
     ]
 
 

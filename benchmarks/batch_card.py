@@ -49,9 +49,11 @@ class BatchCard(TrueCard):
     m draws m times a request of mass 1 beside it (the card: ``per_w x N^(exponent - 1) x`` the
     masses in flight): unlike requests."""
 
-    def __init__(self, clock: Callable[[], float], seed: int, per_w: float, exponent: float) -> None:
+    def __init__(self, clock: Callable[[], float], seed: int, per_w: float, exponent: float,
+                 unit_w: float = 20.0) -> None:
         super().__init__(idle_w=IDLE_W, clock=clock, seed=seed)
         self.per_w, self.exponent = per_w, exponent
+        self.unit_w = unit_w  # a request of mass 1's draw at the card's mean batch
         self.n = 0
         self.mass = 0.0
         # At each event: its time, the card's energy above idle and one member of mass 1's
@@ -60,6 +62,11 @@ class BatchCard(TrueCard):
         self._above: list[float] = [0.0]
         self._member: list[float] = [0.0]
         self._n: list[tuple[int, float]] = [(0, 0.0)]
+
+    @classmethod
+    def at_mean(cls, clock: Callable[[], float], seed: int, in_flight: int, exponent: float) -> BatchCard:
+        """The card: per_w x N^exponent, 20 W a request at ``in_flight``, whatever the exponent."""
+        return cls(clock, seed, per_w=20.0 * in_flight ** (1 - exponent), exponent=exponent)
 
     def _per_member(self, n: int) -> float:
         return self.per_w * n ** (self.exponent - 1) if n > 0 else 0.0
@@ -72,30 +79,51 @@ class BatchCard(TrueCard):
 
     def begin(self, mass: float = 1.0) -> float:
         """A request starts now: the member integral at its start."""
-        self._advance(self.clock())
-        self.n += 1
-        self.mass += mass
-        self._n.append((self.n, self.mass))
-        return self._member[-1]
+        with self._lock:  # a reader thread reads the card while the loop's requests come and go
+            self._advance(self.clock())
+            self.n += 1
+            self.mass += mass
+            self._n.append((self.n, self.mass))
+            return self._member[-1]
 
     def end(self, mass: float = 1.0) -> float:
         """A request ends now: the member integral at its end (its truth: its mass times the
         integral's change over its life)."""
-        self._advance(self.clock())
-        self.n -= 1
-        self.mass = self.mass - mass if self.n else 0.0
-        self._n.append((self.n, self.mass))
-        return self._member[-1]
+        with self._lock:
+            self._advance(self.clock())
+            self.n -= 1
+            self.mass = self.mass - mass if self.n else 0.0
+            self._n.append((self.n, self.mass))
+            return self._member[-1]
 
     def energy(self, t: float) -> float:
-        i = bisect.bisect_right(self._t, t) - 1
-        n, mass = self._n[i]
-        return self.idle_w * (t - self.t0) + self._above[i] + self._per_member(n) * mass * (t - self._t[i])
+        with self._lock:
+            i = bisect.bisect_right(self._t, t) - 1
+            n, mass = self._n[i]
+            return (self.idle_w * (t - self.t0) + self._above[i]
+                    + self._per_member(n) * mass * (t - self._t[i]))
+
+    def start_job(self, watts: float) -> BatchJob:  # type: ignore[override]
+        """A request as :class:`TrueCard`'s callers start one: of ``watts / unit_w`` mass, drawing
+        ``watts`` where the batch is at the card's mean."""
+        return BatchJob(self, watts / self.unit_w)
+
+    def stop_job(self, job: BatchJob) -> None:  # type: ignore[override]
+        job.ended = self.end(job.mass)
 
 
-def _card(clock: Callable[[], float], seed: int, in_flight: int, exponent: float) -> BatchCard:
-    """The card: per_w x N^exponent, 20 W a request at the mean in flight, whatever the exponent."""
-    return BatchCard(clock, seed, per_w=20.0 * in_flight ** (1 - exponent), exponent=exponent)
+class BatchJob:
+    """A request on a :class:`BatchCard`, used as :class:`truecard.Job` is: its truth, once
+    stopped, is its part of the card's draw over its life."""
+
+    def __init__(self, card: BatchCard, mass: float) -> None:
+        self.mass = mass
+        self.began = card.begin(mass)
+        self.ended: float | None = None
+
+    def truth(self, ramp_up: float = 0.0, tau: float = 0.0) -> float:
+        assert self.ended is not None
+        return self.mass * (self.ended - self.began)
 
 
 def _arrivals(rng: random.Random, in_flight: int, seconds: float,
@@ -106,9 +134,9 @@ def _arrivals(rng: random.Random, in_flight: int, seconds: float,
     see their deviations cancel: 52-61% of settled figures inside on an additive card. A limit
     of the split's doubt, benchmarks/results/batch_card-2026-12-07b.md.)"""
     arrivals, t = [], 0.0
-    masses = (1.0, 1.0) if unlike <= 1 else (2 / (1 + unlike), 2 * unlike / (1 + unlike))
+    masses = (2 / (1 + unlike), 2 * unlike / (1 + unlike))
     while t < seconds:
-        mass = rng.choice(masses)
+        mass = rng.choice(masses) if unlike > 1 else 1.0  # alike: the arrivals of earlier runs
         arrivals.append((t, min(2.0, max(0.2, rng.lognormvariate(math.log(0.6), 0.5))), mass))
         t += rng.expovariate(in_flight / 0.65)
     return arrivals
@@ -119,7 +147,7 @@ def run(exponent: float, seed: int, in_flight: int, seconds: float, unlike: floa
     """One run on the virtual clock (``arrivals``: (start, length, mass) each, instead of
     :func:`_arrivals`')."""
     clock = VirtualClock(100.0)
-    card = _card(clock, seed, in_flight, exponent)
+    card = BatchCard.at_mean(clock, seed, in_flight, exponent)
     reader = TrueReader(card)
     ledger = Ledger(Node("batch", idle_w=IDLE_W), reader, poll=False)
     rng = random.Random(seed)
@@ -164,7 +192,7 @@ async def run_nvml(exponent: float, seed: int, in_flight: int, seconds: float,
 
     import fake_pynvml
 
-    card = _card(time.monotonic, seed, in_flight, exponent)
+    card = BatchCard.at_mean(time.monotonic, seed, in_flight, exponent)
     fake_pynvml.install([fake_pynvml.Gpu(card)], fake_pynvml.Driver(seed=seed))
     ledger = Ledger(Node("batch", idle_w=IDLE_W, reader="nvml", workers_dir=False))
     ledger.ensure_started()
