@@ -27,13 +27,14 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from truecard import TrueCard, TrueReader
+from truecard import Job, PhasedJob, TrueCard, TrueReader
 
 from giul_asgi.config import Node
 from giul_asgi.ledger import Ledger
@@ -103,23 +104,27 @@ class BatchCard(TrueCard):
             return (self.idle_w * (t - self.t0) + self._above[i]
                     + self._per_member(n) * mass * (t - self._t[i]))
 
-    def start_job(self, watts: float) -> BatchJob:  # type: ignore[override]
+    def start_job(self, watts: float) -> BatchJob:
         """A request as :class:`TrueCard`'s callers start one: of ``watts / unit_w`` mass, drawing
         ``watts`` where the batch is at the card's mean."""
-        return BatchJob(self, watts / self.unit_w)
+        mass = watts / self.unit_w
+        return BatchJob(watts, self.clock(), mass=mass, began=self.begin(mass))
 
-    def stop_job(self, job: BatchJob) -> None:  # type: ignore[override]
+    def stop_job(self, job: Job | PhasedJob) -> None:
+        if not isinstance(job, BatchJob):
+            raise TypeError("a BatchCard stops only the jobs it started")
+        job.stop = self.clock()
         job.ended = self.end(job.mass)
 
 
-class BatchJob:
+@dataclass(eq=False)
+class BatchJob(Job):
     """A request on a :class:`BatchCard`, used as :class:`truecard.Job` is: its truth, once
-    stopped, is its part of the card's draw over its life."""
+    stopped, is its part of the card's draw over its life (its mass times a member's)."""
 
-    def __init__(self, card: BatchCard, mass: float) -> None:
-        self.mass = mass
-        self.began = card.begin(mass)
-        self.ended: float | None = None
+    mass: float = 1.0
+    began: float = 0.0
+    ended: float | None = None
 
     def truth(self, ramp_up: float = 0.0, tau: float = 0.0) -> float:
         assert self.ended is not None
