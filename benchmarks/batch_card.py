@@ -42,6 +42,8 @@ from giul_asgi.meter import Meter
 from giul_asgi.readers.simulated import VirtualClock
 
 IDLE_W = 70.0
+#: A request of mass 1's draw (W) at the card's mean batch.
+UNIT_W = 20.0
 
 
 class BatchCard(TrueCard):
@@ -51,7 +53,7 @@ class BatchCard(TrueCard):
     masses in flight): unlike requests."""
 
     def __init__(self, clock: Callable[[], float], seed: int, per_w: float, exponent: float,
-                 unit_w: float = 20.0) -> None:
+                 unit_w: float = UNIT_W) -> None:
         super().__init__(idle_w=IDLE_W, clock=clock, seed=seed)
         self.per_w, self.exponent = per_w, exponent
         self.unit_w = unit_w  # a request of mass 1's draw at the card's mean batch
@@ -66,8 +68,8 @@ class BatchCard(TrueCard):
 
     @classmethod
     def at_mean(cls, clock: Callable[[], float], seed: int, in_flight: int, exponent: float) -> BatchCard:
-        """The card: per_w x N^exponent, 20 W a request at ``in_flight``, whatever the exponent."""
-        return cls(clock, seed, per_w=20.0 * in_flight ** (1 - exponent), exponent=exponent)
+        """The card: per_w x N^exponent, UNIT_W a request at ``in_flight``, whatever the exponent."""
+        return cls(clock, seed, per_w=UNIT_W * in_flight ** (1 - exponent), exponent=exponent)
 
     def _per_member(self, n: int) -> float:
         return self.per_w * n ** (self.exponent - 1) if n > 0 else 0.0

@@ -298,4 +298,3 @@ def test_a_few_heavy_requests_always_in_flight_beside_light_bursts_hold_their_tr
             t += rng.uniform(0.8, 2.0)
         r = batch_card.run(1.0, seed, 8, 40.0, arrivals=arrivals)
         assert r["settled inside"] >= 0.9 and r["first inside"] >= 0.9, (seed, r)
-

@@ -210,6 +210,11 @@ class _Stretch:
         return self.total / self.span_s if self.span_s > 0 else 0.0
 
 
+#: A contrast's terms: its squared miss, the members' scale, the stamps', the stated stamps', and
+#: the later stretch's span-seconds (what the sums forget by).
+Terms = tuple[float, float, float, float, float]
+
+
 class _Contrasts:
     """Contrasts of consecutive stretches of one length: their squared misses, the members'
     scale ``sum_j (p x a_j)^2``, the stamps' ``sum (watts across a step)^2`` and what the
@@ -228,7 +233,7 @@ class _Contrasts:
         #: Forget by contrasts (this many: the recent ones) rather than by span-seconds.
         self.memory = memory
 
-    def add(self, before: _Stretch, now: _Stretch) -> tuple[float, float, float, float, float] | None:
+    def add(self, before: _Stretch, now: _Stretch) -> Terms | None:
         """Add the contrast of ``now`` with ``before``; returns its terms (squared miss, scale,
         stamps, stated stamps, ``now``'s span-seconds) for other sums to :meth:`take`, or None
         where it says nothing of rates."""
@@ -261,7 +266,7 @@ class _Contrasts:
         self.take(terms)
         return terms
 
-    def take(self, terms: tuple[float, float, float, float, float]) -> None:
+    def take(self, terms: Terms) -> None:
         """Add a contrast's terms (:meth:`add`'s), forgetting the older ones as these sums do."""
         miss_sq, scale, stamps, stated, span_s = terms
         keep = math.exp(-(1 / self.memory if self.memory else span_s / RATES_TAU_S))
