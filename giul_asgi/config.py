@@ -165,7 +165,7 @@ class Node(metaclass=KeepsItsError):
         except (TypeError, ValueError):
             raise ConfigError(
                 f"node {self.name!r}: gpus must be a list of GPU indices, got {self.gpus!r}",
-                remedy="write gpus = [0, 1]",
+                remedy="give the GPUs' indices: gpus=(0, 1) in Python, gpus = [0, 1] in TOML",
             ) from None
         if any(g < 0 for g in gpus):
             raise ConfigError(f"node {self.name!r}: gpus must be >= 0, got {gpus!r}")

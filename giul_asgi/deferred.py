@@ -65,7 +65,7 @@ class KeepsItsError(type):
             error = exc
         except TypeError as exc:  # a keyword it does not take, a positional too many
             names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-            error = _misnamed(cls.__name__, names, kwargs, exc)
+            error = _misnamed(cls.__name__, names, kwargs, exc, _named(names, args, kwargs))
         if not built_for_a_server(sys._getframe(1)):
             raise error from None
         return kept_record(cls, error, args, kwargs)
@@ -125,7 +125,18 @@ class MisnamedSetting(ConfigError, TypeError):
     (``uvicorn --factory`` reports a factory's TypeError in one line)."""
 
 
-def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeError) -> ConfigError:
+def _named(names: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """`` 'h100-a'`` where the record is named (a Node, a Tier, a Route's pattern), else ``""``:
+    a stranger's trial could not tell which of its nodes a misnamed setting was in."""
+    given = dict(zip(names, args, strict=False)) | kwargs
+    for key in ("name", "pattern"):
+        if isinstance(given.get(key), str):
+            return f" {given[key]!r}"
+    return ""
+
+
+def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeError,
+              named: str = "") -> ConfigError:
     wrong = [k for k in kwargs if k not in names]
     if not wrong:
         found = re.search(r"takes .*", str(exc))
@@ -134,7 +145,7 @@ def _misnamed(what: str, names: list[str], kwargs: dict[str, Any], exc: TypeErro
     key = wrong[0]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     remedy = f"did you mean {close[0]}=?" if close else f"its settings are {', '.join(names)}"
-    return MisnamedSetting(f"{key}= is not a {what} setting", remedy=remedy)
+    return MisnamedSetting(f"{what}{named}: {key}= is not a {what} setting", remedy=remedy)
 
 
 __all__ = ["KeepsItsError", "MisnamedSetting", "built_for_a_server", "kept_record", "raise_kept",

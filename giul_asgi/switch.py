@@ -64,7 +64,8 @@ def check_environment(env: Mapping[str, str] = os.environ) -> None:
     bad setting: it stops the middleware's startup (elsewhere the default is used, warned)."""
     text = (env.get(ENV) or "").strip().lower()
     if text and text not in _OFF and _seconds(text) is None:
-        close = difflib.get_close_matches(text, sorted(_OFF), n=1, cutoff=0.6)
+        # Only "off" is suggested: "fast" was asked if it meant "false", the very opposite.
+        close = difflib.get_close_matches(text, ["off"], n=1, cutoff=0.6)
         meant = f"did you mean {ENV}={close[0]}? " if close else ""
         raise ConfigError(f"{ENV}={text!r} is neither off nor seconds between 0 and 1",
                           remedy=f"{meant}unset it (the default is {INTERVAL_S:g} s), give seconds such "

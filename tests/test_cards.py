@@ -436,13 +436,17 @@ def test_a_card_is_keyed_by_its_uuids_or_its_name_where_the_reader_says_it() -> 
     half = SimpleNamespace(probes=[SimpleNamespace(uuid="GPU-a"), SimpleNamespace(uuid=None)])
     assert card_key(Node("x"), half) == card_key(Node("x"), None) == "node:x|auto|gpus=0"
     assert card_key(Node("y", reader="agent", url="http://h:1")) == "node:y|agent|http://h:1"
-    # the in-process simulated card: one per node name and settings, run by whichever
-    # process holds it
-    sim = card_key(Node("z", reader="simulated"))
+    # the in-process simulated card: one per node name, settings and server, run by whichever
+    # of the server's processes holds it
+    sim = card_key(Node("z", reader="simulated"), server="l123")
     assert sim is not None and sim.startswith("node:z|simulated|")
-    assert sim == card_key(Node("z", reader="simulated"))
-    assert card_key(Node("z", reader="simulated", idle_w=90.0)) != sim
-    assert card_key(Node("z", reader="simulated", options={"window_w": 100.0})) != sim
+    assert sim == card_key(Node("z", reader="simulated"), server="l123")
+    assert card_key(Node("z", reader="simulated", idle_w=90.0), server="l123") != sim
+    assert card_key(Node("z", reader="simulated", options={"window_w": 100.0}), server="l123") != sim
+    assert card_key(Node("z", reader="simulated"), server="p77-1") != sim  # another server's
+    # a real card is the host's, whichever server reads it
+    assert card_key(Node("y", reader="agent", url="http://h:1"), server="l123") == "node:y|agent|http://h:1"
+    assert card_key(Node("x"), SimpleNamespace(uuids=("GPU-c",)), server="l123") == "uuid:GPU-c"
     # A reader made in code is shared only where it says which card it reads.
     assert card_key(Node("c"), SimpleNamespace(), custom=True) is None
     assert card_key(Node("c"), SimpleNamespace(card_id="bay-3"), custom=True) == "card:bay-3"

@@ -141,11 +141,17 @@ def test_a_misspelt_keyword_of_a_record_is_a_config_error_that_says_which_was_me
     """A stranger's trial: ``Node(..., idle_ww=140.0)`` was Python's bare ``TypeError``."""
     from giul_asgi import Budget
 
-    with pytest.raises(ConfigError, match=r"^idle_ww= is not a Node setting\. did you mean idle_w=\?$"):
+    # The record named where it is (a stranger's trial could not tell which node it was)
+    with pytest.raises(ConfigError,
+                       match=r"^Node 'n': idle_ww= is not a Node setting\. did you mean idle_w=\?$"):
         Node("n", idle_ww=140.0)  # type: ignore[call-arg]
-    with pytest.raises(ConfigError, match=r"teir= is not a Route setting\. did you mean tier=\?"):
+    with pytest.raises(ConfigError, match=r"^Node 'n': idle_ww= is not a Node setting"):
+        Node(name="n", idle_ww=140.0)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError,
+                       match=r"^Route '/v1/\*': teir= is not a Route setting\. did you mean tier=\?"):
         Route("/v1/*", teir="70b")  # type: ignore[call-arg]
-    with pytest.raises(ConfigError, match=r"jouls= is not a Budget setting\. did you mean joules=\?"):
+    with pytest.raises(ConfigError,
+                       match=r"^Budget: jouls= is not a Budget setting\. did you mean joules=\?"):
         Budget(jouls=5.0)  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match=r"Tier\(\.\.\.\): takes .* give Tier's settings by name"):
         Tier("70b", 1.0, 2.0)  # type: ignore[call-arg]
@@ -218,6 +224,27 @@ def test_every_giul_asgi_variable_name_is_one_the_package_reads() -> None:
     with pytest.raises(ConfigError) as caught:
         check_environment({"GIUL_ASGI_TRACE": "1"})  # shares only the prefix with any of them
     assert "did you mean" not in str(caught.value)
+
+
+def test_gpus_that_are_not_indices_say_how_to_write_them_in_python_and_in_toml() -> None:
+    """A stranger's trial: ``Node(..., gpus="0,1")`` in a Python app was told to write TOML."""
+    with pytest.raises(ConfigError) as caught:
+        Node("h100-a", gpus="0,1")  # type: ignore[arg-type]
+    said = f"{caught.value} {caught.value.remedy}"
+    assert "node 'h100-a'" in said and "gpus=(0, 1) in Python" in said and "gpus = [0, 1] in TOML" in said
+
+
+def test_a_switch_interval_is_never_suggested_off_for_a_word_that_is_not_near_off() -> None:
+    """A stranger's trial: =fast was asked whether it meant =false, which turns it off."""
+    from giul_asgi.switch import check_environment
+
+    for value, meant in (("fast", None), ("offf", "did you mean GIUL_ASGI_SWITCH_INTERVAL=off?"),
+                         ("1.5", None)):
+        with pytest.raises(ConfigError) as caught:
+            check_environment({"GIUL_ASGI_SWITCH_INTERVAL": value})
+        said = f"{caught.value} {caught.value.remedy}"
+        assert (meant in said) if meant else ("did you mean" not in said), said
+        assert "or off to leave CPython's interval alone" in said
 
 
 BAD_PATHS: list[tuple[dict[str, object], str]] = [

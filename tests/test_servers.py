@@ -2,7 +2,8 @@
 
 Real servers in subprocesses (``servers_app``): every worker of one ``uvicorn --workers`` or
 gunicorn server names the same server; two single-process servers started by one parent, or
-one restarted, are different servers; and each one's ``/energy`` counts its own requests.
+one restarted, are different servers; and each one's ``/energy`` counts its own requests on a
+simulated card of its own.
 """
 
 from __future__ import annotations
@@ -172,6 +173,10 @@ def test_two_single_process_servers_from_one_parent_and_a_restart_are_three_serv
     assert set(key_a.values()).isdisjoint(key_b.values())
     assert [c["totals"]["requests"] for c in counted] == [7, 3], counted
     assert [c["workers"] for c in counted] == [1, 1]
+    # Nor do they share a simulated card of one name: each server's is its own (one card per
+    # name on the host found a stranger's fresh server at five processes and another's energy).
+    assert [c["nodes"]["gpu"]["ledger"]["workers"] for c in counted] == [1, 1], \
+        [c["nodes"]["gpu"]["ledger"] for c in counted]
     place = tmp_path / "place"
     with server(command("uvicorn", ports[0]), env, log) as again:  # the same parent, restarted
         key_again = wait_up(bases[0], again, log)

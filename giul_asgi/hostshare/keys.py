@@ -4,9 +4,10 @@ Two processes share a table only if they meter the same card. A reader that know
 UUIDs (NVML's probes, dcgm's ``uuids``) names them, and a reader made in code may name its card
 (``card_id``): two nodes on the same GPUs share whatever they are called. Otherwise a reader
 built from the node's configuration is named by the node's name and what it reads (kind, URL,
-GPU indices), which every worker started from one configuration shares, the simulated card
-that lives in the holder's process included. A card read by code that does not say which
-card is nobody else's.
+GPU indices), which every worker started from one configuration shares. The simulated card
+that lives in the holder's process is a server's own: its workers share it, and another
+server's node of the same name simulates a card of its own. A card read by code that does
+not say which card is nobody else's.
 """
 
 from __future__ import annotations
@@ -34,21 +35,24 @@ def reader_uuids(reader: Any) -> tuple[str, ...] | None:
         return None
 
 
-def card_key(node: Any, reader: Any = None, *, custom: bool = False) -> str | None:
+def card_key(node: Any, reader: Any = None, *, custom: bool = False, server: str | None = None) -> str | None:
     """The key of the card ``node`` meters through ``reader``; None for a card nobody else
     meters: a ``custom`` reader (a node's ``reader_factory``, or a reader handed to the ledger)
     that does not say which card it reads (its ``card_id``, or its GPUs' UUIDs): a reader made
     in code may read anything, and two such readers sharing a node's name are not one card.
     A simulated card that lives in the process (``reader="simulated"`` with no URL) is one
-    card per node name, as a GPU is: whichever process holds it runs it, loaded by every
-    process's windows."""
+    card per node name and ``server`` (:attr:`~giul_asgi.hostshare.server.ServerId.key`):
+    whichever of the server's processes holds it runs it, loaded by every one's windows. A
+    card per name on the host joined unrelated servers trying the README's node: a fresh
+    server's first request found five processes and another's energy on its card (a
+    stranger's trial, 2026-12-08)."""
     if getattr(node, "reader", None) == "simulated" and not getattr(node, "url", None) \
             and getattr(node, "reader_factory", None) is None:
         # its physics is its settings: two nodes of one name that simulate differently are
         # two cards (one's figures from the other's card would answer for neither)
         options = sorted((str(k), repr(v)) for k, v in dict(getattr(node, "options", {}) or {}).items())
         digest = hashlib.sha256(repr((options, getattr(node, "idle_w", None))).encode()).hexdigest()[:12]
-        return f"node:{node.name}|simulated|{digest}"
+        return f"node:{node.name}|simulated|{digest}" + (f"|{server}" if server else "")
     named = getattr(reader, "card_id", None)
     if isinstance(named, str) and named:
         return "card:" + named

@@ -558,8 +558,9 @@ class Ledger:
             if table.try_hold():
                 self._resume(table)
                 if table.others:
-                    log.info("node %r: this process (pid %d) now reads the card for the %d others at "
-                             "its table", self.node.name, os.getpid(), table.others)
+                    # "others": every process on the host metering this card, any server's
+                    log.info("node %r: this process (pid %d) now reads the card for the %d other "
+                             "processes on this host metering it", self.node.name, os.getpid(), table.others)
                 else:  # the first at the table: the others, if any, join later
                     log.info("node %r: this process (pid %d) reads the card", self.node.name, os.getpid())
         if table.holding:
@@ -628,7 +629,8 @@ class Ledger:
         log_unshared(place)
         if place.path is not None:
             self._recall(place.path, reader)
-        key = card_key(self.node, reader, custom=self._custom) if reader is not None else None
+        key = (card_key(self.node, reader, custom=self._custom, server=server_identity().key)
+               if reader is not None else None)
         if key is None:
             return  # a card read by code that does not say which card: nobody else's
         if place.path is None:

@@ -81,9 +81,14 @@ def _auto(spec: ReaderSpec) -> Reader:
     try:
         return _nvml(spec)
     except ReaderUnavailable as exc:
-        return NullReader(f"NVML unavailable: {exc.message}", remedy=(
-            f"{exc.remedy}; to try giul-asgi on a host without a GPU: reader='simulated'"
-            if exc.remedy else "to try giul-asgi on a host without a GPU: reader='simulated'"))
+        remedy = exc.remedy or ""
+        if "reader='simulated'" not in remedy:  # NVML's own remedy says it where the driver is missing
+            remedy = f"{remedy}; {_TRY}" if remedy else _TRY
+        return NullReader(f"NVML unavailable: {exc.message}", remedy=remedy)
+
+
+#: What a host without a GPU can do (said once: a stranger read it twice in one warning).
+_TRY = "to try giul-asgi on a host without a GPU: reader='simulated'"
 
 
 def _none(spec: ReaderSpec) -> Reader:
