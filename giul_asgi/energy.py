@@ -267,7 +267,13 @@ def grade(
     error = share.error
     if joules is None or not (joules > 0 and math.isfinite(joules)):
         if joules is not None and error is None:
-            error = f"measured {joules:.6g} J above idle: a failed measurement, not a free request"
+            error = (f"measured {joules:.6g} J above idle: a failed measurement, not a free request"
+                     if share.settled else
+                     # a first figure is the part read so far and the prior's guess for the rest,
+                     # which its learnt bias can take to nothing ("a failed measurement" there
+                     # puzzled a stranger whose card drew 200 W for every window)
+                     f"first figure {joules:.6g} J (the part read so far and the node's guess for the "
+                     "rest): none to give until the card reports it")
             if share.trouble:
                 error = f"{error}; {share.trouble}"
         # The hint prices what nothing will measure: a node that cannot, a failed reader, a

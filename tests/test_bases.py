@@ -147,6 +147,15 @@ def test_allocated_follows_the_figures_method_and_is_never_a_made_up_zero() -> N
     assert bare.allocated_joules == 4.0 and not bare.idle_known
 
 
+def test_a_first_figure_of_nothing_is_unknown_and_says_it_waits_for_the_card() -> None:
+    """A stranger's trial: a warm server's first figure of 0 J said "a failed measurement"."""
+    first = grade(_share(0.0, 10.0, settled=False))
+    assert first.joules is None and first.method == "unknown"
+    assert first.error is not None and "first figure 0 J" in first.error and "failed" not in first.error
+    settled = grade(_share(0.0, 10.0))
+    assert settled.method == "unknown" and settled.error is not None and "a failed measurement" in settled.error
+
+
 def test_a_first_figure_is_allocated_the_floor_of_its_time_not_reported_yet() -> None:
     run = Run(seed=3)
     run.advance(0.5)
