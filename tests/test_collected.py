@@ -2,7 +2,9 @@
 
 A middleware built and dropped without its lifespan (a test's, a script's) left three
 threads reading for ever: its node's reader and watchdog, and the statistics' writer. Its
-ledgers and statistics now stop when it is collected.
+statistics now stop when it is collected, and its ledgers when their registry is: a request's
+meter waiting on its figure holds the registry until its window settles, and the middleware's
+own look, half a second after its collection, found it held under load and gave up.
 """
 
 from __future__ import annotations
@@ -56,3 +58,25 @@ def _left(before: set[threading.Thread]) -> list[threading.Thread]:
     """Ours started since ``before`` and still running, but the stoppers a collected
     middleware starts (each ends once it has stopped what it stops)."""
     return [t for t in _ours() - before if t.name not in _STOPPERS]
+
+
+def test_a_registry_held_past_its_middleware_stops_its_readers_once_let_go() -> None:
+    ledgers = Ledgers()
+    metered = EnergyMiddleware(_app, [Node("held", reader="simulated", idle_w=60.0)], ledgers=ledgers)
+
+    async def one() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=metered), base_url="http://gw") as c:
+            assert (await c.get("/x")).status_code == 200
+
+    before = _ours()
+    asyncio.run(one())
+    del metered
+    gc.collect()
+    time.sleep(1.0)  # held beyond the half second the middleware's collection once looked
+    assert [t for t in _left(before) if t.name == "giul-reader-held"], "kept: its registry is held"
+    del ledgers
+    deadline = time.monotonic() + 30.0
+    while _left(before) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.1)
+    assert not _left(before), sorted(t.name for t in _left(before))

@@ -22,7 +22,6 @@ import functools
 import inspect
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -186,9 +185,8 @@ class EnergyMiddleware:
             node_list, tier_list, route_list, default_node=node_list[0],
             default_tier=default_tier, decide=decide,
         )
+        # Ledgers of its own stop once nobody holds them (giul_asgi.ledger.registry)
         self.ledgers = ledgers if ledgers is not None else default_ledgers()
-        if ledgers is not None:  # its own ledgers: dropped without aclose(), they stop with it
-            weakref.finalize(self, _stop_if_gone, weakref.ref(ledgers), self.router.nodes.values())
         #: Never metered: health checks, documents, the operator's ``exclude``; the app's own
         #: documents are added at its first call (:meth:`_learn_app`).
         self.exclude = PathSet((*NEVER_METERED, *options.exclude))
@@ -507,24 +505,6 @@ def _is_statistics(stats: object) -> bool:
 
 def _close_on_a_thread(stats: HostStats) -> None:
     threading.Thread(target=stats.close, name="giul-stats-collected", daemon=True).start()
-
-
-def _stop_if_gone(ledgers: weakref.ref[Ledgers], nodes: Iterable[Node]) -> None:
-    """A middleware collected with the ledgers it was given: once nobody else holds them
-    either, their readers stop (on a thread: whoever collects, the loop perhaps, never waits)."""
-    held = ledgers()
-    if held is None:
-        return  # collected too: their ledgers are nobody's (the readers' threads hold them)
-    found = [held.get(node) for node in nodes]
-    del held
-
-    def stop() -> None:
-        time.sleep(0.5)  # the ledgers' registry goes with the middleware, or is kept
-        if ledgers() is None:
-            for ledger in found:
-                ledger.stop(1.0)
-
-    threading.Thread(target=stop, name="giul-ledgers-collected", daemon=True).start()
 
 
 #: The settings the middleware takes itself, beside Options' fields (suggested for a typo).
