@@ -64,12 +64,12 @@ def test_a_registry_held_past_its_middleware_stops_its_readers_once_let_go() -> 
     ledgers = Ledgers()
     metered = EnergyMiddleware(_app, [Node("held", reader="simulated", idle_w=60.0)], ledgers=ledgers)
 
-    async def one() -> None:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=metered), base_url="http://gw") as c:
+    async def one(app: EnergyMiddleware) -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
             assert (await c.get("/x")).status_code == 200
 
     before = _ours()
-    asyncio.run(one())
+    asyncio.run(one(metered))
     del metered
     gc.collect()
     time.sleep(1.0)  # held beyond the half second the middleware's collection once looked

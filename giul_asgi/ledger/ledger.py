@@ -43,9 +43,10 @@ from ..hostshare.place import remedy
 from ..hostshare.priors import KeptPrior, prior_name
 from ..readers.base import Continuing, Process, Reader, Reading
 from ..readers.mig import Mig, mig_of
-from ..spans import NOBODY, CardSpan, Counted, Gap, Span
+from ..spans import NOBODY, CardSpan, Counted, Gap, Span, recut
 from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .chores import UPSTREAM_EVERY_S, Upstream
+from .foreign import FOREIGN_MIN_SHARE, FOREIGN_MIN_W
 from .history import LOOK_EVERY_S, History
 from .phases import PREFILL, PhaseSplit, split_for
 from .poller import IDLE_S, TURNS, Health, Poller
@@ -75,6 +76,10 @@ HAND_OVER_CHUNK = 16
 
 _PID = [str(os.getpid())]  # this process's, renewed in a forked child
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, str(os.getpid())))
+
+
+#: Floors (W) closer than this are one: a follower cuts the holder's spans again only beyond it.
+FLOOR_TOLERANCE_W = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +177,8 @@ class Ledger:
         #: The reader was made in code (handed in, or the node's factory): shared with other
         #: processes only if it says which card it reads.
         self._custom = reader is not None or node.reader_factory is not None
+        #: The holder's idle floor this ledger last said it cuts spans again above.
+        self._floor_said: float | None = None
         self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
         split = split or split_for(node.split)
         measures = node.reader != "none" or reader is not None or node.reader_factory is not None
@@ -597,10 +604,30 @@ class Ledger:
         return "ok", None
 
     def _follow(self, table: CardTable) -> None:
-        """Take this process's part of what the card's holder published."""
+        """Take this process's part of what the card's holder published, cut above this
+        node's idle floor where the holder cuts above another (:func:`~giul_asgi.spans.recut`)."""
         pieces = table.pending()
-        if pieces:
-            self.take(pieces)
+        if not pieces:
+            return
+        known, floor = table.holder_floor()
+        theirs = floor or 0.0
+        own = (self.tape.idle_w if self.tape is not None else None) or 0.0
+        if known and abs(theirs - own) > FLOOR_TOLERANCE_W:
+            self._say_floor(theirs, own)
+            least = max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * own)  # a level that is noise at this floor
+            pieces = [(recut(piece, theirs, own, least) if isinstance(piece, CardSpan) else piece, mine)
+                      for piece, mine in pieces]
+        self.take(pieces)
+
+    def _say_floor(self, floor: float, own: float) -> None:
+        if self._floor_said == floor:
+            return
+        self._floor_said = floor
+        log.warning("node %r: the process reading this card (another server's, on this host) cuts its energy "
+                    "above an idle floor of %g W; this node's idle_w is %g W, and this process's figures are "
+                    "cut above it. A card has one floor: give every server on it the same idle_w "
+                    "(giul-asgi probe --idle 30 measures it); the card's books on /energy are the reader's",
+                    self.node.name, floor, own)
 
     def take(self, pieces: list[tuple[CardSpan | Gap, float]]) -> None:
         """Take this process's part (window-seconds) of pieces another process decided (the
@@ -638,7 +665,8 @@ class Ledger:
                 self.unshared = f"per process: {place.reason}; other processes on this card are not seen"
             return
         try:
-            table = CardTable(place.path, key, self.node.name, ramp_s=self.node.ramp_s, clock=self.clock)
+            table = CardTable(place.path, key, self.node.name, ramp_s=self.node.ramp_s, clock=self.clock,
+                              idle_w=self.tape.idle_w if self.tape is not None else self.node.idle_w)
         except OSError as exc:  # Unusable, or one the table did not foresee: per process, said
             self.unshared = f"per process: {exc}; other processes on this card are not seen"
             cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc

@@ -73,6 +73,12 @@ SHOWN = ("measured_j", "charged_j", "unattributed_j", "foreign_j", "estimated_j"
          "idle_charged_j", "idle_unattributed_j", "reads", "read_errors", "resets")
 SHOWN_ROW = struct.Struct(f"<{len(SHOWN)}d")
 TAPE_SHOWN = 1024  # in the tape's first page: the highest its departed ledgers showed
+#: In the tape's first page: the idle floor the holder cuts its spans above (W; NaN: none
+#: given), after a marker, so a follower whose operator gave another floor cuts them again
+#: above its own. A holder of an earlier release writes no marker: its floor is not known.
+TAPE_FLOOR = 2048
+FLOOR = struct.Struct("<8sd")
+FLOOR_MARK = b"GIULFLR1"
 EVENT_ROW = struct.Struct("<QBxxxxxxxdQ")
 OPEN, CLOSE = 1, 2
 ANSWER_ROW = struct.Struct("<QdI4x")

@@ -101,10 +101,12 @@ class CardTable:
     """
 
     def __init__(self, directory: Path, key: str, node: str, *, ramp_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, idle_w: float | None = None) -> None:
         self.key = key
         self.node = node
         self.ramp_s = ramp_s
+        #: The idle floor this ledger cuts spans above; written on the tape while it holds.
+        self.idle_w = idle_w
         self.clock = clock
         try:  # a link or another user's folder here is refused as a full place is: said
             cards = make_dir(directory / "cards", root=directory)
@@ -203,6 +205,7 @@ class CardTable:
         except BlockingIOError:
             return False
         self.holding = True
+        self.tape.set_floor(self.idle_w)
         self._counted = (0, 0, 0)
         self._taken = max(self._taken, self.tape.published())
         last = self.tape.get(T_LAST)
@@ -296,6 +299,10 @@ class CardTable:
         self.tape.put(T_BEAT, self.clock())
 
     # -- following ----------------------------------------------------------------------------------
+    def holder_floor(self) -> tuple[bool, float | None]:
+        """Follower: (known, the idle floor the holder cuts its spans above)."""
+        return self.tape.floor()
+
     def pending(self) -> list[tuple[CardSpan | Gap, float]]:
         """Follower: the pieces the holder published since the last call, each with this
         ledger's part of it (window-seconds; 0 where it had none)."""

@@ -20,6 +20,8 @@ from .books import seat_row
 from .layout import (
     ENTRY,
     F64,
+    FLOOR,
+    FLOOR_MARK,
     GAP,
     PAGE,
     PIECE,
@@ -40,6 +42,7 @@ from .layout import (
     T_R_UNATTR,
     TAPE_ENTRIES,
     TAPE_FLOATS,
+    TAPE_FLOOR,
     TAPE_SHOWN,
     TOPS,
     U64,
@@ -70,6 +73,20 @@ class Tape:
 
     def get(self, index: int) -> float:
         return finite(F64.unpack_from(self.mm, TAPE_FLOATS + 8 * index)[0])
+
+    def set_floor(self, idle_w: float | None) -> None:
+        """Holder: the idle floor its spans are cut above (None: the node gives none)."""
+        FLOOR.pack_into(self.mm, TAPE_FLOOR, FLOOR_MARK, math.nan if idle_w is None else float(idle_w))
+
+    def floor(self) -> tuple[bool, float | None]:
+        """(known, the holder's idle floor): not known where the holder wrote none (an
+        earlier release's) or the slot holds garbage."""
+        mark, value = FLOOR.unpack_from(self.mm, TAPE_FLOOR)
+        if mark != FLOOR_MARK:
+            return False, None
+        if math.isnan(value):
+            return True, None
+        return (True, value) if math.isfinite(value) and value >= 0 else (False, None)
 
     def fold(self, seat: mmap.mmap) -> None:
         """A departed ledger's books (its seat's map) move into the tape's: what it had been
