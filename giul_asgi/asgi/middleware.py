@@ -36,6 +36,7 @@ from ..deferred import raise_kept
 from ..environment import check_environment
 from ..errors import ConfigError, GiulError
 from ..ledger import Ledgers, default_ledgers
+from ..ledger.registry import stop_once_let_go
 from ..listeners import Listener, Listeners
 from ..meter import Meter
 from ..records import RecordStore
@@ -185,8 +186,9 @@ class EnergyMiddleware:
             node_list, tier_list, route_list, default_node=node_list[0],
             default_tier=default_tier, decide=decide,
         )
-        # Ledgers of its own stop once nobody holds them (giul_asgi.ledger.registry)
         self.ledgers = ledgers if ledgers is not None else default_ledgers()
+        if ledgers is not None:  # its own ledgers: dropped without aclose(), they stop once let go
+            weakref.finalize(self, stop_once_let_go(ledgers)).atexit = False
         #: Never metered: health checks, documents, the operator's ``exclude``; the app's own
         #: documents are added at its first call (:meth:`_learn_app`).
         self.exclude = PathSet((*NEVER_METERED, *options.exclude))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 
@@ -32,12 +32,6 @@ class Ledgers:
     def __init__(self) -> None:
         self._by_name: dict[str, Ledger] = {}
         self._lock = threading.Lock()
-        # Dropped without close() (a middleware of a test's or a script's, built without its
-        # lifespan), its readers stop once it is collected, however late: a request's meter
-        # waiting on its figure holds the registry until its window settles. The middleware
-        # looked once, half a second after its own collection, and under load found it held
-        # and left two threads reading for ever (4 runs in 8 of tests/test_collected.py).
-        weakref.finalize(self, _stop_on_a_thread, self._by_name).atexit = False
 
     def get(self, node: Node | None) -> Ledger:
         node = node if node is not None else NULL_NODE
@@ -87,6 +81,27 @@ class Ledgers:
         self._by_name.clear()
 
 
+def stop_once_let_go(ledgers: Ledgers) -> Callable[[], None]:
+    """What the owner of ``ledgers`` (a middleware given its own) calls as it goes: their
+    readers stop once nobody holds the registry either, however late (at once if it went with
+    the owner). A request's meter waiting on its figure holds the registry until its window
+    settles: the middleware looked once, half a second after its collection, and under load
+    found it held and left two threads reading for ever (4 runs in 8 of tests/test_collected.py).
+    A registry nobody gave an owner (``Ledgers().get(node)`` kept, the process's own) is left
+    alone: its ledgers may be held on their own."""
+    registry = weakref.ref(ledgers)
+    by_name = ledgers._by_name  # the ledgers, not the registry: it must be free to go
+
+    def gone() -> None:
+        held = registry()
+        if held is None:
+            _stop_on_a_thread(by_name)
+        else:
+            weakref.finalize(held, _stop_on_a_thread, by_name).atexit = False
+
+    return gone
+
+
 def _stop_on_a_thread(by_name: dict[str, Ledger]) -> None:
     """Stop a collected registry's ledgers on a thread of their own: whoever collects it (the
     loop, a reader thread) never waits, nor joins itself."""
@@ -113,4 +128,4 @@ def default_ledgers() -> Ledgers:
     return _default
 
 
-__all__ = ["NULL_NODE", "Ledgers", "default_ledgers"]
+__all__ = ["NULL_NODE", "Ledgers", "default_ledgers", "stop_once_let_go"]
