@@ -186,6 +186,9 @@ class CardSpan:
     period: float = 0.1
     #: The span's time with at least one window of the host open (the union of their time).
     busy_s: float = 0.0
+    #: The idle floor (W) it was cut above, as its holder published it (None: not said, an
+    #: earlier release's tape, or a span not published).
+    cut_above_w: float | None = None
 
     @property
     def seconds(self) -> float:
@@ -266,7 +269,8 @@ def recut(span: CardSpan, floor_w: float, idle_w: float, least_w: float = 0.0) -
     if span.foreign_j > 0 and level is not None:
         foreign = min(max(measured, 0.0), level * span.seconds)
         above = measured - foreign
-    return replace(span, measured_j=measured, above_j=above, foreign_j=foreign, level=level)
+    return replace(span, measured_j=measured, above_j=above, foreign_j=foreign, level=level,
+                   cut_above_w=idle_w)
 
 
 __all__ = ["NOBODY", "CardSpan", "Counted", "Coverage", "Gap", "Piece", "Span", "counted", "recut", "union_s"]

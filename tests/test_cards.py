@@ -16,6 +16,7 @@ import signal
 import struct
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +28,7 @@ from giul_asgi.hostshare import card_key
 from giul_asgi.hostshare import place as place_module
 from giul_asgi.hostshare.cards import SEAT_BYTES, CardTable, SeatBooks, Unusable, ledgers_on
 from giul_asgi.hostshare.keys import folder_name
+from giul_asgi.hostshare.server import ServerId
 from giul_asgi.meter import Meter
 from giul_asgi.spans import CardSpan, Coverage, Gap
 
@@ -67,7 +69,8 @@ def test_one_seat_holds_the_card_and_the_other_takes_its_part(tmp_path: Path) ->
         taken = follower.pending()
         assert len(taken) == 1 and taken[0][1] == pytest.approx(1.3)
         piece = taken[0][0]
-        assert isinstance(piece, CardSpan) and piece == decided
+        # as decided, and the floor it was cut above (the holder's node gives none: 0 W)
+        assert isinstance(piece, CardSpan) and piece == replace(decided, cut_above_w=0.0)
         assert decided.part(1.3) + decided.part(0.7) == pytest.approx(100.0)  # the card, once
         assert follower.pending() == []  # taken once
     finally:
@@ -441,16 +444,18 @@ def test_a_card_is_keyed_by_its_uuids_or_its_name_where_the_reader_says_it() -> 
     assert card_key(Node("x"), half) == card_key(Node("x"), None) == "node:x|auto|gpus=0"
     assert card_key(Node("y", reader="agent", url="http://h:1")) == "node:y|agent|http://h:1"
     # the in-process simulated card: one per node name, settings and server, run by whichever
-    # of the server's processes holds it
-    sim = card_key(Node("z", reader="simulated"), server="l123")
+    # of the server's processes holds it; a server of one process has it to itself (no table)
+    workers, other = ServerId("l123", "listener", (1, None)), ServerId("l456", "listener", (2, None))
+    sim = card_key(Node("z", reader="simulated"), server=workers)
     assert sim is not None and sim.startswith("node:z|simulated|")
-    assert sim == card_key(Node("z", reader="simulated"), server="l123")
-    assert card_key(Node("z", reader="simulated", idle_w=90.0), server="l123") != sim
-    assert card_key(Node("z", reader="simulated", options={"window_w": 100.0}), server="l123") != sim
-    assert card_key(Node("z", reader="simulated"), server="p77-1") != sim  # another server's
+    assert sim == card_key(Node("z", reader="simulated"), server=workers)
+    assert card_key(Node("z", reader="simulated", idle_w=90.0), server=workers) != sim
+    assert card_key(Node("z", reader="simulated", options={"window_w": 100.0}), server=workers) != sim
+    assert card_key(Node("z", reader="simulated"), server=other) != sim  # another server's
+    assert card_key(Node("z", reader="simulated"), server=ServerId("p77-1", "own", (77, "1"))) is None
     # a real card is the host's, whichever server reads it
-    assert card_key(Node("y", reader="agent", url="http://h:1"), server="l123") == "node:y|agent|http://h:1"
-    assert card_key(Node("x"), SimpleNamespace(uuids=("GPU-c",)), server="l123") == "uuid:GPU-c"
+    assert card_key(Node("y", reader="agent", url="http://h:1"), server=workers) == "node:y|agent|http://h:1"
+    assert card_key(Node("x"), SimpleNamespace(uuids=("GPU-c",)), server=workers) == "uuid:GPU-c"
     # A reader made in code is shared only where it says which card it reads.
     assert card_key(Node("c"), SimpleNamespace(), custom=True) is None
     assert card_key(Node("c"), SimpleNamespace(card_id="bay-3"), custom=True) == "card:bay-3"
@@ -662,7 +667,8 @@ def test_a_follower_s_window_before_the_first_witness_waits_then_has_the_foreign
         for decided, mine in pieces:
             holder.publish(decided, {}, 0.1)
             ((taken, _),) = follower.pending()
-            assert taken == decided  # the table carries the flag, the level and its doubt
+            # the table carries the flag, the level and its doubt (and the holder's floor)
+            assert taken == replace(decided, cut_above_w=0.0)
             settled = book.take(taken, decided.t1, mine)
             assert window.settled == (decided is pieces[-1][0]), decided
         assert window in settled

@@ -21,6 +21,7 @@ from workers_card import FileCard, FileCardReader, apply
 
 from giul_asgi.config import Node
 from giul_asgi.hostshare.cards import CardTable
+from giul_asgi.hostshare.cards.layout import U64
 from giul_asgi.ledger import Ledger
 from giul_asgi.meter import Meter
 from giul_asgi.spans import CardSpan, recut
@@ -54,17 +55,24 @@ def test_a_span_cut_again_above_another_floor_moves_by_the_floors_difference() -
     assert lower.foreign_j == pytest.approx(60.0) and lower.above_j == pytest.approx(60.0)
 
 
-def test_the_holder_writes_its_floor_and_an_earlier_holders_tape_says_none(tmp_path: Path) -> None:
+def test_each_span_says_the_floor_its_holder_cut_it_above_and_an_earlier_releases_none(
+    tmp_path: Path,
+) -> None:
+    """Per piece: a floor on the tape's header outlived its holder, and a later holder of an
+    earlier release (which writes none) had its spans cut again with it, 0.48x their truth (a
+    hostile trial)."""
     holder = CardTable(tmp_path, "card:floors", "n", idle_w=30.0)
     follower = CardTable(tmp_path, "card:floors", "n", idle_w=70.0)
     try:
-        assert follower.holder_floor() == (False, None)  # nobody wrote one: an earlier release's
         assert holder.try_hold()
-        assert follower.holder_floor() == (True, 30.0)
-        holder.tape.set_floor(None)
-        assert follower.holder_floor() == (True, None)
-        holder.tape.set_floor(math.inf)  # garbage: not known
-        assert follower.holder_floor() == (False, None)
+        span = _span()
+        holder.publish(span, {}, 0.1)
+        holder.tape.write(holder.tape.published(), span, 0.1)  # as an earlier release writes it
+        U64.pack_into(holder.tape.mm, 16, holder.tape.published() + 1)
+        holder.tape.write(holder.tape.published(), span, 0.1, math.inf)  # garbage: not known
+        U64.pack_into(holder.tape.mm, 16, holder.tape.published() + 1)
+        pieces = [p for p, _ in follower.pending()]
+        assert [p.cut_above_w for p in pieces if isinstance(p, CardSpan)] == [30.0, None, None]
     finally:
         holder.close()
         follower.close()

@@ -15,7 +15,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .server import ServerId
 
 
 def reader_uuids(reader: Any) -> tuple[str, ...] | None:
@@ -35,24 +38,29 @@ def reader_uuids(reader: Any) -> tuple[str, ...] | None:
         return None
 
 
-def card_key(node: Any, reader: Any = None, *, custom: bool = False, server: str | None = None) -> str | None:
+def card_key(
+    node: Any, reader: Any = None, *, custom: bool = False, server: ServerId | None = None,
+) -> str | None:
     """The key of the card ``node`` meters through ``reader``; None for a card nobody else
     meters: a ``custom`` reader (a node's ``reader_factory``, or a reader handed to the ledger)
     that does not say which card it reads (its ``card_id``, or its GPUs' UUIDs): a reader made
     in code may read anything, and two such readers sharing a node's name are not one card.
     A simulated card that lives in the process (``reader="simulated"`` with no URL) is one
-    card per node name and ``server`` (:attr:`~giul_asgi.hostshare.server.ServerId.key`):
-    whichever of the server's processes holds it runs it, loaded by every one's windows. A
-    card per name on the host joined unrelated servers trying the README's node: a fresh
-    server's first request found five processes and another's energy on its card (a
-    stranger's trial, 2026-12-08)."""
+    card per node name and ``server``: whichever of the server's processes holds it runs it,
+    loaded by every one's windows; a server of one process (``server.alone``) has it to itself,
+    at no table (None). A card per name on the host joined unrelated servers trying the
+    README's node: a fresh server's first request found five processes and another's energy
+    on its card (a stranger's trial, 2026-12-08); and a table per server left a 1.5 MB folder
+    for a minute at each restart of a single-process one (a hostile trial)."""
     if getattr(node, "reader", None) == "simulated" and not getattr(node, "url", None) \
             and getattr(node, "reader_factory", None) is None:
         # its physics is its settings: two nodes of one name that simulate differently are
         # two cards (one's figures from the other's card would answer for neither)
         options = sorted((str(k), repr(v)) for k, v in dict(getattr(node, "options", {}) or {}).items())
         digest = hashlib.sha256(repr((options, getattr(node, "idle_w", None))).encode()).hexdigest()[:12]
-        return f"node:{node.name}|simulated|{digest}" + (f"|{server}" if server else "")
+        if server is None:
+            return f"node:{node.name}|simulated|{digest}"
+        return None if server.alone else f"node:{node.name}|simulated|{digest}|{server.key}"
     named = getattr(reader, "card_id", None)
     if isinstance(named, str) and named:
         return "card:" + named

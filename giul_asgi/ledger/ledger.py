@@ -604,19 +604,18 @@ class Ledger:
         return "ok", None
 
     def _follow(self, table: CardTable) -> None:
-        """Take this process's part of what the card's holder published, cut above this
-        node's idle floor where the holder cuts above another (:func:`~giul_asgi.spans.recut`)."""
+        """Take this process's part of what the card's holder published, each span cut above
+        this node's idle floor where its holder cut it above another (:func:`~giul_asgi.spans.recut`)."""
         pieces = table.pending()
         if not pieces:
             return
-        known, floor = table.holder_floor()
-        theirs = floor or 0.0
         own = (self.tape.idle_w if self.tape is not None else None) or 0.0
-        if known and abs(theirs - own) > FLOOR_TOLERANCE_W:
-            self._say_floor(theirs, own)
-            least = max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * own)  # a level that is noise at this floor
-            pieces = [(recut(piece, theirs, own, least) if isinstance(piece, CardSpan) else piece, mine)
-                      for piece, mine in pieces]
+        least = max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * own)  # a level that is noise at this floor
+        for i, (piece, mine) in enumerate(pieces):
+            if isinstance(piece, CardSpan) and piece.cut_above_w is not None \
+                    and abs(piece.cut_above_w - own) > FLOOR_TOLERANCE_W:
+                self._say_floor(piece.cut_above_w, own)
+                pieces[i] = (recut(piece, piece.cut_above_w, own, least), mine)
         self.take(pieces)
 
     def _say_floor(self, floor: float, own: float) -> None:
@@ -656,7 +655,7 @@ class Ledger:
         log_unshared(place)
         if place.path is not None:
             self._recall(place.path, reader)
-        key = (card_key(self.node, reader, custom=self._custom, server=server_identity().key)
+        key = (card_key(self.node, reader, custom=self._custom, server=server_identity())
                if reader is not None else None)
         if key is None:
             return  # a card read by code that does not say which card: nobody else's

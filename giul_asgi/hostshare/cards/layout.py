@@ -73,10 +73,10 @@ SHOWN = ("measured_j", "charged_j", "unattributed_j", "foreign_j", "estimated_j"
          "idle_charged_j", "idle_unattributed_j", "reads", "read_errors", "resets")
 SHOWN_ROW = struct.Struct(f"<{len(SHOWN)}d")
 TAPE_SHOWN = 1024  # in the tape's first page: the highest its departed ledgers showed
-#: In the tape's first page: the idle floor the holder cuts its spans above (W; NaN: none
-#: given), after a marker, so a follower whose operator gave another floor cuts them again
-#: above its own. A holder of an earlier release writes no marker: its floor is not known.
-TAPE_FLOOR = 2048
+#: A span's idle floor, as its holder cut it (W), in the piece's ``why`` bytes (a gap's reason;
+#: a span's were empty), after a marker: a follower whose operator gave the card another floor
+#: cuts it again above its own. Per piece, so a floor is never taken for another holder's
+#: pieces; a holder of an earlier release writes none, and its pieces' floor is not known.
 FLOOR = struct.Struct("<8sd")
 FLOOR_MARK = b"GIULFLR1"
 EVENT_ROW = struct.Struct("<QBxxxxxxxdQ")

@@ -105,7 +105,7 @@ class CardTable:
         self.key = key
         self.node = node
         self.ramp_s = ramp_s
-        #: The idle floor this ledger cuts spans above; written on the tape while it holds.
+        #: The idle floor this ledger cuts spans above: written with each span it publishes.
         self.idle_w = idle_w
         self.clock = clock
         try:  # a link or another user's folder here is refused as a full place is: said
@@ -205,7 +205,6 @@ class CardTable:
         except BlockingIOError:
             return False
         self.holding = True
-        self.tape.set_floor(self.idle_w)
         self._counted = (0, 0, 0)
         self._taken = max(self._taken, self.tape.published())
         last = self.tape.get(T_LAST)
@@ -259,7 +258,7 @@ class CardTable:
                 self.tape.add(T_EXTERNAL, piece.external_j)
                 self.tape.add(T_DRAWN, piece.total_j)
                 self.tape.add(T_IDLE_UNATTR, piece.idle_unattributed_j)
-        self.tape.write(index, piece, period)
+        self.tape.write(index, piece, period, self.idle_w or 0.0)
         self.tape.put(T_LAST, piece.t1)
         self.tape.put(T_PERIOD, period)
         self.tape.put(T_BEAT, self.clock())
@@ -299,10 +298,6 @@ class CardTable:
         self.tape.put(T_BEAT, self.clock())
 
     # -- following ----------------------------------------------------------------------------------
-    def holder_floor(self) -> tuple[bool, float | None]:
-        """Follower: (known, the idle floor the holder cuts its spans above)."""
-        return self.tape.floor()
-
     def pending(self) -> list[tuple[CardSpan | Gap, float]]:
         """Follower: the pieces the holder published since the last call, each with this
         ledger's part of it (window-seconds; 0 where it had none)."""

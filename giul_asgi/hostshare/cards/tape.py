@@ -42,7 +42,6 @@ from .layout import (
     T_R_UNATTR,
     TAPE_ENTRIES,
     TAPE_FLOATS,
-    TAPE_FLOOR,
     TAPE_SHOWN,
     TOPS,
     U64,
@@ -74,20 +73,6 @@ class Tape:
     def get(self, index: int) -> float:
         return finite(F64.unpack_from(self.mm, TAPE_FLOATS + 8 * index)[0])
 
-    def set_floor(self, idle_w: float | None) -> None:
-        """Holder: the idle floor its spans are cut above (None: the node gives none)."""
-        FLOOR.pack_into(self.mm, TAPE_FLOOR, FLOOR_MARK, math.nan if idle_w is None else float(idle_w))
-
-    def floor(self) -> tuple[bool, float | None]:
-        """(known, the holder's idle floor): not known where the holder wrote none (an
-        earlier release's) or the slot holds garbage."""
-        mark, value = FLOOR.unpack_from(self.mm, TAPE_FLOOR)
-        if mark != FLOOR_MARK:
-            return False, None
-        if math.isnan(value):
-            return True, None
-        return (True, value) if math.isfinite(value) and value >= 0 else (False, None)
-
     def fold(self, seat: mmap.mmap) -> None:
         """A departed ledger's books (its seat's map) move into the tape's: what it had been
         given and not charged is lost with it (unattributed); its seat is marked retired."""
@@ -117,8 +102,9 @@ class Tape:
     def published(self) -> int:
         return int(U64.unpack_from(self.mm, 16)[0])
 
-    def write(self, index: int, piece: CardSpan | Gap, period: float) -> None:
-        """Write piece ``index`` into the ring (its crc32 last: whole, or not taken)."""
+    def write(self, index: int, piece: CardSpan | Gap, period: float, floor_w: float | None = None) -> None:
+        """Write piece ``index`` into the ring (its crc32 last: whole, or not taken); a span
+        with ``floor_w``, the idle floor the holder cut it above (W)."""
         payload: tuple[object, ...]
         if isinstance(piece, CardSpan):
             payload = (index, SPAN, 0, piece.tails, piece.quiet, piece.unwatched, piece.level_recent,
@@ -127,7 +113,7 @@ class Tape:
                        piece.stamp_s, piece.unc_j, piece.measured_j, piece.covered, piece.unseen,
                        piece.foreign_j, piece.doubt_w, piece.foreign_unc_w,
                        math.nan if piece.level is None else piece.level, piece.period, piece.busy_s,
-                       piece.members, b"")
+                       piece.members, b"" if floor_w is None else FLOOR.pack(FLOOR_MARK, floor_w))
         else:
             payload = (index, GAP, piece.fault, 0, 0, 0, 0, -1, 0, piece.t0, piece.t1,
                        *([0.0] * 11), period, 0.0, 0, piece.why.encode()[:96])
@@ -158,8 +144,17 @@ class Tape:
             unwatched=bool(unwatched), level=level if math.isfinite(level) else None,
             level_recent=bool(level_recent), processes_foreign=None if foreign < 0 else bool(foreign),
             unseen_recent=bool(unseen_recent), period=period if math.isfinite(period) and period > 0 else 0.1,
-            busy_s=max(0.0, finite(busy)),
+            busy_s=max(0.0, finite(busy)), cut_above_w=_floor(why),
         )
+
+
+def _floor(why: bytes) -> float | None:
+    """The idle floor a span was cut above, where its holder wrote one (None: an earlier
+    release's span, or garbage)."""
+    if not why.startswith(FLOOR_MARK):
+        return None
+    value = FLOOR.unpack_from(why)[1]
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 __all__ = ["Tape"]
