@@ -314,7 +314,7 @@ class Meter:
             tenant=self.tenant,
             carbon=self.ledger.carbon,
         )
-        for unseen in (self.ledger.unshared, self.ledger.upstream_error):
+        for unseen in (self.ledger.unshared, self.ledger.upstream_error, self.ledger.floor_caveat):
             if unseen is not None:  # other workers, or the upstream's load, cannot be seen: say so
                 energy.error = unseen if energy.error is None else f"{energy.error}; {unseen}"
         return energy

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,31 +246,4 @@ class CardSpan:
         return self.foreign_j + (self.above_j - self.part(self.covered))
 
 
-def recut(span: CardSpan, floor_w: float, idle_w: float, least_w: float = 0.0) -> CardSpan:
-    """``span`` as cut above ``idle_w`` rather than the ``floor_w`` its holder cut it above: a
-    follower whose operator gave the card another idle floor (two servers on one GPU set apart,
-    a release that mends idle_w beside the last one) charges above its own (rule 1). Its
-    figures had been the holder's cut, labelled with its own floor: 1.5x their truth and
-    outside their doubt 11 times in 12 for a floor of 70 W under a holder's 30 (a hostile
-    trial). The card drew what it drew (``total_j``); what is above the floor moves by the
-    floors' difference over the span, and a witnessed foreign level with it: a holder whose
-    floor is too low sees the card's idle as a foreign load, which is nobody's above this
-    one's (a level left below ``least_w``, what is noise at this floor, is none). A load the
-    holder subtracted is taken off again at that level, as it did."""
-    shift = floor_w - idle_w
-    if not shift:
-        return span
-    measured = span.measured_j + shift * span.seconds
-    level = None if span.level is None else span.level + shift
-    if level is not None and level < least_w:
-        level = 0.0
-    above = measured
-    foreign = 0.0
-    if span.foreign_j > 0 and level is not None:
-        foreign = min(max(measured, 0.0), level * span.seconds)
-        above = measured - foreign
-    return replace(span, measured_j=measured, above_j=above, foreign_j=foreign, level=level,
-                   cut_above_w=idle_w)
-
-
-__all__ = ["NOBODY", "CardSpan", "Counted", "Coverage", "Gap", "Piece", "Span", "counted", "recut", "union_s"]
+__all__ = ["NOBODY", "CardSpan", "Counted", "Coverage", "Gap", "Piece", "Span", "counted", "union_s"]

@@ -1,11 +1,13 @@
-"""Servers on one card whose operators gave it different idle floors each charge above their own.
+"""Servers on one card whose operators gave it different idle floors say which floor they are above.
 
 The process reading the card (its holder) cuts the energy above its node's ``idle_w`` and
 publishes the spans; every other process on the host takes its part. Two servers set apart (a
 chat and an embeddings gateway on one GPU, a release that mends ``idle_w`` beside the last one)
 may give the card different floors. A follower took the holder's cut labelled with its own
-floor: 1.5x its truth, outside its doubt 11 times in 12 (a hostile trial). The holder now writes
-its floor on the tape, and a follower whose floor differs cuts the spans again above its own.
+floor: 1.5x its truth, outside its doubt 11 times in 12, nothing said (a hostile trial). The
+holder now writes the floor with each span; a follower whose node gives another says so once in
+the log, and its figures say the floor they are above. (Cut again above each node's own, the
+card's one set of books lost the floors' difference: a conservation error on the follower's.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from giul_asgi.hostshare.cards import CardTable
 from giul_asgi.hostshare.cards.layout import U64
 from giul_asgi.ledger import Ledger
 from giul_asgi.meter import Meter
-from giul_asgi.spans import CardSpan, recut
+from giul_asgi.spans import CardSpan
 
 CARD_IDLE_W = 70.0
 
@@ -36,23 +38,6 @@ def _span(**kw: object) -> CardSpan:
         foreign_unc_w=0.0, unwatched=False, busy_s=1.0)
     fields.update(kw)
     return CardSpan(**fields)  # type: ignore[arg-type]
-
-
-def test_a_span_cut_again_above_another_floor_moves_by_the_floors_difference() -> None:
-    span = _span(level=40.0)  # cut above 30 W: the card's idle read as a 40 W foreign load
-    mine = recut(span, 30.0, 70.0)
-    assert mine.total_j == span.total_j
-    assert mine.measured_j == pytest.approx(60.0) and mine.above_j == pytest.approx(60.0)
-    assert mine.idle_j == pytest.approx(70.0)  # the floor the follower's allocated basis shares
-    assert mine.level == 0.0  # nobody's load above the follower's floor
-    assert recut(span, 30.0, 30.0) is span
-    assert recut(_span(level=42.0), 30.0, 70.0, least_w=5.0).level == 0.0  # 2 W left: noise here
-    assert recut(_span(level=52.0), 30.0, 70.0, least_w=5.0).level == pytest.approx(12.0)
-    # A load the holder subtracted comes off again at the level above the follower's floor.
-    subtracted = _span(above_j=60.0, foreign_j=40.0, level=40.0, total_j=170.0, measured_j=100.0)
-    lower = recut(subtracted, 70.0, 50.0)  # the follower's floor 20 W lower: 20 W more above
-    assert lower.measured_j == pytest.approx(120.0) and lower.level == pytest.approx(60.0)
-    assert lower.foreign_j == pytest.approx(60.0) and lower.above_j == pytest.approx(60.0)
 
 
 def test_each_span_says_the_floor_its_holder_cut_it_above_and_an_earlier_releases_none(
@@ -92,7 +77,7 @@ def _truths(path: Path, jobs: list[str]) -> list[float]:
     return [known[job].truth(card.ramp_up, card.tau) for job in jobs]
 
 
-def test_a_follower_with_another_floor_charges_above_its_own(
+def test_a_follower_with_another_floor_says_the_floor_its_figures_are_above(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The hostile trial's shape: the holder's operator says 30 W, the card idles at 70 W,
@@ -127,15 +112,16 @@ def test_a_follower_with_another_floor_charges_above_its_own(
             _until(lambda: all(m.settled_now for m in meters))
         figures = [m.figure() for m in meters]
         truths = _truths(path, jobs)
-        charged = sum(f.joules or 0.0 for f in figures)
-        assert charged == pytest.approx(sum(truths), rel=0.1), (charged, sum(truths))  # was 1.5x
-        inside = [abs((f.joules or 0.0) - t) <= (f.uncertainty_joules or 0.0)
-                  for f, t in zip(figures, truths, strict=True)]
-        assert sum(inside) >= 6, list(zip(figures, truths, strict=True))
-        assert not any(f.contended for f in figures)  # the holder's floor is nobody's load
-        assert all(f.idle_watts == CARD_IDLE_W for f in figures)
+        # Above 30 W, each window has the card's idle above that floor over its time and its
+        # tail's besides its truth above 70 W (1.5x it here): more, and saying why.
+        assert sum(f.joules or 0.0 for f in figures) > 1.2 * sum(truths)
+        for f in figures:
+            assert f.idle_watts == 30.0 and f.method == "measured"
+            assert f.error is not None and "idle floor of 30 W" in f.error and "idle_w is 70 W" in f.error, f
         said = [r.getMessage() for r in caplog.records if "idle floor of 30 W" in r.getMessage()]
         assert len(said) == 1 and "this node's idle_w is 70 W" in said[0], said
+        for books in (holder.totals(), follower.totals()):  # one card, one cut: balanced
+            assert abs(books.conservation_error_j) <= 1e-6 * max(1.0, books.measured_j), books
     finally:
         follower.stop(1.0)
         holder.stop(1.0)

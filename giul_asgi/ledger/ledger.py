@@ -43,10 +43,9 @@ from ..hostshare.place import remedy
 from ..hostshare.priors import KeptPrior, prior_name
 from ..readers.base import Continuing, Process, Reader, Reading
 from ..readers.mig import Mig, mig_of
-from ..spans import NOBODY, CardSpan, Counted, Gap, Span, recut
+from ..spans import NOBODY, CardSpan, Counted, Gap, Span
 from .book import Book, Split, TimeSplit, TokenSplit, Window
 from .chores import UPSTREAM_EVERY_S, Upstream
-from .foreign import FOREIGN_MIN_SHARE, FOREIGN_MIN_W
 from .history import LOOK_EVERY_S, History
 from .phases import PREFILL, PhaseSplit, split_for
 from .poller import IDLE_S, TURNS, Health, Poller
@@ -177,7 +176,7 @@ class Ledger:
         #: The reader was made in code (handed in, or the node's factory): shared with other
         #: processes only if it says which card it reads.
         self._custom = reader is not None or node.reader_factory is not None
-        #: The holder's idle floor this ledger last said it cuts spans again above.
+        #: The reader's other idle floor this ledger's figures last said they are above.
         self._floor_said: float | None = None
         self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
         split = split or split_for(node.split)
@@ -214,6 +213,9 @@ class Ledger:
         #: Why this process's figures cannot see other processes on the card (no place to
         #: share through), said in every figure; None where they are shared or turned off.
         self.unshared: str | None = None
+        #: Where the process reading the card (another server's) cuts its energy above another
+        #: idle floor than this node's: that floor, said in every figure (None: the same).
+        self.floor_caveat: str | None = None
         #: Why the node's upstream cannot be read, while it cannot (None: it can, or none).
         self.upstream_error: str | None = None
         self._stopped = False
@@ -604,29 +606,45 @@ class Ledger:
         return "ok", None
 
     def _follow(self, table: CardTable) -> None:
-        """Take this process's part of what the card's holder published, each span cut above
-        this node's idle floor where its holder cut it above another (:func:`~giul_asgi.spans.recut`)."""
+        """Take this process's part of what the card's holder published, labelled with the
+        idle floor each span was cut above where it is not this node's (:meth:`_floor_of`)."""
         pieces = table.pending()
         if not pieces:
             return
-        own = (self.tape.idle_w if self.tape is not None else None) or 0.0
-        least = max(FOREIGN_MIN_W, FOREIGN_MIN_SHARE * own)  # a level that is noise at this floor
-        for i, (piece, mine) in enumerate(pieces):
-            if isinstance(piece, CardSpan) and piece.cut_above_w is not None \
-                    and abs(piece.cut_above_w - own) > FLOOR_TOLERANCE_W:
-                self._say_floor(piece.cut_above_w, own)
-                pieces[i] = (recut(piece, piece.cut_above_w, own, least), mine)
+        for piece, _ in pieces:
+            if isinstance(piece, CardSpan) and piece.cut_above_w is not None:
+                self._floor_of(piece.cut_above_w)
         self.take(pieces)
 
-    def _say_floor(self, floor: float, own: float) -> None:
-        if self._floor_said == floor:
-            return
-        self._floor_said = floor
-        log.warning("node %r: the process reading this card (another server's, on this host) cuts its energy "
-                    "above an idle floor of %g W; this node's idle_w is %g W, and this process's figures are "
-                    "cut above it. A card has one floor: give every server on it the same idle_w "
-                    "(giul-asgi probe --idle 30 measures it); the card's books on /energy are the reader's",
-                    self.node.name, floor, own)
+    def _floor_of(self, floor: float) -> None:
+        """The card's reader cuts its spans above ``floor`` (W). A card has one floor, and its
+        books one cut: where this node's ``idle_w`` is another, this process's figures are
+        above the reader's floor and say so (``idle_watts``, ``error``), with the log's one
+        line and the remedy. Cut again above each node's own, the card's books lost what the
+        floors differ by (a conservation error on the follower's /energy); taken as cut and
+        labelled with this node's floor, they were 1.5x its truth and said nothing (a hostile
+        trial, 2026-12-08)."""
+        own = (self.tape.idle_w if self.tape is not None else None) or 0.0
+        differs = abs(floor - own) > FLOOR_TOLERANCE_W
+        if differs == (self._floor_said == floor):
+            return  # as already said
+        with self._lock:
+            provenance = self.book.provenance
+            self.book.provenance = replace(provenance, idle_watts=floor if differs else own or None)
+            self.floor_caveat = (
+                f"above an idle floor of {floor:g} W, the one the process reading this card (another "
+                f"server's on this host) cuts its energy above; this node's idle_w is {own:g} W"
+                if differs else None)
+        self._floor_said = floor if differs else None
+        if differs:
+            log.warning("node %r: the process reading this card (another server's, on this host) cuts "
+                        "its energy above an idle floor of %g W; this node's idle_w is %g W. A card has one "
+                        "floor: this process's figures are above %g W and say so until every server on the "
+                        "card gives the same idle_w (giul-asgi probe --idle 30 measures it)",
+                        self.node.name, floor, own, floor)
+        else:
+            log.info("node %r: the card's reader cuts its energy above this node's idle floor again (%g W)",
+                     self.node.name, own)
 
     def take(self, pieces: list[tuple[CardSpan | Gap, float]]) -> None:
         """Take this process's part (window-seconds) of pieces another process decided (the
