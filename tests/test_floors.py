@@ -125,3 +125,19 @@ def test_a_follower_with_another_floor_says_the_floor_its_figures_are_above(
     finally:
         follower.stop(1.0)
         holder.stop(1.0)
+
+
+def test_once_the_floors_agree_again_the_figures_say_this_nodes_floor(tmp_path: Path) -> None:
+    """A holder with another floor, then one with this node's (the other server stopped):
+    the caveat goes and the figures are above this node's floor again, said once each way."""
+    path = FileCard.create(tmp_path / "card.txt", idle_w=CARD_IDLE_W)
+    ledger = Ledger(Node("embeddings", idle_w=CARD_IDLE_W, reader_factory=lambda _n: FileCardReader(path)))
+    ledger.attach(FileCardReader(path))
+    ledger._floor_of(30.0)
+    assert ledger.provenance.idle_watts == 30.0 and ledger.floor_caveat is not None
+    ledger._floor_of(30.0)  # said already: nothing changes
+    assert ledger.floor_caveat is not None and "idle floor of 30 W" in ledger.floor_caveat
+    ledger._floor_of(CARD_IDLE_W)
+    assert ledger.provenance.idle_watts == CARD_IDLE_W and ledger.floor_caveat is None
+    ledger._floor_of(0.0)  # a reader whose node gives no floor
+    assert ledger.provenance.idle_watts == 0.0 and "idle floor of 0 W" in (ledger.floor_caveat or "")

@@ -77,7 +77,7 @@ _PID = [str(os.getpid())]  # this process's, renewed in a forked child
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, str(os.getpid())))
 
 
-#: Floors (W) closer than this are one: a follower cuts the holder's spans again only beyond it.
+#: Floors (W) closer than this are one: a follower's figures say the reader's only beyond it.
 FLOOR_TOLERANCE_W = 1e-6
 
 
@@ -624,13 +624,14 @@ class Ledger:
         floors differ by (a conservation error on the follower's /energy); taken as cut and
         labelled with this node's floor, they were 1.5x its truth and said nothing (a hostile
         trial, 2026-12-08)."""
-        own = (self.tape.idle_w if self.tape is not None else None) or 0.0
+        idle_w = self.tape.idle_w if self.tape is not None else None
+        own = idle_w or 0.0
         differs = abs(floor - own) > FLOOR_TOLERANCE_W
-        if differs == (self._floor_said == floor):
-            return  # as already said
+        if (floor if differs else None) == self._floor_said:
+            return  # as already said (or nothing to say)
         with self._lock:
             provenance = self.book.provenance
-            self.book.provenance = replace(provenance, idle_watts=floor if differs else own or None)
+            self.book.provenance = replace(provenance, idle_watts=floor if differs else idle_w)
             self.floor_caveat = (
                 f"above an idle floor of {floor:g} W, the one the process reading this card (another "
                 f"server's on this host) cuts its energy above; this node's idle_w is {own:g} W"

@@ -75,7 +75,7 @@ SHOWN_ROW = struct.Struct(f"<{len(SHOWN)}d")
 TAPE_SHOWN = 1024  # in the tape's first page: the highest its departed ledgers showed
 #: A span's idle floor, as its holder cut it (W), in the piece's ``why`` bytes (a gap's reason;
 #: a span's were empty), after a marker: a follower whose operator gave the card another floor
-#: cuts it again above its own. Per piece, so a floor is never taken for another holder's
+#: says which its figures are above. Per piece, so a floor is never taken for another holder's
 #: pieces; a holder of an earlier release writes none, and its pieces' floor is not known.
 FLOOR = struct.Struct("<8sd")
 FLOOR_MARK = b"GIULFLR1"
