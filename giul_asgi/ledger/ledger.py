@@ -568,8 +568,9 @@ class Ledger:
                 self._resume(table)
                 if table.others:
                     # "others": every process on the host metering this card, any server's
-                    log.info("node %r: this process (pid %d) now reads the card for the %d other "
-                             "processes on this host metering it", self.node.name, os.getpid(), table.others)
+                    log.info("node %r: this process (pid %d) now reads the card for the other %s on this "
+                             "host metering it", self.node.name, os.getpid(),
+                             "process" if table.others == 1 else f"{table.others} processes")
                 else:  # the first at the table: the others, if any, join later
                     log.info("node %r: this process (pid %d) reads the card", self.node.name, os.getpid())
         if table.holding:
