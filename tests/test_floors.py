@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from truecard import TrueCard
-from workers_card import FileCard, FileCardReader, apply
+from workers_card import FileCard, FileCardReader, jobs_of
 
 from giul_asgi.config import Node
 from giul_asgi.hostshare.cards import CardTable
@@ -71,9 +71,7 @@ def _until(condition: object, seconds: float = 15.0) -> None:
 
 
 def _truths(path: Path, jobs: list[str]) -> list[float]:
-    card, known, done = TrueCard(), {}, []  # type: ignore[var-annotated]
-    for line in path.read_text().splitlines()[1:]:
-        apply(line, known, done)
+    card, known = TrueCard(), jobs_of(path)
     return [known[job].truth(card.ramp_up, card.tau) for job in jobs]
 
 

@@ -248,14 +248,19 @@ class FileCardReader(TrueReader):
         return super().read()
 
 
-def caused(path: str | os.PathLike[str]) -> tuple[float, int]:
-    """The truth: the energy every finished job caused, tail included, and how many jobs."""
-    card = TrueCard()
+def jobs_of(path: str | os.PathLike[str]) -> dict[str, Job]:
+    """Every job the card's file holds, by its id, as it ran."""
     jobs: dict[str, Job] = {}
     done: list[Job] = []
     for line in Path(path).read_text().splitlines()[1:]:
         apply(line, jobs, done)
-    finished = [j for j in done if j.stop is not None]
+    return jobs
+
+
+def caused(path: str | os.PathLike[str]) -> tuple[float, int]:
+    """The truth: the energy every finished job caused, tail included, and how many jobs."""
+    card = TrueCard()
+    finished = [j for j in jobs_of(path).values() if j.stop is not None]
     return sum(j.truth(card.ramp_up, card.tau) for j in finished), len(finished)
 
 

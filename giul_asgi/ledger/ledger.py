@@ -176,8 +176,6 @@ class Ledger:
         #: The reader was made in code (handed in, or the node's factory): shared with other
         #: processes only if it says which card it reads.
         self._custom = reader is not None or node.reader_factory is not None
-        #: The reader's other idle floor this ledger's figures last said they are above.
-        self._floor_said: float | None = None
         self.clock: Callable[[], float] = clock or (reader.clock if reader else time.monotonic)
         split = split or split_for(node.split)
         measures = node.reader != "none" or reader is not None or node.reader_factory is not None
@@ -617,6 +615,12 @@ class Ledger:
                 self._floor_of(piece.cut_above_w)
         self.take(pieces)
 
+    @property
+    def _idle_w(self) -> float | None:
+        """The idle floor this ledger's tape cuts spans above (the node's, or its simulated
+        card's where the node gives none)."""
+        return self.tape.idle_w if self.tape is not None else None
+
     def _floor_of(self, floor: float) -> None:
         """The card's reader cuts its spans above ``floor`` (W). A card has one floor, and its
         books one cut: where this node's ``idle_w`` is another, this process's figures are
@@ -625,19 +629,18 @@ class Ledger:
         floors differ by (a conservation error on the follower's /energy); taken as cut and
         labelled with this node's floor, they were 1.5x its truth and said nothing (a hostile
         trial, 2026-12-08)."""
-        idle_w = self.tape.idle_w if self.tape is not None else None
+        idle_w = self._idle_w
         own = idle_w or 0.0
         differs = abs(floor - own) > FLOOR_TOLERANCE_W
-        if (floor if differs else None) == self._floor_said:
+        said = floor if differs else idle_w  # the floor the figures are to say they are above
+        if self.book.provenance.idle_watts == said:
             return  # as already said (or nothing to say)
         with self._lock:
-            provenance = self.book.provenance
-            self.book.provenance = replace(provenance, idle_watts=floor if differs else idle_w)
+            self.book.provenance = replace(self.book.provenance, idle_watts=said)
             self.floor_caveat = (
                 f"above an idle floor of {floor:g} W, the one the process reading this card (another "
                 f"server's on this host) cuts its energy above; this node's idle_w is {own:g} W"
                 if differs else None)
-        self._floor_said = floor if differs else None
         if differs:
             log.warning("node %r: the process reading this card (another server's, on this host) cuts "
                         "its energy above an idle floor of %g W; this node's idle_w is %g W. A card has one "
@@ -685,7 +688,7 @@ class Ledger:
             return
         try:
             table = CardTable(place.path, key, self.node.name, ramp_s=self.node.ramp_s, clock=self.clock,
-                              idle_w=self.tape.idle_w if self.tape is not None else self.node.idle_w)
+                              idle_w=self._idle_w)
         except OSError as exc:  # Unusable, or one the table did not foresee: per process, said
             self.unshared = f"per process: {exc}; other processes on this card are not seen"
             cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc

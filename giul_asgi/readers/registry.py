@@ -76,6 +76,10 @@ def _dcgmi(spec: ReaderSpec) -> Reader:
     return DcgmiReader(spec)
 
 
+#: What a host without a GPU can do (said once: a stranger read it twice in one warning).
+_TRY = "to try giul-asgi on a host without a GPU: reader='simulated'"
+
+
 def _auto(spec: ReaderSpec) -> Reader:
     """NVML if this host answers, else nothing: ``auto`` never fails a startup."""
     try:
@@ -86,9 +90,6 @@ def _auto(spec: ReaderSpec) -> Reader:
             remedy = f"{remedy}; {_TRY}" if remedy else _TRY
         return NullReader(f"NVML unavailable: {exc.message}", remedy=remedy)
 
-
-#: What a host without a GPU can do (said once: a stranger read it twice in one warning).
-_TRY = "to try giul-asgi on a host without a GPU: reader='simulated'"
 
 
 def _none(spec: ReaderSpec) -> Reader:
